@@ -1,0 +1,117 @@
+"""Validate a composed config before anything heavy is imported: one ConfigError naming key, value and rule.
+
+Only omegaconf is imported here, so that a wrong value is reported in well under a second.
+"""
+
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; str() is the one line shown to the user."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def positive_int(v) -> bool:
+    return _is_int(v) and v >= 1
+
+
+def optional_positive_int(v) -> bool:
+    return v is None or positive_int(v)
+
+
+def probability(v) -> bool:
+    return _is_number(v) and 0 <= v < 1
+
+
+def one_of(*allowed) -> tuple[Callable, str]:
+    return (lambda v: v in allowed), "one of " + ", ".join("null" if a is None else str(a) for a in allowed)
+
+
+POSITIVE = (positive_int, "an int >= 1")
+OPTIONAL_POSITIVE = (optional_positive_int, "an int >= 1 or null")
+PROBABILITY = (probability, "a number in [0, 1)")
+
+# key -> (check, what is allowed); keys absent from the config (another task, say) are skipped
+RULES: dict[str, tuple[Callable, str]] = {
+    "seed": (_is_int, "an int"),
+    "model.d_model": POSITIVE,
+    "model.n_layers": POSITIVE,
+    "model.d_ff": OPTIONAL_POSITIVE,
+    "model.dropout": PROBABILITY,
+    "model.norm": one_of("post", "pre"),
+    "model.positional": one_of("sinusoidal", "learned"),
+    "model.readout": one_of(None, "cls", "mean", "token"),
+    "model.attention.n_heads": POSITIVE,
+    "model.attention.d_k": OPTIONAL_POSITIVE,
+    "model.attention.d_v": OPTIONAL_POSITIVE,
+    "model.attention.n_kv_heads": OPTIONAL_POSITIVE,
+    "model.attention.scoring": one_of("dot", "additive"),
+    "model.attention.scale": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.dropout": PROBABILITY,
+    "data.batch_size": POSITIVE,
+    "data.n_train": POSITIVE,
+    "data.n_val": POSITIVE,
+    "data.n_test": POSITIVE,
+    "data.num_workers": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    "data.task.max_length": POSITIVE,
+    "data.task.max_depth": POSITIVE,
+    "data.task.max_args": (lambda v: _is_int(v) and v >= 2, "an int >= 2"),
+    "data.task.n_keys": POSITIVE,
+    "data.task.n_values": POSITIVE,
+    "data.task.n_pairs": POSITIVE,
+    "data.task.n_queries": POSITIVE,
+    "data.task.lookups": one_of(1, 2),
+    "optim.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "optim.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "optim.warmup": PROBABILITY,
+    "trainer.max_epochs": POSITIVE,
+}
+
+_ABSENT = object()
+
+
+def _value(cfg: DictConfig, key: str):
+    return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+
+
+def fail(key: str, value, allowed: str) -> None:
+    raise ConfigError(f"{key}={value!r} is invalid: expected {allowed}")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first invalid value, then for impossible combinations."""
+    for key, (ok, allowed) in RULES.items():
+        value = _value(cfg, key)
+        if value is not _ABSENT and not ok(value):
+            fail(key, value, allowed)
+
+    att = cfg.model.attention
+    if att.d_k is None and cfg.model.d_model % att.n_heads:
+        rule = f"a divisor of model.d_model={cfg.model.d_model} while model.attention.d_k is null (or set d_k)"
+        fail("model.attention.n_heads", att.n_heads, rule)
+    if att.n_kv_heads is not None and att.n_heads % att.n_kv_heads:
+        fail("model.attention.n_kv_heads", att.n_kv_heads, f"a divisor of model.attention.n_heads={att.n_heads}")
+    task = cfg.data.get("task", {})
+    if task.get("lookups") == 2 and task.get("fused") is False:
+        fail("data.task.fused", False, "true when data.task.lookups=2 (a query position holds both keys)")
+    if _value(cfg, "data.task.n_pairs") is not _ABSENT and task.n_pairs > task.n_keys:
+        fail("data.task.n_pairs", task.n_pairs, f"at most data.task.n_keys={task.n_keys}")
+
+
+def check_readout(readout: str | None, level: str) -> str:
+    """The readout a task of this level gets: its own when null, and an error on a mismatch."""
+    if readout is None:
+        return "token" if level == "token" else "cls"
+    if (readout == "token") != (level == "token"):
+        allowed = "token (or null)" if level == "token" else "cls, mean (or null)"
+        fail("model.readout", readout, f"{allowed} for this {level}-level task")
+    return readout

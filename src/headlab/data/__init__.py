@@ -1,0 +1,1 @@
+"""Data: embedded tasks generated from the seed, and the LightningDataModule that batches them."""

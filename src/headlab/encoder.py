@@ -1,0 +1,146 @@
+"""A Transformer encoder (Vaswani et al. 2017) built on headlab's MultiHeadAttention.
+
+tokens -> embedding + positions -> n_layers x [attention, feed-forward] -> readout -> classifier.
+Shapes: B batch, n sequence length, c tokens summed per position, d d_model, L layers, H heads.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from headlab.attention import MultiHeadAttention
+
+NORMS = ("post", "pre")
+POSITIONALS = ("sinusoidal", "learned")
+READOUTS = ("cls", "mean", "token")
+
+
+def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...): (n, d)."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # (ceil(d/2),)
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    return pe
+
+
+class Block(nn.Module):
+    """Attention and a ReLU feed-forward, each with a residual; LayerNorm after ('post') or before ('pre')."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: dict):
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, **attention)
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.pre_norm = norm == "pre"
+
+    def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None):
+        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None
+        if self.pre_norm:
+            a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask)
+            x = x + self.drop(a)
+            return x + self.drop(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, key_padding_mask, need_weights, head_mask)
+        x = self.norm1(x + self.drop(a))
+        return self.norm2(x + self.drop(self.ff(x))), w
+
+
+class Encoder(nn.Module):
+    """Token classifier ('token' readout) or sequence classifier ('cls' or 'mean' readout).
+
+    forward(tokens, key_padding_mask, need_weights, head_mask) -> (logits, weights):
+      tokens (B, n) ids, or (B, n, c) when a position holds c tokens whose embeddings are summed (id 0 adds nothing);
+      key_padding_mask (B, n) bool, True = padding; head_mask (L, H) or (B, L, H);
+      logits (B, n_classes) or (B, n, n_classes) for 'token'; weights: per layer (B, H, n', n') or None,
+      where n' = n + 1 with the 'cls' readout (its learned vector sits at position 0).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        n_classes: int,
+        max_len: int,
+        readout: str = "cls",
+        d_model: int = 64,
+        n_layers: int = 2,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        attention: dict | None = None,
+        norm: str = "post",
+        positional: str = "sinusoidal",
+    ):
+        super().__init__()
+        for name, value, allowed in (
+            ("readout", readout, READOUTS),
+            ("norm", norm, NORMS),
+            ("positional", positional, POSITIONALS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
+        self.readout, self.n_layers = readout, n_layers
+        n_pos = max_len + (readout == "cls")
+        self.tok_emb = nn.Embedding(vocab_size, d_model, padding_idx=0)
+        if positional == "learned":
+            self.pos_emb = nn.Parameter(torch.randn(n_pos, d_model) * 0.02)
+        else:
+            self.register_buffer("pos_emb", sinusoidal_positions(n_pos, d_model), persistent=False)
+        self.cls = nn.Parameter(torch.randn(1, 1, d_model) * 0.02) if readout == "cls" else None
+        self.drop = nn.Dropout(dropout)
+        attention = dict(attention or {"n_heads": 4})
+        self.blocks = nn.ModuleList(
+            Block(d_model, d_ff or 4 * d_model, dropout, norm, attention) for _ in range(n_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+        self.head = nn.Linear(d_model, n_classes)
+
+    @property
+    def n_heads(self) -> int:
+        return self.blocks[0].attn.n_heads
+
+    def forward(self, tokens, key_padding_mask=None, need_weights=False, head_mask=None):
+        x = self.tok_emb(tokens)  # (B, n, d) or (B, n, c, d)
+        if x.dim() == 4:
+            x = x.sum(dim=2)  # (B, n, d)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + n, d)
+            if key_padding_mask is not None:
+                key_padding_mask = nn.functional.pad(key_padding_mask, (1, 0), value=False)  # (B, 1 + n)
+        x = self.drop(x + self.pos_emb[: x.shape[1]])
+        weights = []
+        for layer, block in enumerate(self.blocks):
+            layer_mask = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
+            x, w = block(x, key_padding_mask, need_weights, layer_mask)
+            weights.append(w)
+        x = self.final_norm(x)  # (B, n', d)
+        if self.readout == "cls":
+            x = x[:, 0]  # (B, d)
+        elif self.readout == "mean":
+            if key_padding_mask is None:
+                x = x.mean(dim=1)
+            else:
+                real = (~key_padding_mask).unsqueeze(-1).to(x.dtype)  # (B, n, 1)
+                x = (x * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)  # (B, d)
+        return self.head(x), (weights if need_weights else None)
+
+
+def count_parameters(model: Encoder) -> dict[str, int]:
+    """Total trainable parameters, those inside attention layers, and those outside the embeddings."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    attention = sum(p.numel() for b in model.blocks for p in b.attn.parameters())
+    embedding = sum(p.numel() for n, p in model.named_parameters() if n in ("tok_emb.weight", "pos_emb"))
+    return {"total": total, "attention": attention, "non_embedding": total - embedding}
+
+
+def flops_per_token(model: Encoder, seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward): 6 N + 6 L n H (d_k + d_v) (Kaplan et al. 2020).
+
+    N counts non-embedding parameters; the second term is the attention score and mixing matmuls,
+    which is 12 L n d for d_k = d_v = d / H. Additive scoring's tanh is not counted.
+    """
+    attn = model.blocks[0].attn
+    n = seq_len + (model.readout == "cls")
+    matmuls = 6 * model.n_layers * n * attn.n_heads * (attn.d_k + attn.d_v)
+    return 6 * count_parameters(model)["non_embedding"] + matmuls

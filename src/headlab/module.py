@@ -1,0 +1,82 @@
+"""LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay."""
+
+import math
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from headlab.data.datamodule import IGNORE
+from headlab.encoder import Encoder
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Learning-rate multiplier: linear from 0 to 1 over warm-up, then cosine down to 0 at total_steps."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class HeadLabModule(pl.LightningModule):
+    """Trains `model`; logs {train,val,test}/loss and /acc (accuracy over scored positions for token tasks)."""
+
+    def __init__(
+        self,
+        model: Encoder,
+        n_classes: int,
+        lr: float = 3e-3,
+        weight_decay: float = 0.01,
+        warmup: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.98),
+    ):
+        super().__init__()
+        self.model = model
+        self.save_hyperparameters(ignore=["model"])
+        self.acc = torch.nn.ModuleDict(
+            {
+                f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE)
+                for s in ("train", "val", "test")
+            }
+        )
+
+    def forward(self, batch: dict, **kwargs):
+        return self.model(batch["tokens"], batch["padding_mask"], **kwargs)
+
+    def _step(self, batch: dict, split: str) -> torch.Tensor:
+        logits, _ = self(batch)  # (B, C) or (B, n, C)
+        labels = batch["labels"]  # (B,) or (B, n)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+        self.acc[f"{split}_acc"](logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        on_step = split == "train"
+        self.log(
+            f"{split}/loss",
+            loss,
+            on_step=on_step,
+            on_epoch=True,
+            prog_bar=True,
+            sync_dist=not on_step,
+            batch_size=labels.shape[0],
+        )
+        self.log(f"{split}/acc", self.acc[f"{split}_acc"], on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        decay = [p for p in self.parameters() if p.dim() >= 2]  # matrices decay; biases, norms and vectors do not
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0}]
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas))
+        total = self.trainer.estimated_stepping_batches
+        warmup = max(1, int(self.hparams.warmup * total))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,64 @@
+"""results.json: what a run produced, with everything needed to compare and reproduce it."""
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{'model': {'attention': {'n_heads': 4}}} -> {'model.attention.n_heads': 4}; drops _target_ entries."""
+    flat = {}
+    for key, value in tree.items():
+        if str(key).startswith("_"):
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def flat_config(cfg: DictConfig, choices: dict) -> dict:
+    """The resolved config as dotted keys, plus the chosen option of each config group (data=pair_recall)."""
+    groups = {g: c for g, c in choices.items() if not g.startswith("hydra") and c is not None}
+    return {**groups, **flatten(OmegaConf.to_container(cfg, resolve=True))}
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_sha() -> str | None:
+    """The commit of the headlab source tree, when it is a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)

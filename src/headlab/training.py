@@ -1,0 +1,71 @@
+"""One training run: config -> data + model -> Lightning Trainer -> fit, test -> results."""
+
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from headlab.callbacks import ThroughputMeter
+from headlab.config_check import check_readout
+from headlab.encoder import count_parameters, flops_per_token
+from headlab.module import HeadLabModule
+
+# Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
+logging.getLogger("lightning").handlers.clear()
+
+
+def _instantiate_all(group: DictConfig | None) -> list:
+    """Every entry of a group such as callbacks or logger; an entry set to null (callbacks.x=null) is left out."""
+    return [instantiate(c) for c in (group or {}).values() if c is not None]
+
+
+def _existing(path: Path) -> str | None:
+    return str(path) if path.exists() else None
+
+
+def _floats(metrics: dict, prefix: str) -> dict:
+    return {k: float(v) for k, v in metrics.items() if k.startswith(prefix)}
+
+
+def train(cfg: DictConfig) -> dict:
+    """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns."""
+    pl.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    readout = check_readout(cfg.model.readout, datamodule.level)
+    model = instantiate(
+        cfg.model,
+        vocab_size=datamodule.vocab_size,
+        n_classes=datamodule.n_classes,
+        max_len=datamodule.max_len,
+        readout=readout,
+        _convert_="all",
+    )
+    module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
+    meter = ThroughputMeter()
+    callbacks = _instantiate_all(cfg.get("callbacks")) + [meter]
+    loggers = _instantiate_all(cfg.get("logger"))
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    trainer.fit(module, datamodule=datamodule)
+    metrics = _floats(trainer.callback_metrics, "val/")
+    checkpoint = trainer.checkpoint_callback
+    best = checkpoint.best_model_path if checkpoint else ""
+    if best:
+        metrics["val/acc_best"] = float(checkpoint.best_model_score)
+    trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+    metrics.update(_floats(trainer.callback_metrics, "test/"))
+    params = count_parameters(model)
+    return {
+        "metrics": metrics,
+        "params": {"total": params["total"], "attention": params["attention"]},
+        "flops_per_token": flops_per_token(model, datamodule.max_len),
+        "throughput": {"train_tokens_per_s": meter.tokens_per_s},
+        "checkpoints": {
+            "best": best or None,
+            "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
+        },
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+    }

@@ -1,0 +1,38 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = [  # a run of a few seconds: small data, two short epochs
+    "data.n_train=256",
+    "data.n_val=64",
+    "data.n_test=64",
+    "data.batch_size=32",
+    "model.d_model=16",
+    "trainer.max_epochs=2",
+    "callbacks.progress_bar=null",
+]
+
+
+def headlab_train(*overrides: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real CLI, `python -m headlab.train`, in a subprocess with stdin closed."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, "-m", "headlab.train", *overrides],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    def run(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return headlab_train(*overrides, cwd=tmp_path, timeout=timeout)
+
+    return run

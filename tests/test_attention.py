@@ -1,0 +1,187 @@
+"""MultiHeadAttention against torch's reference implementation and independent computations."""
+
+import pytest
+import torch
+from torch import nn
+
+from headlab.attention import MultiHeadAttention
+
+torch.manual_seed(0)
+B, N, D = 3, 7, 32
+
+
+def padding_mask(lengths, n=N):
+    return torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]  # (B, n), True = padding
+
+
+def torch_reference(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    """nn.MultiheadAttention with mha's weights copied in."""
+    ref = nn.MultiheadAttention(D, mha.n_heads, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
+        ref.out_proj.weight.copy_(mha.out_proj.weight)
+        ref.out_proj.bias.copy_(mha.out_proj.bias)
+    return ref
+
+
+@pytest.mark.parametrize("lengths", [None, [7, 4, 1]])
+@pytest.mark.parametrize("n_heads", [1, 4, 8])
+def test_dot_scoring_equals_torch_multihead_attention(n_heads, lengths):
+    mha = MultiHeadAttention(D, n_heads)
+    ref = torch_reference(mha)
+    x = torch.randn(B, N, D)
+    mask = None if lengths is None else padding_mask(lengths)
+    out, weights = mha(x, key_padding_mask=mask, need_weights=True)
+    ref_out, ref_weights = ref(x, x, x, key_padding_mask=mask, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, ref_weights, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_heads": 4},
+        {"n_heads": 4, "scale": False},
+        {"n_heads": 4, "d_k": 5, "d_v": 3},
+        {"n_heads": 8, "n_kv_heads": 2},
+        {"n_heads": 4, "n_kv_heads": 1, "d_k": 16},
+    ],
+)
+def test_sdpa_path_equals_explicit_path(kwargs):
+    mha = MultiHeadAttention(D, **kwargs)
+    x, mask = torch.randn(B, N, D), padding_mask([7, 5, 2])
+    fast, none = mha(x, key_padding_mask=mask, need_weights=False)
+    explicit, weights = mha(x, key_padding_mask=mask, need_weights=True)
+    assert none is None and weights.shape == (B, kwargs["n_heads"], N, N)
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_additive_scoring_equals_elementwise_bahdanau():
+    mha = MultiHeadAttention(D, n_heads=2, d_k=6, d_v=4, scoring="additive")
+    x = torch.randn(2, 5, D)
+    out, weights = mha(x)
+    q = mha.q_proj(x).view(2, 5, 2, 6)
+    k = mha.k_proj(x).view(2, 5, 2, 6)
+    v = mha.v_proj(x).view(2, 5, 2, 4)
+    expected_weights = torch.empty(2, 2, 5, 5)
+    heads = torch.empty(2, 5, 2, 4)
+    for b in range(2):
+        for h in range(2):
+            for i in range(5):
+                scores = torch.stack([mha.score_vector[h] @ torch.tanh(q[b, i, h] + k[b, j, h]) for j in range(5)])
+                expected_weights[b, h, i] = torch.softmax(scores, dim=0)
+                heads[b, i, h] = expected_weights[b, h, i] @ v[b, :, h]
+    expected = mha.out_proj(heads.reshape(2, 5, 8))
+    torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scoring", ["dot", "additive"])
+def test_padded_keys_get_exactly_zero_weight(scoring):
+    mha = MultiHeadAttention(D, 4, scoring=scoring)
+    mask = padding_mask([7, 3, 1])
+    _, weights = mha(torch.randn(B, N, D), key_padding_mask=mask)
+    assert torch.all(weights.masked_select(mask[:, None, None, :].expand_as(weights)) == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, 4, N))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("scoring", ["dot", "additive"])
+def test_padding_does_not_change_real_tokens(scoring, need_weights):
+    mha = MultiHeadAttention(D, 4, scoring=scoring).eval()
+    x = torch.randn(1, 4, D)
+    padded = torch.cat([x, torch.randn(1, 3, D)], dim=1)  # 3 padding positions holding junk
+    out, _ = mha(x, need_weights=need_weights)
+    out_padded, _ = mha(padded, key_padding_mask=padding_mask([4], n=7), need_weights=need_weights)
+    torch.testing.assert_close(out_padded[:, :4], out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_zero_head_mask_removes_exactly_that_head(need_weights):
+    mha = MultiHeadAttention(D, 4, d_v=5)
+    x, h = torch.randn(B, N, D), 2
+    masked, _ = mha(x, need_weights=need_weights, head_mask=torch.tensor([1.0, 1.0, 0.0, 1.0]))
+    with torch.no_grad():  # remove head h by hand: its columns of the output projection no longer read it
+        mha.out_proj.weight[:, h * 5 : (h + 1) * 5] = 0
+    removed, _ = mha(x, need_weights=need_weights)
+    torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-6)
+
+
+def test_per_example_head_mask():
+    mha = MultiHeadAttention(D, 4)
+    x = torch.randn(2, N, D)
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    both, _ = mha(x, head_mask=mask)
+    for b in range(2):
+        alone, _ = mha(x[b : b + 1], head_mask=mask[b])
+        torch.testing.assert_close(both[b : b + 1], alone, atol=1e-6, rtol=1e-6)
+
+
+def test_decoupled_head_sizes_give_expected_shapes_and_parameter_counts():
+    mha = MultiHeadAttention(D, n_heads=8, d_k=3, d_v=7)
+    assert (mha.q_proj.out_features, mha.k_proj.out_features, mha.v_proj.out_features) == (24, 24, 56)
+    assert mha.out_proj.in_features == 56
+    expected = (D + 1) * 24 * 2 + (D + 1) * 56 + (56 + 1) * D
+    assert sum(p.numel() for p in mha.parameters()) == expected
+    out, weights = mha(torch.randn(B, N, D))
+    assert out.shape == (B, N, D) and weights.shape == (B, 8, N, N)
+    additive = MultiHeadAttention(D, n_heads=8, d_k=3, d_v=7, scoring="additive")
+    assert sum(p.numel() for p in additive.parameters()) == expected + 8 * 3  # one w_h per head
+
+
+def test_default_sizes_split_the_width():
+    mha = MultiHeadAttention(D, 4)
+    assert (mha.d_k, mha.d_v, mha.n_kv_heads) == (8, 8, 4)
+
+
+def test_grouped_query_attention_equals_mha_with_shared_key_value_weights():
+    gqa = MultiHeadAttention(D, n_heads=4, n_kv_heads=2)
+    assert gqa.k_proj.out_features == 2 * 8 and gqa.v_proj.out_features == 2 * 8
+    full = MultiHeadAttention(D, n_heads=4)
+    with torch.no_grad():
+        for name in ("q_proj", "out_proj"):
+            getattr(full, name).load_state_dict(getattr(gqa, name).state_dict())
+        for name in ("k_proj", "v_proj"):  # query heads 0,1 share kv head 0; heads 2,3 share kv head 1
+            src = getattr(gqa, name)
+            getattr(full, name).weight.copy_(src.weight.view(2, 8, D).repeat_interleave(2, dim=0).reshape(32, D))
+            getattr(full, name).bias.copy_(src.bias.view(2, 8).repeat_interleave(2, dim=0).reshape(32))
+    x = torch.randn(B, N, D)
+    for need_weights in (False, True):
+        torch.testing.assert_close(gqa(x, need_weights=need_weights)[0], full(x)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_heads": 0}, "n_heads=0 must be >= 1"),
+        ({"n_heads": 5}, "d_model=32 is not divisible by n_heads=5"),
+        ({"n_heads": 4, "d_k": 0}, "d_k=0"),
+        ({"n_heads": 4, "n_kv_heads": 3}, "n_kv_heads=3 must be >= 1 and divide n_heads=4"),
+        ({"n_heads": 4, "scoring": "cosine"}, "scoring='cosine' is unknown; choose one of dot, additive"),
+        ({"n_heads": 4, "dropout": 1.0}, "dropout=1.0 must be in [0, 1)"),
+    ],
+)
+def test_impossible_configurations_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        MultiHeadAttention(D, **kwargs)
+
+
+def test_attention_dropout_is_applied_in_training_only():
+    mha = MultiHeadAttention(D, 4, dropout=0.5)
+    x = torch.randn(B, N, D)
+    mha.eval()
+    a, _ = mha(x, need_weights=False)
+    b, _ = mha(x, need_weights=False)
+    torch.testing.assert_close(a, b)
+    mha.train()
+    c, _ = mha(x, need_weights=False)
+    assert not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("scoring", ["dot", "additive"])
+def test_gradients_reach_every_parameter(scoring):
+    mha = MultiHeadAttention(D, 4, scoring=scoring)
+    out, _ = mha(torch.randn(B, N, D), key_padding_mask=padding_mask([7, 5, 2]), need_weights=False)
+    out.square().mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mha.parameters())

@@ -1,0 +1,80 @@
+"""The real CLI end to end: what a run writes (DESIGN.md section 3)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from conftest import TINY
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["data=listops", "model.attention.scoring=additive", "model.n_layers=2", "model.norm=pre"],
+        ["data=mqar", "model.attention.n_kv_heads=1", "model.positional=learned"],
+    ],
+    ids=["default", "listops-additive", "mqar-multiquery"],
+)
+def test_run_writes_results_config_and_checkpoints(run_cli, tmp_path, overrides):
+    result = run_cli(*TINY, *overrides, "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "completed"
+    assert {"val/acc", "val/loss", "val/acc_best", "test/acc", "test/loss"} <= results["metrics"].keys()
+    assert all(0 <= results["metrics"][k] <= 1 for k in ("val/acc", "test/acc"))
+    assert results["config"]["model.d_model"] == 16 and results["config"]["data"] in ("pair_recall", "listops", "mqar")
+    assert results["params"]["total"] > results["params"]["attention"] > 0
+    assert results["flops_per_token"] > 6 * results["params"]["attention"]
+    assert results["throughput"]["train_tokens_per_s"] > 0
+    assert results["seed"] == 0 and results["duration_s"] > 0 and results["wandb"] == {"id": None, "url": None}
+    assert {"torch", "lightning", "hydra-core"} <= results["versions"].keys()
+    assert (run / ".hydra" / "config.yaml").exists() and (run / "metrics.csv").exists()
+    assert (run / "checkpoints" / "last.ckpt").exists()
+    best = results["checkpoints"]["best"]
+    checkpoint = torch.load(best, weights_only=True)  # loads without executing code
+    assert any(k.startswith("model.blocks.0.attn.q_proj") for k in checkpoint["state_dict"])
+
+
+def test_results_mark_a_crashed_run_failed(run_cli, tmp_path):
+    result = run_cli(*TINY, "trainer.accelerator=tpu", "hydra.run.dir=run")
+    assert result.returncode != 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "failed" and "torch_xla" in results["error"]
+
+
+def test_console_script_help_answers():
+    script = subprocess.run(
+        [sys.executable, "-c", "from headlab.train import main; main()", "--help"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert script.returncode == 0 and "model" in script.stdout and "data: listops, mqar, pair_recall" in script.stdout
+
+
+def test_experiment_sweeps_compose():
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=heads_vs_depth"], return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweeper.params["model.attention.n_heads"] == "1,4"
+
+
+def test_multirun_writes_one_directory_per_job(run_cli, tmp_path):
+    result = run_cli("-m", *TINY, "trainer.max_epochs=1", "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/results.json"))
+    assert jobs == ["0", "1"]
+    heads = {
+        json.loads((tmp_path / "sweep" / j / "results.json").read_text())["config"]["model.attention.n_heads"]
+        for j in jobs
+    }
+    assert heads == {1, 2}
