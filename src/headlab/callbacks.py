@@ -1,8 +1,12 @@
-"""Lightning callbacks."""
+"""Lightning callbacks: training throughput, and per-head attention logging and analysis."""
 
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
+
+from headlab import heads, plots, results
 
 
 class ThroughputMeter(pl.Callback):
@@ -26,3 +30,145 @@ class ThroughputMeter(pl.Callback):
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens / self.seconds if self.seconds else None
+
+
+class AttentionLogger(pl.Callback):
+    """What every head does, logged while training and analysed once training ends.
+
+    Every `every_n_val_epochs` validation epochs, on a fixed probe batch (the same `n_probe` validation examples
+    every time, drawn with the seed, plus `sentences` for text data): per-layer attention-map images, each
+    statistic per (layer, head) as heads/L{l}/H{h}/{stat}, one table row per (layer, head), and the head
+    similarity matrix. At the end of training: head importance and the pruning curve on `analysis_batches`
+    validation batches, written with the statistics to `heads.json` in the run directory.
+    Media and tables go to W&B; scalars go to every logger. Rank 0 does all of it.
+    """
+
+    def __init__(
+        self,
+        out_dir: str,
+        every_n_val_epochs: int = 2,
+        n_probe: int = 16,
+        sentences: list[str] | None = None,
+        importance: bool = True,
+        pruning_step: float = 0.1,
+        analysis_batches: int = 20,
+    ):
+        self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
+        self.sentences, self.importance, self.pruning_step = list(sentences or []), importance, pruning_step
+        self.analysis_batches = analysis_batches
+        self.val_epochs = 0
+        self.probe: dict | None = None
+
+    def _probe_batch(self, trainer) -> dict:
+        if self.probe is None:
+            self.probe = trainer.datamodule.probe_batch(self.n_probe, self.sentences)
+        return {k: v.to(trainer.lightning_module.device) for k, v in self.probe.items()}
+
+    def _attention(self, trainer, pl_module) -> tuple[dict, list]:
+        probe = self._probe_batch(trainer)
+        was_training = pl_module.training
+        pl_module.eval()
+        with torch.no_grad():
+            _, weights = pl_module.model(probe["tokens"], probe["padding_mask"], need_weights=True)
+        pl_module.train(was_training)
+        return probe, weights
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        self.val_epochs += 1
+        last = trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
+        if self.val_epochs % self.every and not last:
+            return
+        probe, weights = self._attention(trainer, pl_module)
+        report = heads.head_report(weights, self._key_mask(pl_module, probe))
+        scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in heads.STATISTICS}
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=trainer.global_step)
+        self._log_media(trainer, probe, weights, report)
+
+    @staticmethod
+    def _key_mask(pl_module, probe: dict) -> torch.Tensor:
+        """The padding mask of the attention matrices: with a 'cls' readout, position 0 is the cls vector."""
+        mask = probe["padding_mask"]
+        if pl_module.model.readout == "cls":
+            mask = torch.nn.functional.pad(mask, (1, 0), value=False)
+        return mask
+
+    def _tokens(self, trainer, pl_module, probe: dict, example: int) -> list[str]:
+        length = int((~probe["padding_mask"][example]).sum())
+        tokens = trainer.datamodule.token_strings(probe["tokens"][example, :length].cpu())
+        return ["[cls]", *tokens] if pl_module.model.readout == "cls" else tokens
+
+    def _log_media(self, trainer, probe: dict, weights: list, report: dict) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        if not wandb_loggers:
+            return
+        import wandb
+
+        pl_module = trainer.lightning_module
+        tokens = self._tokens(trainer, pl_module, probe, 0)
+        n = len(tokens)
+        media = {}
+        for layer, w in enumerate(weights):
+            fig = plots.attention_maps(w[0, :, :n, :n], tokens, title=f"layer {layer}, probe example 0")
+            media[f"attention/layer_{layer}"] = wandb.Image(fig)
+            plots.plt.close(fig)
+        fig = plots.similarity_map(report["similarity"], pl_module.model.n_heads)
+        media["heads/similarity"] = wandb.Image(fig)
+        plots.plt.close(fig)
+        columns = ["layer", "head", *heads.STATISTICS]
+        media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in report["rows"]])
+        for logger in wandb_loggers:
+            logger.experiment.log({**media, "trainer/global_step": trainer.global_step})
+
+    def on_fit_end(self, trainer, pl_module):
+        if not trainer.is_global_zero:
+            return
+        probe, weights = self._attention(trainer, pl_module)
+        report = heads.head_report(weights, self._key_mask(pl_module, probe))
+        result = {
+            "rows": report["rows"],
+            "similarity": report["similarity"].tolist(),
+            "probe_size": len(probe["tokens"]),
+        }
+        if self.importance:
+            result.update(self._importance_and_pruning(trainer, pl_module, report["rows"]))
+        results.write_json_atomic(self.out_dir / "heads.json", result)
+
+    def _importance_and_pruning(self, trainer, pl_module, rows: list[dict]) -> dict:
+        device = pl_module.device
+        batches = [{k: v.to(device) for k, v in b.items()} for b in trainer.datamodule.val_dataloader()]
+        batches = batches[: self.analysis_batches]
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        started = time.perf_counter()
+        importance = heads.head_importance(model, batches)  # (L, H)
+        curve = heads.pruning_curve(importance, lambda mask: heads.accuracy(model, batches, mask), self.pruning_step)
+        model.train(was_training)
+        for row in rows:
+            row["importance"] = float(importance[row["layer"], row["head"]])
+        self._log_pruning(trainer, curve)
+        return {
+            "pruning_curve": curve,
+            "analysis_seconds": round(time.perf_counter() - started, 3),
+            "analysis_examples": sum(len(b["tokens"]) for b in batches),
+        }
+
+    @staticmethod
+    def _log_pruning(trainer, curve: list[dict]) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                import wandb
+
+                table = wandb.Table(
+                    columns=["fraction_pruned", "heads_pruned", "val_acc"],
+                    data=[[p["fraction_pruned"], p["heads_pruned"], p["metric"]] for p in curve],
+                )
+                plot = wandb.plot.line(table, "fraction_pruned", "val_acc", title="pruning curve (Michel et al.)")
+                logger.experiment.log({"heads/pruning_table": table, "heads/pruning_curve": plot})

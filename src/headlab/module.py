@@ -63,6 +63,7 @@ class HeadLabModule(pl.LightningModule):
         return loss
 
     def training_step(self, batch, batch_idx):
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):

@@ -61,4 +61,5 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=2, default=str)
         f.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)

@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> None:
         check_config(cfg)
         from headlab.training import train  # the heavy imports, only once the config is known to be valid
 
-        record.update(train(cfg), status="completed")
+        record.update(train(cfg, record["config"]), status="completed")
     except ConfigError as error:
         _finish(run_dir, record, started, error)
         print(f"headlab-train: invalid config: {error}", file=sys.stderr)

@@ -7,9 +7,10 @@ import lightning.pytorch as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from headlab import loggers as loggers_
 from headlab.callbacks import ThroughputMeter
 from headlab.config_check import check_readout
-from headlab.encoder import count_parameters, flops_per_token
+from headlab.encoder import Encoder, count_parameters, flops_per_token
 from headlab.module import HeadLabModule
 
 # Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
@@ -29,33 +30,38 @@ def _floats(metrics: dict, prefix: str) -> dict:
     return {k: float(v) for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def train(cfg: DictConfig) -> dict:
-    """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns."""
-    pl.seed_everything(cfg.seed, workers=True)
+def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
+    """The datamodule and the model of a config; the model's sizes come from the data."""
     datamodule = instantiate(cfg.data)
     readout = check_readout(cfg.model.readout, datamodule.level)
-    model = instantiate(
-        cfg.model,
-        vocab_size=datamodule.vocab_size,
-        n_classes=datamodule.n_classes,
-        max_len=datamodule.max_len,
-        readout=readout,
-        _convert_="all",
-    )
+    sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
+    return datamodule, instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
+
+
+def train(cfg: DictConfig, flat_config: dict) -> dict:
+    """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns."""
+    pl.seed_everything(cfg.seed, workers=True)
+    datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     meter = ThroughputMeter()
     callbacks = _instantiate_all(cfg.get("callbacks")) + [meter]
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
-    trainer.fit(module, datamodule=datamodule)
-    metrics = _floats(trainer.callback_metrics, "val/")
-    checkpoint = trainer.checkpoint_callback
-    best = checkpoint.best_model_path if checkpoint else ""
-    if best:
-        metrics["val/acc_best"] = float(checkpoint.best_model_score)
-    trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
-    metrics.update(_floats(trainer.callback_metrics, "test/"))
+    failed = True
+    try:
+        loggers_.start(loggers, flat_config)
+        trainer.fit(module, datamodule=datamodule)
+        metrics = _floats(trainer.callback_metrics, "val/")
+        checkpoint = trainer.checkpoint_callback
+        best = checkpoint.best_model_path if checkpoint else ""
+        if best:
+            metrics["val/acc_best"] = float(checkpoint.best_model_score)
+        trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        metrics.update(_floats(trainer.callback_metrics, "test/"))
+        failed = False
+    finally:
+        wandb = loggers_.finish(loggers, failed)
     params = count_parameters(model)
     return {
         "metrics": metrics,
@@ -66,6 +72,7 @@ def train(cfg: DictConfig) -> dict:
             "best": best or None,
             "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
         },
+        "wandb": wandb,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
     }

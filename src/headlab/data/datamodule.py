@@ -56,6 +56,22 @@ class TaskDataModule(pl.LightningDataModule):
             if split not in self.splits:
                 self.splits[split] = self.task.sample(np.random.default_rng([self.seed, i]), n)
 
+    def probe_batch(self, n: int, sentences: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """The same n validation examples every time (chosen with the seed), collated into one batch."""
+        if sentences:
+            raise ValueError("probe sentences need a text dataset; this task is generated from token ids")
+        self.setup()
+        val = self.splits["val"]
+        chosen = np.random.default_rng([self.seed, len(self.sizes)]).permutation(len(val))[:n]
+        return collate([val[i] for i in sorted(chosen)])
+
+    def token_strings(self, ids: torch.Tensor) -> list[str]:
+        """Readable tokens of one example: ids (n,) or (n, c); a fused position reads 'k3+v7'."""
+        vocab = self.task.vocab()
+        if ids.dim() == 1:
+            return [vocab[i] for i in ids.tolist()]
+        return ["+".join(vocab[i] for i in row if i) for row in ids.tolist()]
+
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         return DataLoader(
             self.splits[split],

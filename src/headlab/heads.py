@@ -1,0 +1,154 @@
+"""Per-head statistics, head importance and pruning curves (DESIGN.md section 5). Pure torch.
+
+A is one head's attention matrix for one example after softmax, rows = queries. Padding is excluded from both
+axes: padded keys carry exactly 0 weight, and padded queries are left out of every average. Each statistic is
+computed per real query token, averaged over the real queries of an example, then over examples.
+Shapes: B examples, L layers, H heads per layer, n positions.
+"""
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100  # label of unscored positions (token tasks)
+STATISTICS = (
+    "entropy",
+    "entropy_normalised",
+    "confidence",
+    "distance",
+    "attn_self",
+    "attn_prev",
+    "attn_next",
+    "attn_first",
+)
+
+
+def _real(padding_mask: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
+    """(B, n) float mask of real tokens."""
+    B, _, n, _ = weights.shape
+    if padding_mask is None:
+        return weights.new_ones(B, n)
+    return (~padding_mask).to(weights.dtype)
+
+
+def _average(per_query: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, H, n) values per query -> (H,): mean over real queries of each example, then over examples."""
+    per_example = (per_query * real[:, None, :]).sum(-1) / real.sum(-1, keepdim=True).clamp(min=1)  # (B, H)
+    return per_example.mean(0)
+
+
+def head_statistics(weights: torch.Tensor, padding_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Every statistic of STATISTICS for one layer: weights (B, H, n, n), padding_mask (B, n) -> {name: (H,)}."""
+    weights = weights.float()
+    real = _real(padding_mask, weights)  # (B, n)
+    n = weights.shape[-1]
+    pos = torch.arange(n, device=weights.device)
+    entropy = -torch.special.xlogy(weights, weights).sum(-1)  # (B, H, n), 0 log 0 = 0
+    log_n = real.sum(-1).log()[:, None, None]  # (B, 1, 1): log of each example's real length
+    offset = (pos[None, :] - pos[:, None]).abs().to(weights.dtype)  # (n, n): |i - j|
+    diag = weights.diagonal(dim1=-2, dim2=-1)  # (B, H, n): A_ii
+    per_query = {
+        "entropy": entropy,
+        "entropy_normalised": torch.where(log_n > 0, entropy / log_n.clamp(min=1e-12), torch.zeros_like(entropy)),
+        "confidence": weights.amax(-1),
+        "distance": (weights * offset).sum(-1),
+        "attn_self": diag,
+        "attn_prev": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # A_i,i-1; 0 for i = 0
+        "attn_next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # A_i,i+1; 0 for the last
+        "attn_first": weights[..., 0],
+    }
+    return {name: _average(value, real) for name, value in per_query.items()}
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence (nats, at most ln 2) between distributions on the last axis."""
+    m = 0.5 * (p + q)
+    kl = lambda a: (torch.special.xlogy(a, a) - torch.special.xlogy(a, m)).sum(-1)
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
+def head_similarity(weights: list[torch.Tensor], padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """JS divergence between every pair of heads over all layers, averaged like the statistics: (L*H, L*H).
+
+    weights: one (B, H, n, n) tensor per layer; head (l, h) is row/column l * H + h.
+    """
+    heads = torch.cat([w.float() for w in weights], dim=1)  # (B, T, n, n), T = L * H
+    real = _real(padding_mask, heads)  # (B, n)
+    rows = [_average(js_divergence(heads[:, a : a + 1], heads), real) for a in range(heads.shape[1])]
+    return torch.stack(rows)  # (T, T)
+
+
+def _per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example: (B, C) or (B, n, C) logits -> (B,), token losses averaged per example."""
+    if logits.dim() == 2:
+        return F.cross_entropy(logits, labels, reduction="none")
+    losses = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=IGNORE)  # (B, n)
+    scored = (labels != IGNORE).to(losses.dtype)
+    return (losses * scored).sum(-1) / scored.sum(-1).clamp(min=1)
+
+
+def head_importance(model: torch.nn.Module, batches: Iterable[dict], normalise: bool = True) -> torch.Tensor:
+    """Michel et al. 2019: I_h = E_x |dL(x)/d xi_h| at head mask xi = 1, per example, normalised per layer.
+
+    model(tokens, key_padding_mask, head_mask=...) must accept a (B, L, H) head mask. Returns (L, H).
+    """
+    total, count = None, 0
+    for batch in batches:
+        B = batch["tokens"].shape[0]
+        L, H = model.n_layers, model.n_heads
+        xi = torch.ones(B, L, H, device=batch["tokens"].device, requires_grad=True)  # one mask per example
+        logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=xi)
+        (grad,) = torch.autograd.grad(_per_example_loss(logits, batch["labels"]).sum(), xi)  # row b: dL(x_b)/d xi
+        batch_sum = grad.abs().sum(0)  # (L, H)
+        total = batch_sum if total is None else total + batch_sum
+        count += B
+    importance = total / count
+    if normalise:
+        importance = importance / importance.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    return importance
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, batches: Iterable[dict], head_mask: torch.Tensor | None = None) -> float:
+    """Accuracy over scored predictions with heads masked by head_mask (L, H)."""
+    correct, total = 0, 0
+    for batch in batches:
+        logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=head_mask)
+        labels = batch["labels"]
+        scored = labels != IGNORE
+        correct += int((logits.argmax(-1) == labels)[scored].sum())
+        total += int(scored.sum())
+    return correct / max(total, 1)
+
+
+def pruning_curve(importance: torch.Tensor, evaluate: Callable[[torch.Tensor], float], step: float = 0.1) -> list[dict]:
+    """Mask the least important heads, ceil(step * total) at a time, re-evaluating after each step.
+
+    evaluate(head_mask (L, H)) -> metric. Returns [{"fraction_pruned", "heads_pruned", "metric", "pruned"}, ...]
+    from 0 heads pruned to all, "pruned" listing the (layer, head) pairs masked so far.
+    """
+    L, H = importance.shape
+    total = L * H
+    order = importance.flatten().argsort().tolist()  # least important first
+    per_step = max(1, math.ceil(round(step * total, 6)))
+    mask = torch.ones(L, H, device=importance.device)
+    curve, pruned = [], []
+    for k in [*range(0, total, per_step), total]:
+        for index in order[len(pruned) : k]:
+            mask[index // H, index % H] = 0
+            pruned.append((index // H, index % H))
+        point = {"fraction_pruned": k / total, "heads_pruned": k, "metric": evaluate(mask.clone())}
+        curve.append({**point, "pruned": list(pruned)})
+    return curve
+
+
+def head_report(weights: list[torch.Tensor], padding_mask: torch.Tensor | None = None) -> dict:
+    """Statistics of every head of every layer: {"rows": [{"layer", "head", stat: value}], "similarity"}."""
+    rows = []
+    for layer, w in enumerate(weights):
+        stats = head_statistics(w, padding_mask)
+        for h in range(w.shape[1]):
+            rows.append({"layer": layer, "head": h, **{s: float(stats[s][h]) for s in STATISTICS}})
+    return {"rows": rows, "similarity": head_similarity(weights, padding_mask)}

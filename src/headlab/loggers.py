@@ -1,0 +1,116 @@
+"""Experiment loggers. W&B goes offline by itself when it has no credentials or no network: it never prompts
+and never blocks for long. Every logger gets the whole config as flat dotted keys."""
+
+import logging
+import netrc
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+log = logging.getLogger("headlab")
+INIT_TIMEOUT_S = 30
+
+
+def _has_credentials(host: str) -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def wandb_mode() -> tuple[str, str | None]:
+    """The mode W&B can run in here ('online', 'offline', 'disabled') and, when not online, why."""
+    requested = os.environ.get("WANDB_MODE")
+    if requested in ("offline", "disabled", "dryrun"):
+        return requested, None
+    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    if not _has_credentials(urlparse(base_url).hostname):
+        return "offline", "no W&B credentials (run `wandb login` or set WANDB_API_KEY)"
+    if not _reachable(base_url):
+        return "offline", f"{base_url} cannot be reached"
+    return "online", None
+
+
+def _run_identity(name: str | None, group: str | None) -> tuple[str | None, str | None]:
+    """Run name from the job's overrides; group from the experiment, or the sweep, a multirun belongs to."""
+    hydra = HydraConfig.get()
+    if name is None:
+        name = hydra.job.override_dirname or None
+    if group is None:
+        experiment = hydra.runtime.choices.get("experiment")
+        sweep = Path(hydra.sweep.dir).name if hydra.mode == RunMode.MULTIRUN else None
+        group = "-".join(p for p in (experiment, sweep) if p) or None
+    return name, group
+
+
+def wandb_logger(
+    project: str,
+    save_dir: str,
+    entity: str | None = None,
+    name: str | None = None,
+    group: str | None = None,
+    job_type: str = "train",
+    tags: list[str] | None = None,
+):
+    """Lightning's WandbLogger, offline when W&B cannot be reached (with a warning saying how to sync later)."""
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    mode, reason = wandb_mode()
+    if reason:
+        log.warning("W&B logs offline: %s. Upload later with `wandb sync %s/wandb/offline-run-*`", reason, save_dir)
+    name, group = _run_identity(name, group)
+    settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, silent=True)
+    return WandbLogger(
+        project=project,
+        entity=entity,
+        name=name,
+        group=group,
+        job_type=job_type,
+        tags=list(tags or []),
+        save_dir=save_dir,
+        mode=mode,
+        settings=settings,
+    )
+
+
+def start(loggers: list, flat_config: dict) -> None:
+    """Give every logger the flat config; make W&B's summary keep the best validation accuracy."""
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    for logger in loggers:
+        logger.log_hyperparams(flat_config)
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
+            logger.experiment.define_metric("val/acc", summary="max")
+            logger.experiment.define_metric("val/loss", summary="min")
+
+
+def finish(loggers: list, failed: bool) -> dict:
+    """Close W&B (one run per job, also in a multirun); return its {"id", "url"} for results.json."""
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    identity = {"id": None, "url": None}
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
+            run = logger.experiment
+            identity = {"id": run.id, "url": None if run.settings._offline else run.url}
+            logger.experiment.finish(exit_code=1 if failed else 0)
+    return identity

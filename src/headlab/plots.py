@@ -1,0 +1,57 @@
+"""Figures of heads: attention maps per layer, head similarity, pruning curves (matplotlib, no display)."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+MAX_LABELLED = 40  # label the axes with tokens up to this length; beyond it they are unreadable
+
+
+def attention_maps(weights: torch.Tensor, tokens: list[str] | None = None, title: str = "") -> plt.Figure:
+    """One panel per head: weights (H, n, n) of one example, queries as rows, keys as columns."""
+    H, n, _ = weights.shape
+    cols = min(H, 4)
+    rows = math.ceil(H / cols)
+    size = 2.2 + 0.12 * min(n, MAX_LABELLED)
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
+    for h, ax in enumerate(axes.flat):
+        if h >= H:
+            ax.axis("off")
+            continue
+        image = ax.imshow(weights[h].float().cpu().numpy(), vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(f"head {h}", fontsize=9)
+        if tokens is not None and n <= MAX_LABELLED:
+            ax.set_xticks(range(n), tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(n), tokens, fontsize=6)
+        else:
+            ax.set_xlabel("key")
+            ax.set_ylabel("query")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    fig.suptitle(title)
+    return fig
+
+
+def similarity_map(similarity: torch.Tensor, n_heads: int) -> plt.Figure:
+    """Jensen-Shannon divergence between every pair of heads (L*H, L*H); 0 = identical attention."""
+    T = similarity.shape[0]
+    labels = [f"L{t // n_heads}H{t % n_heads}" for t in range(T)]
+    fig, ax = plt.subplots(figsize=(2 + 0.35 * T, 1.6 + 0.35 * T), layout="constrained")
+    image = ax.imshow(similarity.cpu().numpy(), cmap="magma_r", vmin=0, vmax=math.log(2))
+    ax.set_xticks(range(T), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(T), labels, fontsize=7)
+    fig.colorbar(image, ax=ax, label="Jensen-Shannon divergence (nats)")
+    ax.set_title("head similarity")
+    return fig
+
+
+def pruning_plot(curve: list[dict], metric: str = "accuracy") -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
+    ax.plot([p["fraction_pruned"] for p in curve], [p["metric"] for p in curve], marker="o")
+    ax.set_xlabel("fraction of heads pruned (least important first)")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,140 @@
+"""Per-head statistics on hand-computed cases; importance against per-example autograd; pruning."""
+
+import math
+
+import pytest
+import torch
+
+from headlab.encoder import Encoder
+from headlab.heads import (
+    accuracy,
+    head_importance,
+    head_similarity,
+    head_statistics,
+    js_divergence,
+    pruning_curve,
+)
+
+
+def uniform(B, H, n, lengths):
+    """Uniform attention over each example's real keys, as softmax over masked scores would give."""
+    w = torch.zeros(B, H, n, n)
+    for b, length in enumerate(lengths):
+        w[b, :, :, :length] = 1.0 / length
+    mask = torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
+    return w, mask
+
+
+def test_uniform_attention_has_entropy_log_n_and_normalised_entropy_one():
+    w, mask = uniform(2, 3, 6, [6, 4])
+    stats = head_statistics(w, mask)
+    expected_entropy = (math.log(6) + math.log(4)) / 2  # per example, then averaged over examples
+    torch.testing.assert_close(stats["entropy"], torch.full((3,), expected_entropy))
+    torch.testing.assert_close(stats["entropy_normalised"], torch.ones(3))
+    torch.testing.assert_close(stats["confidence"], torch.full((3,), (1 / 6 + 1 / 4) / 2))
+    torch.testing.assert_close(stats["attn_first"], torch.full((3,), (1 / 6 + 1 / 4) / 2))
+
+
+def test_uniform_distance_excludes_padding():
+    w, mask = uniform(1, 1, 5, [3])  # real tokens 0, 1, 2: mean |i - j| over j for i = 0, 1, 2 is 1, 2/3, 1
+    assert head_statistics(w, mask)["distance"].item() == pytest.approx((1 + 2 / 3 + 1) / 3)
+
+
+def test_one_hot_attention_to_previous_token():
+    n = 5
+    w = torch.zeros(1, 1, n, n)
+    w[0, 0, 0, 0] = 1  # the first query has no previous token: it attends to itself
+    for i in range(1, n):
+        w[0, 0, i, i - 1] = 1
+    stats = head_statistics(w)
+    assert stats["confidence"].item() == 1 and stats["entropy"].item() == 0
+    assert stats["distance"].item() == pytest.approx((n - 1) / n)
+    assert stats["attn_prev"].item() == pytest.approx((n - 1) / n)
+    assert stats["attn_self"].item() == pytest.approx(1 / n)
+    assert stats["attn_next"].item() == 0
+    assert stats["attn_first"].item() == pytest.approx(2 / n)  # queries 0 and 1 look at token 0
+
+
+def test_padded_queries_are_left_out():
+    w = torch.zeros(1, 1, 4, 4)
+    w[0, 0, :2, :2] = torch.eye(2)  # real queries attend to themselves
+    w[0, 0, 2:, 0] = 1  # padded query rows hold junk that must not count
+    stats = head_statistics(w, torch.tensor([[False, False, True, True]]))
+    assert stats["attn_self"].item() == 1 and stats["attn_first"].item() == 0.5
+
+
+def test_js_divergence_bounds():
+    p = torch.tensor([1.0, 0.0])
+    assert js_divergence(p, p).item() == 0
+    assert js_divergence(p, torch.tensor([0.0, 1.0])).item() == pytest.approx(math.log(2))
+
+
+def test_head_similarity_matrix_over_layers():
+    w0 = torch.softmax(torch.randn(2, 2, 4, 4), -1)
+    w1 = torch.stack([w0[:, 0], torch.softmax(torch.randn(2, 4, 4), -1)], dim=1)  # layer 1 head 0 = layer 0 head 0
+    sim = head_similarity([w0, w1])
+    assert sim.shape == (4, 4)
+    torch.testing.assert_close(sim, sim.T)
+    assert sim[0, 2].item() == pytest.approx(0, abs=1e-7) and torch.all(sim.diagonal().abs() < 1e-7)
+    assert sim[0, 1] > 0 and torch.all(sim <= math.log(2) + 1e-6)
+
+
+def tiny_model(readout="mean"):
+    torch.manual_seed(0)
+    return Encoder(vocab_size=12, n_classes=3, max_len=8, readout=readout, d_model=16, n_layers=2,
+                   dropout=0.0, attention={"n_heads": 4}).eval()  # fmt: skip
+
+
+def tiny_batch(readout="mean"):
+    torch.manual_seed(1)
+    tokens = torch.randint(1, 12, (5, 8))
+    mask = torch.arange(8)[None, :] >= torch.tensor([8, 6, 3, 8, 5])[:, None]
+    labels = torch.randint(0, 3, (5,) if readout != "token" else (5, 8))
+    if readout == "token":
+        labels[mask] = -100
+    return {"tokens": tokens, "padding_mask": mask, "labels": labels}
+
+
+@pytest.mark.parametrize("readout", ["mean", "token"])
+def test_importance_is_the_expected_absolute_per_example_gradient(readout):
+    model, batch = tiny_model(readout), tiny_batch(readout)
+    importance = head_importance(model, [batch], normalise=False)
+    expected = torch.zeros(2, 4)
+    for b in range(5):  # independently: one example at a time, gradient of its own loss
+        xi = torch.ones(2, 4, requires_grad=True)
+        logits, _ = model(batch["tokens"][b : b + 1], batch["padding_mask"][b : b + 1], head_mask=xi)
+        labels = batch["labels"][b : b + 1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100)
+        loss.backward()
+        expected += xi.grad.abs() / 5
+    torch.testing.assert_close(importance, expected, atol=1e-6, rtol=1e-5)
+    normalised = head_importance(model, [batch])
+    torch.testing.assert_close(normalised, expected / expected.norm(dim=-1, keepdim=True), atol=1e-6, rtol=1e-5)
+    xi = torch.ones(2, 4, requires_grad=True)  # the common mistake: |gradient of the batch's summed loss|
+    logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=xi)
+    flat_labels = batch["labels"].reshape(-1)
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 3), flat_labels, ignore_index=-100).backward()
+    assert not torch.allclose(importance, xi.grad.abs(), atol=1e-4)
+
+
+def test_pruning_masks_the_least_important_heads_and_they_contribute_nothing():
+    model, batch = tiny_model(), tiny_batch()
+    importance = torch.tensor([[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.05, 0.7]])
+    masks = []
+    curve = pruning_curve(importance, lambda m: masks.append(m) or accuracy(model, [batch], m))
+    assert [p["heads_pruned"] for p in curve] == list(range(9))  # ceil(10% of 8) = 1 head per step
+    assert curve[3]["pruned"] == [(1, 2), (0, 1), (1, 0)]  # ascending importance
+    assert torch.equal(masks[3], torch.tensor([[1.0, 0, 1, 1], [0, 1, 0, 1]]))
+    masked, _ = model(batch["tokens"], batch["padding_mask"], head_mask=masks[3])
+    with torch.no_grad():  # the pruned heads' outputs must not reach anything
+        for layer, head in curve[3]["pruned"]:
+            model.blocks[layer].attn.out_proj.weight[:, head * 4 : (head + 1) * 4] = 0
+    removed, _ = model(batch["tokens"], batch["padding_mask"])
+    torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-6)
+    assert curve[0]["fraction_pruned"] == 0 and curve[-1]["fraction_pruned"] == 1
+
+
+def test_pruning_step_rounds_up():
+    curve = pruning_curve(torch.rand(3, 4), lambda m: float(m.sum()), step=0.1)  # 12 heads: 2 per step
+    assert [p["heads_pruned"] for p in curve] == [0, 2, 4, 6, 8, 10, 12]
+    assert [p["metric"] for p in curve] == [12, 10, 8, 6, 4, 2, 0]

@@ -1,0 +1,103 @@
+"""A real W&B run in offline mode, read back from its files; no prompt and no hang without credentials."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TINY
+from wandb_records import read_run
+
+pytestmark = pytest.mark.e2e
+
+
+def test_offline_run_holds_attention_images_tables_head_scalars_and_flat_config(run_cli, tmp_path):
+    result = run_cli(*TINY, "logger=wandb", "model.n_layers=2", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    logged = read_run(run_dir)
+    keys = set().union(*logged["history"])
+    for layer in (0, 1):  # one attention image per layer
+        assert f"attention/layer_{layer}/_type" in keys
+    image_types = {h["attention/layer_1/_type"] for h in logged["history"] if "attention/layer_1/_type" in h}
+    assert image_types == {"image-file"}
+    assert {"heads/table/_type", "heads/similarity/_type", "heads/pruning_table/_type"} <= keys
+    head_scalars = {k for k in keys if k.startswith("heads/L")}
+    assert len(head_scalars) == 2 * 4 * 8 and "heads/L1/H3/entropy_normalised" in head_scalars
+    assert {"val/acc", "val/loss", "test/acc"} <= keys
+    config = logged["config"]
+    assert config["model.attention.n_heads"] == 4 and config["model.attention.scoring"] == "dot"
+    assert config["data"] == "pair_recall" and config["seed"] == 0 and config["model.attention.d_k"] is None
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["wandb"]["id"] == logged["run"].run_id and results["wandb"]["url"] is None
+    media = list(run_dir.glob("wandb/offline-run-*/files/media/images/attention/*.png"))
+    assert len(media) >= 2
+
+
+def test_heads_json_holds_statistics_importance_and_pruning(run_cli, tmp_path):
+    result = run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "heads.json").read_text())
+    assert [(r["layer"], r["head"]) for r in report["rows"]] == [(lay, h) for lay in range(2) for h in range(4)]
+    for row in report["rows"]:
+        assert 0 <= row["entropy_normalised"] <= 1 + 1e-6 and 0 < row["confidence"] <= 1
+    norms = [sum(r["importance"] ** 2 for r in report["rows"] if r["layer"] == lay) for lay in range(2)]
+    assert norms == pytest.approx([1.0, 1.0])
+    curve = report["pruning_curve"]
+    assert [p["heads_pruned"] for p in curve] == list(range(9)) and len(report["similarity"]) == 8
+
+
+def test_multirun_gives_one_wandb_run_per_job_grouped_by_sweep(run_cli, tmp_path):
+    result = run_cli("-m", *TINY, "trainer.max_epochs=1", "logger=wandb", "seed=0,1", "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [read_run(tmp_path / "sweep" / job)["run"] for job in ("0", "1")]
+    assert runs[0].run_id != runs[1].run_id
+    assert runs[0].run_group == runs[1].run_group == "sweep"
+    assert ["seed=0" in runs[0].display_name, "seed=1" in runs[1].display_name] == [True, True]
+
+
+def test_no_credentials_goes_offline_without_prompting_or_hanging(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc, no cached login
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-m", "headlab.train", *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "W&B logs offline: no W&B credentials" in result.stdout + result.stderr
+    assert "wandb sync" in result.stdout + result.stderr
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["wandb"]["id"]
+    assert time.time() - started < 120
+
+
+def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_path):
+    assert run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run").returncode == 0
+    run = tmp_path / "run"
+    cli = [sys.executable, "-m", "headlab.inspect_heads", str(run)]
+    result = subprocess.run(cli, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (run / "heads").iterdir())
+    assert written == ["attention_layer0.png", "attention_layer1.png", "similarity.png", "statistics.csv"]
+    assert (run / "heads" / "attention_layer0.png").read_bytes()[:4] == b"\x89PNG"
+    rows = (run / "heads" / "statistics.csv").read_text().splitlines()
+    assert rows[0].startswith("layer,head,entropy,") and len(rows) == 1 + 8
+
+    text = subprocess.run([*cli, "--text", "a dog"], capture_output=True, text=True, timeout=120)
+    assert text.returncode != 0 and text.stderr.strip().splitlines()[-1] == (
+        "headlab-heads: probe sentences need a text dataset; this task is generated from token ids"
+    )
+    (run / ".hydra" / "config.yaml").write_text(
+        (run / ".hydra" / "config.yaml").read_text().replace("d_model: 16", "d_model: 32")
+    )
+    mismatch = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert mismatch.returncode != 0 and "does not fit the run's model config" in mismatch.stderr
+    assert "Traceback" not in mismatch.stderr
