@@ -1,0 +1,294 @@
+"""headlab-compare: a sweep as a table of means and 95% confidence intervals over seeds, with plots.
+
+headlab-compare DIR [DIR ...] reads every results.json below the directories (or, with --wandb ENTITY/PROJECT
+--group G, the runs of a W&B group), finds the configuration keys that vary, groups the runs by them (seeds
+pooled), and writes compare.md, compare.csv and one PNG per metric into the first directory.
+"""
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# keys that differ between runs without defining the experiment: where files go, and the seed itself
+IGNORED_KEYS = ("seed", "data.seed")
+IGNORED_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir")
+METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
+
+
+@dataclass
+class Runs:
+    completed: list[dict] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (where, error)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
+
+
+def load_dirs(dirs: list[Path]) -> Runs:
+    runs = Runs()
+    for root in dirs:
+        files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
+        if not files:
+            runs.unreadable.append((str(root), "no results.json below it"))
+        for path in files:
+            try:
+                record = json.loads(path.read_text())
+                status = record["status"]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                runs.unreadable.append((str(path), f"{type(error).__name__}: {error}"))
+                continue
+            if status == "completed":
+                runs.completed.append({**record, "where": str(path.parent)})
+            else:
+                runs.failed.append((str(path.parent), record.get("error", status)))
+    return runs
+
+
+def load_wandb(path: str, group: str | None) -> Runs:
+    """Finished runs of a W&B project (ENTITY/PROJECT), optionally one group, through the public API."""
+    import wandb
+
+    runs = Runs()
+    filters = {"group": group} if group else {}
+    for run in wandb.Api(timeout=30).runs(path, filters=filters):
+        summary = dict(run.summary)  # val/acc there is the best epoch's (define_metric summary="max")
+        record = {"config": dict(run.config), "metrics": {**summary, "val/acc_best": summary.get("val/acc")}}
+        record["where"] = run.url
+        if run.state == "finished":
+            runs.completed.append(record)
+        else:
+            runs.failed.append((run.url, run.state))
+    return runs
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
+
+
+def varying_keys(records: list[dict]) -> list[str]:
+    """Config keys whose value differs between runs, leaving out the seed and output locations."""
+    keys = sorted({k for r in records for k in r["config"]})
+    varying = []
+    for key in keys:
+        if key in IGNORED_KEYS or key.endswith(IGNORED_SUFFIXES):
+            continue
+        if len({_hashable(r["config"].get(key)) for r in records}) > 1:
+            varying.append(key)
+    return varying
+
+
+def summarise(values: list[float]) -> dict:
+    """n, mean, sample standard deviation and the 95% confidence half-width (Student's t, n - 1 dof)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "std": math.nan, "ci95": math.nan}
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return {"n": n, "mean": mean, "std": std, "ci95": stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)}
+
+
+def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(_hashable(r["config"].get(k)) for k in keys), []).append(r)
+    return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
+
+
+def compare(records: list[dict], metrics: list[str], baseline: tuple[str, str] | None = None) -> tuple[list, list]:
+    """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
+    keys = varying_keys(records)
+    groups = group_runs(records, keys)
+    rows = []
+    for values, runs in groups.items():
+        row = dict(zip(keys, values, strict=True))
+        row["runs"] = len(runs)
+        for metric in metrics:
+            found = [r["metrics"][metric] for r in runs if r.get("metrics", {}).get(metric) is not None]
+            if found:
+                row[metric] = summarise(found)
+                row[metric]["values"] = found
+        params = [r["params"]["total"] for r in runs if r.get("params")]
+        speed = [
+            r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
+        ]
+        row["params"] = params[0] if params else None
+        row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
+        rows.append(row)
+    if baseline:
+        add_baseline(rows, keys, metrics, *baseline)
+    return keys, rows
+
+
+def add_baseline(rows: list[dict], keys: list[str], metrics: list[str], key: str, value: str) -> None:
+    """Difference of each group to the group with key=value and the other keys equal; Welch's t-test over seeds."""
+    from scipy import stats
+
+    if key not in keys:
+        raise SystemExit(f"headlab-compare: --baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
+    others = [k for k in keys if k != key]
+    for row in rows:
+        base = next((b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)), None)
+        for metric in metrics:
+            if base is None or metric not in row or metric not in base:
+                continue
+            a, b = row[metric]["values"], base[metric]["values"]
+            p = (
+                stats.ttest_ind(a, b, equal_var=False).pvalue
+                if len(a) > 1 and len(b) > 1 and row is not base
+                else math.nan
+            )
+            row[metric]["delta"] = row[metric]["mean"] - base[metric]["mean"]
+            row[metric]["p_value"] = float(p)
+            row[metric]["is_baseline"] = row is base
+
+
+def _cell(summary: dict | None) -> str:
+    if summary is None:
+        return ""
+    text = f"{summary['mean']:.4f}"
+    if not math.isnan(summary["std"]):
+        text += f" ± {summary['ci95']:.4f} (sd {summary['std']:.4f})"
+    if summary.get("is_baseline"):
+        text += " (baseline)"
+    elif "delta" in summary:
+        text += f" Δ {summary['delta']:+.4f}" + (
+            "" if math.isnan(summary["p_value"]) else f" p={summary['p_value']:.3g}"
+        )
+    return text
+
+
+def table_rows(keys: list[str], rows: list[dict], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
+    header = [*keys, "runs", *(f"{m} (mean ± 95% CI)" for m in metrics), "params", "train tokens/s"]
+    body = []
+    for row in rows:
+        speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
+        body.append(
+            [
+                *(str(row[k]) for k in keys),
+                str(row["runs"]),
+                *(_cell(row.get(m)) for m in metrics),
+                str(row["params"] or ""),
+                speed,
+            ]
+        )
+    return header, body
+
+
+def write_outputs(out: Path, keys: list[str], rows: list[dict], metrics: list[str], runs: Runs) -> list[Path]:
+    header, body = table_rows(keys, rows, metrics)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    if runs.failed or runs.unreadable:
+        lines += ["", "Left out:"] + [f"- {w}: {e}" for w, e in runs.failed + runs.unreadable]
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    with (out / "compare.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            [
+                *keys,
+                "runs",
+                *(f"{m}_{s}" for m in metrics for s in ("mean", "std", "ci95", "n")),
+                "params",
+                "train_tokens_per_s",
+            ]
+        )
+        for row in rows:
+            stats_ = [row.get(m, {}).get(s, "") for m in metrics for s in ("mean", "std", "ci95", "n")]
+            writer.writerow([*(row[k] for k in keys), row["runs"], *stats_, row["params"], row["tokens_per_s"]])
+    return [out / "compare.md", out / "compare.csv", *plot(out, keys, rows, metrics)]
+
+
+def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> list[Path]:
+    """Each metric against the first numeric varying key, one line per combination of the others, 95% CI bars."""
+    numeric = [k for k in keys if all(isinstance(r[k], int | float) and not isinstance(r[k], bool) for r in rows)]
+    if not numeric:
+        return []
+    from headlab.plots import plt
+
+    x_key = numeric[0]
+    series_keys = [k for k in keys if k != x_key]
+    written = []
+    for metric in metrics:
+        if not any(metric in r for r in rows):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+        for label, members in group_runs([{"config": r, **r} for r in rows], series_keys).items():
+            members = sorted((m for m in members if metric in m), key=lambda m: m[x_key])
+            xs = [m[x_key] for m in members]
+            line = ax.errorbar(
+                xs,
+                [m[metric]["mean"] for m in members],
+                yerr=[0 if math.isnan(m[metric]["ci95"]) else m[metric]["ci95"] for m in members],
+                marker="o",
+                capsize=3,
+                label=", ".join(f"{k}={v}" for k, v in zip(series_keys, label, strict=True)) or None,
+            )
+            for m in members:  # every seed, so that a bimodal outcome shows as such
+                ax.scatter(
+                    [m[x_key]] * len(m[metric]["values"]),
+                    m[metric]["values"],
+                    s=10,
+                    alpha=0.5,
+                    color=line.lines[0].get_color(),
+                )
+        if all(r[x_key] > 0 for r in rows) and max(r[x_key] for r in rows) / min(r[x_key] for r in rows) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r[x_key] for r in rows}), [str(v) for v in sorted({r[x_key] for r in rows})])
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(f"{metric} (mean, 95% CI)")
+        ax.grid(alpha=0.3)
+        if series_keys:
+            ax.legend(fontsize=7)
+        path = out / f"compare_{metric.replace('/', '_')}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from W&B instead of directories")
+    parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
+    parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
+    parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
+    parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    args = parser.parse_args(argv)
+    if not args.dirs and not args.wandb:
+        parser.error("give sweep directories or --wandb ENTITY/PROJECT")
+    runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
+    for where, why in runs.unreadable:
+        print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
+    for where, error in runs.failed:
+        print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
+    if not runs.completed:
+        raise SystemExit("headlab-compare: no completed runs to compare")
+    metrics = args.metric or list(METRICS[:2])
+    baseline = tuple(args.baseline.split("=", 1)) if args.baseline else None
+    if baseline is not None and len(baseline) != 2:
+        parser.error("--baseline takes KEY=VALUE")
+    keys, rows = compare(runs.completed, metrics, baseline)
+    out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_outputs(out, keys, rows, metrics, runs)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    header, body = table_rows(keys, rows, metrics)
+    table = Table(title=f"{len(runs.completed)} runs, grouped by {', '.join(keys) or 'nothing (all alike)'}")
+    for column in header:
+        table.add_column(column)
+    for row in body:
+        table.add_row(*row)
+    Console(width=max(Console().width, 160)).print(table)
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""headlab-compare: grouping by the keys that vary, means and t confidence intervals over seeds."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import TINY
+from headlab.compare import compare, load_dirs, main
+
+
+def write_run(path, heads, scoring, seed, acc, status="completed"):
+    path.mkdir(parents=True)
+    record = {
+        "status": status,
+        "metrics": {"test/acc": acc, "val/acc_best": acc + 0.01},
+        "config": {
+            "model.attention.n_heads": heads,
+            "model.attention.scoring": scoring,
+            "seed": seed,
+            "data.seed": seed,
+            "model.d_model": 64,
+            "trainer.default_root_dir": str(path),
+        },
+        "params": {"total": 1000 * heads, "attention": 10},
+        "throughput": {"train_tokens_per_s": 5000.0},
+    }
+    (path / "results.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    rng = np.random.default_rng(0)
+    accs = {}
+    for i, (heads, scoring, seed) in enumerate(
+        (h, s, k) for h in (1, 4) for s in ("dot", "additive") for k in range(3)
+    ):
+        accs.setdefault((heads, scoring), []).append(acc := float(rng.uniform(0.5, 1.0)))
+        write_run(tmp_path / "sweep" / str(i), heads, scoring, seed, acc)
+    return tmp_path / "sweep", accs
+
+
+def test_groups_means_and_confidence_intervals_match_scipy(sweep):
+    root, accs = sweep
+    keys, rows = compare(load_dirs([root]).completed, ["test/acc"])
+    assert keys == ["model.attention.n_heads", "model.attention.scoring"]  # seed and paths do not count
+    assert len(rows) == 4
+    for row in rows:
+        values = accs[(row["model.attention.n_heads"], row["model.attention.scoring"])]
+        low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+        summary = row["test/acc"]
+        assert summary["n"] == 3 and summary["mean"] == pytest.approx(np.mean(values))
+        assert summary["std"] == pytest.approx(np.std(values, ddof=1))
+        assert summary["ci95"] == pytest.approx((high - low) / 2)
+
+
+def test_baseline_difference_uses_welch_t_test(sweep):
+    root, accs = sweep
+    _, rows = compare(load_dirs([root]).completed, ["test/acc"], ("model.attention.n_heads", "1"))
+    row = next(r for r in rows if r["model.attention.n_heads"] == 4 and r["model.attention.scoring"] == "dot")
+    a, b = accs[(4, "dot")], accs[(1, "dot")]
+    assert row["test/acc"]["delta"] == pytest.approx(np.mean(a) - np.mean(b))
+    assert row["test/acc"]["p_value"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):
+    root, _ = sweep
+    (root / "0" / "results.json").write_text("{not json")
+    (root / "empty").mkdir()
+    write_run(root / "failed", 8, "dot", 0, 0.0, status="failed")
+    main([str(root), str(root / "empty")])
+    err = capsys.readouterr().err
+    assert f"skipped {root / '0' / 'results.json'}: JSONDecodeError" in err
+    assert f"skipped {root / 'empty'}: no results.json below it" in err
+    assert f"failed run {root / 'failed'}" in err
+    table = list(csv.DictReader((root / "compare.csv").open()))
+    assert [int(r["runs"]) for r in table] == [3, 2, 3, 3]  # (1, additive), then (1, dot) without its corrupt seed
+    assert (root / "compare_test_acc.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Left out:" in (root / "compare.md").read_text()
+
+
+@pytest.mark.e2e
+def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
+    result = run_cli(
+        "-m",
+        *TINY,
+        "trainer.max_epochs=1",
+        "callbacks.attention=null",
+        "model.attention.n_heads=1,2",
+        "seed=0,1",
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = load_dirs([tmp_path / "sweep"]).completed
+    assert len(records) == 4
+    cli = subprocess.run(
+        [sys.executable, "-m", "headlab.compare", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=120
+    )
+    assert cli.returncode == 0, cli.stderr
+    table = list(csv.DictReader((tmp_path / "sweep" / "compare.csv").open()))
+    assert [r["model.attention.n_heads"] for r in table] == ["1", "2"]
+    for row in table:
+        accs = [
+            r["metrics"]["test/acc"]
+            for r in records
+            if str(r["config"]["model.attention.n_heads"]) == row["model.attention.n_heads"]
+        ]
+        assert float(row["test/acc_mean"]) == pytest.approx(np.mean(accs))
+        assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
