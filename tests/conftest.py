@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers (CI sets this too)
+
 TINY = [  # a run of a few seconds: small data, two short epochs
     "data.n_train=256",
     "data.n_val=64",

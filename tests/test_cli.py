@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
     ids=["default", "listops-additive", "mqar-multiquery"],
 )
 def test_run_writes_results_config_and_checkpoints(run_cli, tmp_path, overrides):
-    result = run_cli(*TINY, *overrides, "hydra.run.dir=run")
+    result = run_cli(*TINY, "logger=csv", *overrides, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
@@ -78,3 +78,12 @@ def test_multirun_writes_one_directory_per_job(run_cli, tmp_path):
         for j in jobs
     }
     assert heads == {1, 2}
+
+
+def test_several_loggers_at_once(run_cli, tmp_path):
+    result = run_cli(*TINY, "trainer.max_epochs=1", "logger=[csv,tensorboard,wandb]", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert (run / "metrics.csv").read_text().startswith(("epoch", "test", "train", "val"))
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert list(run.glob("wandb/offline-run-*/run-*.wandb"))

@@ -17,6 +17,13 @@ class ThroughputMeter(pl.Callback):
 
     def __init__(self):
         self.tokens, self.seconds, self.steps, self._start = 0, 0.0, 0, 0.0
+        self.fit_seconds = 0.0  # the whole of fit: training, validation and callbacks
+
+    def on_fit_start(self, trainer, pl_module):
+        self._fit_start = time.perf_counter()
+
+    def on_fit_end(self, trainer, pl_module):
+        self.fit_seconds = time.perf_counter() - self._fit_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._start = time.perf_counter()
@@ -58,6 +65,7 @@ class AttentionLogger(pl.Callback):
         self.analysis_batches = analysis_batches
         self.val_epochs = 0
         self.probe: dict | None = None
+        self.logging_seconds = 0.0  # time spent logging during training, reported in heads.json
 
     def _probe_batch(self, trainer) -> dict:
         if self.probe is None:
@@ -80,12 +88,14 @@ class AttentionLogger(pl.Callback):
         last = trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
         if self.val_epochs % self.every and not last:
             return
+        started = time.perf_counter()
         probe, weights = self._attention(trainer, pl_module)
         report = heads.head_report(weights, self._key_mask(pl_module, probe))
         scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in heads.STATISTICS}
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=trainer.global_step)
         self._log_media(trainer, probe, weights, report)
+        self.logging_seconds += time.perf_counter() - started
 
     @staticmethod
     def _key_mask(pl_module, probe: dict) -> torch.Tensor:

@@ -67,7 +67,7 @@ def train(cfg: DictConfig, flat_config: dict) -> dict:
         "metrics": metrics,
         "params": {"total": params["total"], "attention": params["attention"]},
         "flops_per_token": flops_per_token(model, datamodule.max_len),
-        "throughput": {"train_tokens_per_s": meter.tokens_per_s},
+        "throughput": {"train_tokens_per_s": meter.tokens_per_s, "fit_s": round(meter.fit_seconds, 3)},
         "checkpoints": {
             "best": best or None,
             "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
