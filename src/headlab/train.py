@@ -1,19 +1,25 @@
 """headlab-train: the Hydra entry point (`python -m headlab.train` is the same).
 
 The composed config is validated before torch, Lightning or the data are imported, so a wrong value is
-reported in one line at once. Every run ends with results.json in its run directory, also when it fails.
+reported in one line at once. Every job ends with results.json in its run directory, also when it fails; in a
+sweep (-m) a failed job is recorded and the others go on.
 """
 
+import json
 import logging
 import os
 import sys
 import time
+import traceback
+from datetime import datetime, timezone
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from headlab import sweep
 from headlab.config_check import ConfigError, check_config
 from headlab.results import flat_config, git_sha, versions, write_json_atomic
 
@@ -21,39 +27,62 @@ log = logging.getLogger("headlab")
 
 
 @hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    started = time.time()
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     record = {
         "status": "running",
+        "started_at": datetime.now(timezone.utc).isoformat(),
         "config": flat_config(cfg, dict(hydra_cfg.runtime.choices)),
         "seed": cfg.seed,
         "git_sha": git_sha(),
         "versions": versions(),
         "wandb": {"id": None, "url": None},
     }
+    if cfg.sweep.resume and sweep.completed_before(run_dir, record["config"]):
+        log.info("skipping %s: completed before with the same config (sweep.resume=true)", run_dir)
+        return sweep.objective(cfg, _read_results(run_dir))
+    started = time.time()
     try:
         check_config(cfg)
         from headlab.training import train  # the heavy imports, only once the config is known to be valid
 
-        record.update(train(cfg, record["config"]), status="completed")
+        record.update(train(cfg, record["config"], threads=sweep.cpu_threads()), status="completed")
     except ConfigError as error:
         _finish(run_dir, record, started, error)
         print(f"headlab-train: invalid config: {error}", file=sys.stderr)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        sys.exit(2)
-    except BaseException as error:
+        if not in_sweep:
+            sys.exit(2)
+        return sweep.objective(cfg, record)  # a sweep records the failure and goes on with the next job
+    except Exception as error:
+        _finish(run_dir, record, started, error)
+        if not in_sweep:
+            raise
+        print(
+            f"headlab-train: job {run_dir} failed: {record['error']} (traceback in its results.json)", file=sys.stderr
+        )
+        return sweep.objective(cfg, record)
+    except BaseException as error:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
         _finish(run_dir, record, started, error)
         raise
     _finish(run_dir, record, started)
     log.info("results: %s", run_dir / "results.json")
+    return sweep.objective(cfg, record)
+
+
+def _read_results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
 
 
 def _finish(run_dir: Path, record: dict, started: float, error: BaseException | None = None) -> None:
-    if error is not None:
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        record.update(status="interrupted", error=type(error).__name__)
+    elif error is not None:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
+        record["traceback"] = traceback.format_exc()
     record["duration_s"] = round(time.time() - started, 3)
     write_json_atomic(run_dir / "results.json", record)
 

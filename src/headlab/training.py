@@ -4,10 +4,12 @@ import logging
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from headlab import loggers as loggers_
+from headlab import sweep
 from headlab.callbacks import ThroughputMeter
 from headlab.config_check import check_readout
 from headlab.encoder import Encoder, count_parameters, flops_per_token
@@ -38,15 +40,22 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     return datamodule, instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
 
 
-def train(cfg: DictConfig, flat_config: dict) -> dict:
-    """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns."""
+def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
+    """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns.
+
+    threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep).
+    """
+    torch.set_num_threads(threads)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     meter = ThroughputMeter()
     callbacks = _instantiate_all(cfg.get("callbacks")) + [meter]
     loggers = _instantiate_all(cfg.get("logger"))
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    devices = {}
+    if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
+        devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **devices)
 
     failed = True
     try:
@@ -68,6 +77,7 @@ def train(cfg: DictConfig, flat_config: dict) -> dict:
         "params": {"total": params["total"], "attention": params["attention"]},
         "flops_per_token": flops_per_token(model, datamodule.max_len),
         "throughput": {"train_tokens_per_s": meter.tokens_per_s, "fit_s": round(meter.fit_seconds, 3)},
+        "resources": {"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
         "checkpoints": {
             "best": best or None,
             "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,

@@ -1,0 +1,90 @@
+"""What a job of a sweep needs beyond a single run: its share of the machine, resuming, and the sweep's summary.
+
+Only Hydra and the standard library are imported here: this runs before torch in every job.
+"""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("headlab")
+MUTABLE_KEYS = ("sweep.resume",)  # config keys that may differ between a job and its resumed rerun
+
+
+def gpus_per_node(accelerator: str, devices) -> int:
+    """GPUs a SLURM job must ask for: the trainer's devices when it trains on GPUs, else none."""
+    if accelerator not in ("gpu", "cuda"):
+        return 0
+    return len(devices) if isinstance(devices, list | tuple) else int(devices)
+
+
+OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
+
+
+def parallel_jobs() -> int:
+    """How many jobs of this sweep run at once on this machine (the joblib launcher's n_jobs, else 1)."""
+    hydra = HydraConfig.get()
+    n_jobs = hydra.launcher.get("n_jobs") if "launcher" in hydra else None
+    if n_jobs is None or n_jobs < 1:
+        return 1 if n_jobs is None else max(1, (os.cpu_count() or 1) + 1 + n_jobs)  # joblib: -1 = all cores
+    return int(n_jobs)
+
+
+def cpu_threads() -> int:
+    """Torch threads for this job: the cores shared out among the jobs running at once."""
+    return max(1, (os.cpu_count() or 1) // parallel_jobs())
+
+
+def gpu_for_job(n_gpus: int) -> int:
+    """With several jobs at once on a GPU machine, job k gets GPU k mod n_gpus."""
+    return HydraConfig.get().job.num % n_gpus if n_gpus else 0
+
+
+def objective(cfg: DictConfig, record: dict) -> float:
+    """What a job returns to its sweeper (Optuna maximises it): sweep.objective of its metrics, NaN if it failed."""
+    value = record.get("metrics", {}).get(cfg.sweep.objective) if record.get("status") == "completed" else None
+    return float("nan") if value is None else float(value)
+
+
+def completed_before(run_dir: Path, flat_config: dict) -> bool:
+    """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
+    try:
+        previous = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    same = lambda config: {k: v for k, v in config.items() if k not in MUTABLE_KEYS}
+    return previous.get("status") == "completed" and same(previous.get("config", {})) == same(flat_config)
+
+
+class SweepSummary(Callback):
+    """After a multirun: one line per failed job, and a non-zero exit code when any job failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        statuses = {}
+        for path in sorted(sweep_dir.glob("*/results.json")):
+            try:
+                statuses[path.parent] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                statuses[path.parent] = {"status": "unreadable"}
+        failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
+        for job_dir, record in failed.items():
+            print(
+                f"headlab-train: not completed: {job_dir} ({record.get('status')}: {record.get('error', '')})",
+                file=sys.stderr,
+            )
+        done = len(statuses) - len(failed)
+        log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
+        if failed:
+            print(
+                f"headlab-train: {len(failed)} of {len(statuses)} jobs did not complete; rerun the same "
+                f"command with sweep.resume=true and hydra.sweep.dir={sweep_dir} to run only those",
+                file=sys.stderr,
+            )
+            sys.exit(1)

@@ -1,0 +1,135 @@
+"""Sweeps: failures recorded and resumable, parallel and SLURM launchers, Optuna, W&B sweeps, experiments."""
+
+import itertools
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import headlab.sweep  # noqa: F401  (registers the resolvers the launcher configs use)
+from conftest import TINY
+from headlab.config_check import check_config
+
+ROOT = Path(__file__).parents[1]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
+QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
+
+
+def status(job_dir: Path) -> dict:
+    return json.loads((job_dir / "results.json").read_text())
+
+
+@pytest.mark.e2e
+def test_failed_job_is_recorded_others_complete_and_resume_reruns_only_it(run_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "1").mkdir(parents=True)
+    (sweep / "1" / "checkpoints").touch()  # job 1 cannot write its checkpoints: it fails mid-run
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2,4", "hydra.sweep.dir=sweep"]
+    first = run_cli(*args)
+    assert first.returncode == 1
+    assert [status(sweep / j)["status"] for j in "012"] == ["completed", "failed", "completed"]
+    assert "FileExistsError" in status(sweep / "1")["error"] and "Traceback" in status(sweep / "1")["traceback"]
+    assert "1 of 3 jobs did not complete" in first.stderr and "Traceback" not in first.stderr
+    before = {j: status(sweep / j)["started_at"] for j in "02"}
+
+    (sweep / "1" / "checkpoints").unlink()
+    second = run_cli(*args, "sweep.resume=true")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert [status(sweep / j)["status"] for j in "012"] == ["completed"] * 3
+    assert {j: status(sweep / j)["started_at"] for j in "02"} == before  # completed jobs were not rerun
+    assert second.stdout.count("skipping") + second.stderr.count("skipping") == 2
+
+
+@pytest.mark.e2e
+def test_local_launcher_runs_two_jobs_at_once_sharing_the_cores(run_cli, tmp_path):
+    result = run_cli("-m", *QUICK, "hydra/launcher=local", "seed=0,1", "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = [status(tmp_path / "sweep" / j) for j in "01"]
+    spans = []
+    for job in jobs:
+        start = datetime.fromisoformat(job["started_at"]).timestamp()
+        spans.append((start, start + job["duration_s"]))
+        assert job["resources"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two jobs overlapped in time
+
+
+@pytest.mark.e2e
+def test_optuna_sweeper_with_sqlite_storage(run_cli, tmp_path):
+    result = run_cli(
+        "-m",
+        *QUICK,
+        "hydra/sweeper=search",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [status(tmp_path / "sweep" / j)["status"] for j in "01"] == ["completed", "completed"]
+    best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
+    objectives = [status(tmp_path / "sweep" / j)["metrics"]["val/acc_best"] for j in "01"]
+    assert best["best_value"] == pytest.approx(max(objectives)) and (tmp_path / "optuna.db").stat().st_size > 0
+
+
+def compose_job(*overrides: str):
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def sweep_jobs(experiment: str) -> list[list[str]]:
+    """Every job of an experiment: the cartesian product of its sweeper params."""
+    params = compose_job(f"experiment={experiment}").hydra.sweeper.params
+    choices = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
+    return [list(job) for job in itertools.product(*choices)]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_job_of_every_experiment_composes_and_validates(experiment):
+    jobs = sweep_jobs(experiment)
+    assert len(jobs) >= 3 and all(any(o.startswith("seed=") for o in job) for job in jobs)
+    for job in jobs:
+        cfg = compose_job(f"experiment={experiment}", *job)
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        check_config(cfg)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_runs_its_first_job_for_a_few_batches(run_cli, tmp_path, experiment):
+    job = sweep_jobs(experiment)[0]
+    result = run_cli(
+        f"experiment={experiment}",
+        *job,
+        "hydra.mode=RUN",
+        *QUICK,
+        "+trainer.limit_train_batches=3",
+        "+trainer.limit_val_batches=2",
+        "hydra.run.dir=run",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert status(tmp_path / "run")["status"] == "completed"
+
+
+def test_slurm_launcher_asks_for_what_the_trainer_uses():
+    cfg = compose_job("hydra/launcher=slurm", "trainer.accelerator=gpu", "trainer.devices=4", "+trainer.num_nodes=2")
+    launcher = cfg.hydra.launcher
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 4, 4)
+    assert launcher._target_.endswith("SlurmLauncher")
+    cpu = compose_job("hydra/launcher=slurm").hydra.launcher
+    assert (cpu.nodes, cpu.tasks_per_node, cpu.gpus_per_node) == (1, 1, 0)
+
+
+def test_wandb_sweep_passes_hydra_overrides_to_headlab_train():
+    spec = yaml.safe_load((ROOT / "sweeps" / "wandb_heads.yaml").read_text())
+    assert spec["command"] == ["${env}", "headlab-train", "${args_no_hyphens}"]
+    assert spec["metric"] == {"name": "val/acc", "goal": "maximize"}
+    values = {key: p["values"] for key, p in spec["parameters"].items()}
+    for combination in itertools.product(*values.values()):
+        overrides = [f"{k}={v}" for k, v in zip(values, combination, strict=True)]  # what ${args_no_hyphens} gives
+        cfg = compose_job(*overrides)
+        check_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+        assert cfg.model.attention.n_heads == combination[0]
