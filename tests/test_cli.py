@@ -58,7 +58,11 @@ def test_console_script_help_answers():
         stdin=subprocess.DEVNULL,
         timeout=60,
     )
-    assert script.returncode == 0 and "model" in script.stdout and "data: listops, mqar, pair_recall" in script.stdout
+    assert (
+        script.returncode == 0
+        and "model" in script.stdout
+        and "listops, mqar, pair_recall, sst2, trec" in script.stdout
+    )
 
 
 def test_experiment_sweeps_compose():

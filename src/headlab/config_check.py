@@ -7,9 +7,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """An invalid configuration value; str() is the one line shown to the user."""
+from headlab.errors import ConfigError
 
 
 def _is_int(v) -> bool:
@@ -63,6 +61,11 @@ RULES: dict[str, tuple[Callable, str]] = {
     "data.n_test": POSITIVE,
     "data.num_workers": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     "data.task.max_length": POSITIVE,
+    "data.max_length": POSITIVE,
+    "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)"),
+    "data.bucketing": (lambda v: isinstance(v, bool), "true or false"),
+    "data.tokenizer.kind": one_of("wordpiece", "bpe"),
+    "data.tokenizer.vocab_size": (lambda v: _is_int(v) and v > 3, "an int > 3 (room for [PAD], [UNK], [SEP])"),
     "data.task.max_depth": POSITIVE,
     "data.task.max_args": (lambda v: _is_int(v) and v >= 2, "an int >= 2"),
     "data.task.n_keys": POSITIVE,

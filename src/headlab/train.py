@@ -20,10 +20,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from headlab import sweep
-from headlab.config_check import ConfigError, check_config
+from headlab.config_check import check_config
+from headlab.errors import UsageError
 from headlab.results import flat_config, git_sha, versions, write_json_atomic
 
 log = logging.getLogger("headlab")
+_KIND = {"ConfigError": "invalid config", "DataError": "data error", "UsageError": "error"}
 
 
 @hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
@@ -49,9 +51,9 @@ def main(cfg: DictConfig) -> float | None:
         from headlab.training import train  # the heavy imports, only once the config is known to be valid
 
         record.update(train(cfg, record["config"], threads=sweep.cpu_threads()), status="completed")
-    except ConfigError as error:
+    except UsageError as error:
         _finish(run_dir, record, started, error)
-        print(f"headlab-train: invalid config: {error}", file=sys.stderr)
+        print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if not in_sweep:

@@ -34,7 +34,8 @@ def _floats(metrics: dict, prefix: str) -> dict:
 
 def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     """The datamodule and the model of a config; the model's sizes come from the data."""
-    datamodule = instantiate(cfg.data)
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = check_readout(cfg.model.readout, datamodule.level)
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     return datamodule, instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
@@ -66,14 +67,16 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         best = checkpoint.best_model_path if checkpoint else ""
         if best:
             metrics["val/acc_best"] = float(checkpoint.best_model_score)
-        trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
-        metrics.update(_floats(trainer.callback_metrics, "test/"))
+        if datamodule.splits.get("test"):
+            trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+            metrics.update(_floats(trainer.callback_metrics, "test/"))
         failed = False
     finally:
         wandb = loggers_.finish(loggers, failed)
     params = count_parameters(model)
     return {
         "metrics": metrics,
+        "data": datamodule.describe(),
         "params": {"total": params["total"], "attention": params["attention"]},
         "flops_per_token": flops_per_token(model, datamodule.max_len),
         "throughput": {"train_tokens_per_s": meter.tokens_per_s, "fit_s": round(meter.fit_seconds, 3)},

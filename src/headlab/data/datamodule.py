@@ -1,15 +1,16 @@
-"""LightningDataModule for tasks generated on the fly: seeded splits, dynamic padding."""
+"""LightningDataModules: the shared batching of examples, and tasks generated on the fly."""
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 IGNORE = -100  # label of positions that are not scored (token tasks)
+Example = tuple[np.ndarray, np.ndarray | int]  # token ids (n,) or (n, c), and a label or one label per position
 
 
-def collate(examples: list[tuple[np.ndarray, np.ndarray | int]]) -> dict[str, torch.Tensor]:
+def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     """Pad to the longest sequence of the batch: tokens (B, n) or (B, n, c), padding_mask (B, n), labels."""
     toks = [torch.from_numpy(t) for t, _ in examples]
     tokens = pad_sequence(toks, batch_first=True, padding_value=0)
@@ -23,16 +24,100 @@ def collate(examples: list[tuple[np.ndarray, np.ndarray | int]]) -> dict[str, to
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}
 
 
-class TaskDataModule(pl.LightningDataModule):
-    """Train / val / test splits of a generated task, each from its own stream of the run's seed."""
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar length (less padding): shuffle, sort within windows of 50 batches, shuffle the batches.
+
+    Deterministic for a given seed and epoch (Lightning calls set_epoch).
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, window: int = 50):
+        self.lengths, self.batch_size, self.seed, self.window, self.epoch = (
+            np.asarray(lengths),
+            batch_size,
+            seed,
+            window,
+            0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.lengths))
+        span = self.batch_size * self.window
+        batches = []
+        for start in range(0, len(order), span):
+            chunk = order[start : start + span]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            batches += [chunk[i : i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        return iter([batches[i] for i in rng.permutation(len(batches))])
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.batch_size)
+
+
+class ExampleDataModule(pl.LightningDataModule):
+    """Train / val / test lists of examples, batched with dynamic padding. Subclasses fill self.splits in setup().
+
+    They also say what the model needs (level, vocab_size, n_classes, max_len) and how ids read (token_strings).
+    """
+
+    level = "sequence"
+
+    def __init__(self, batch_size: int = 64, num_workers: int = 0, bucketing: bool = False, seed: int = 0):
+        super().__init__()
+        self.batch_size, self.num_workers, self.bucketing, self.seed = batch_size, num_workers, bucketing, seed
+        self.splits: dict[str, list[Example]] = {}
+
+    def probe_batch(self, n: int, sentences: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """The same n validation examples every time (chosen with the seed), then the given sentences."""
+        self.setup()
+        val = self.splits["val"]
+        chosen = np.random.default_rng([self.seed, 3]).permutation(len(val))[:n]
+        return collate([val[i] for i in sorted(chosen)] + [(self.encode(s), 0) for s in sentences or []])
+
+    def describe(self) -> dict:
+        """What results.json records about the data."""
+        return {
+            "splits": {role: len(examples) for role, examples in self.splits.items()},
+            "vocab_size": self.vocab_size,
+            "n_classes": self.n_classes,
+        }
+
+    def encode(self, text: str) -> np.ndarray:
+        raise ValueError("probe sentences need a text dataset; this task is generated from token ids")
+
+    def token_strings(self, ids: torch.Tensor) -> list[str]:
+        raise NotImplementedError
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        examples = self.splits[split]
+        common = {"collate_fn": collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
+        if shuffle and self.bucketing:
+            sampler = BucketBatchSampler([len(t) for t, _ in examples], self.batch_size, self.seed)
+            return DataLoader(examples, batch_sampler=sampler, **common)
+        return DataLoader(examples, batch_size=self.batch_size, shuffle=shuffle, **common)
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val")
+
+    def test_dataloader(self):
+        return self._loader("test")
+
+
+class TaskDataModule(ExampleDataModule):
+    """A task generated from the run's seed: each split from its own random stream."""
 
     def __init__(
         self, task, n_train: int, n_val: int, n_test: int, batch_size: int = 64, num_workers: int = 0, seed: int = 0
     ):
-        super().__init__()
-        self.task, self.batch_size, self.num_workers, self.seed = task, batch_size, num_workers, seed
+        super().__init__(batch_size, num_workers, bucketing=False, seed=seed)
+        self.task = task
         self.sizes = {"train": n_train, "val": n_val, "test": n_test}
-        self.splits: dict[str, list] = {}
 
     @property
     def level(self) -> str:
@@ -56,37 +141,9 @@ class TaskDataModule(pl.LightningDataModule):
             if split not in self.splits:
                 self.splits[split] = self.task.sample(np.random.default_rng([self.seed, i]), n)
 
-    def probe_batch(self, n: int, sentences: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """The same n validation examples every time (chosen with the seed), collated into one batch."""
-        if sentences:
-            raise ValueError("probe sentences need a text dataset; this task is generated from token ids")
-        self.setup()
-        val = self.splits["val"]
-        chosen = np.random.default_rng([self.seed, len(self.sizes)]).permutation(len(val))[:n]
-        return collate([val[i] for i in sorted(chosen)])
-
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         """Readable tokens of one example: ids (n,) or (n, c); a fused position reads 'k3+v7'."""
         vocab = self.task.vocab()
         if ids.dim() == 1:
             return [vocab[i] for i in ids.tolist()]
         return ["+".join(vocab[i] for i in row if i) for row in ids.tolist()]
-
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            collate_fn=collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self):
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self):
-        return self._loader("val")
-
-    def test_dataloader(self):
-        return self._loader("test")
