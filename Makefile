@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: install train sweep test test-fast lint format clean
+.PHONY: install train sweep test test-fast bench lint format clean
 
 install: $(STAMP)
 
@@ -31,6 +31,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(call PYTEST,-m "not e2e")
+
+bench: $(STAMP)  # about 10-15 minutes on 2 cores; rewrites BENCHMARKS.md
+	$(BIN)/headlab-bench $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -185,3 +185,22 @@ def test_gradients_reach_every_parameter(scoring):
     out, _ = mha(torch.randn(B, N, D), key_padding_mask=padding_mask([7, 5, 2]), need_weights=False)
     out.square().mean().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mha.parameters())
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 200, 1 << 23])  # one query per chunk, a few, all at once
+def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeypatch, chunk_elements):
+    from headlab.attention import AdditiveScores, additive_scores, additive_scores_naive
+
+    monkeypatch.setattr(AdditiveScores, "CHUNK_ELEMENTS", chunk_elements)
+    q, k, w = torch.randn(2, 3, 9, 5), torch.randn(2, 3, 9, 5), torch.randn(3, 5)
+    grad = torch.randn(2, 3, 9, 9)
+    results = []
+    for fn in (additive_scores, additive_scores_naive):
+        leaves = [t.clone().requires_grad_() for t in (q, k, w)]
+        scores = fn(*leaves)
+        scores.backward(grad)
+        results.append([scores.detach(), *(t.grad for t in leaves)])
+    for lean, naive in zip(*results, strict=True):
+        torch.testing.assert_close(lean, naive, atol=1e-5, rtol=1e-5)
+    double = [t.double().requires_grad_() for t in (q[:, :, :4], k[:, :, :4], w)]
+    assert torch.autograd.gradcheck(additive_scores, double)

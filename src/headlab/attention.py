@@ -41,10 +41,51 @@ def head_sizes(
     return d_k, d_v, n_kv_heads
 
 
-def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Bahdanau scores w_h^T tanh(q_i + k_j): q, k (B, H, n, d_k), w (H, d_k) -> (B, H, n, n)."""
+def additive_scores_naive(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Bahdanau scores w_h^T tanh(q_i + k_j), the obvious way: autograd keeps a (B, H, n, n, d_k) tensor."""
     hidden = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))  # (B, H, n, n, d_k)
     return torch.einsum("bhijd,hd->bhij", hidden, w)
+
+
+class AdditiveScores(torch.autograd.Function):
+    """Bahdanau scores in chunks of queries, recomputing tanh in the backward pass instead of storing it.
+
+    Peak memory is one chunk of (B, H, chunk, n, d_k) rather than the whole (B, H, n, n, d_k) tensor.
+    """
+
+    CHUNK_ELEMENTS = 1 << 23  # per chunk of the hidden tensor: 32 MiB in fp32
+
+    @staticmethod
+    def _chunk(q: torch.Tensor, k: torch.Tensor) -> int:
+        B, H, n, d = q.shape
+        return max(1, AdditiveScores.CHUNK_ELEMENTS // max(1, B * H * k.shape[2] * d))
+
+    @staticmethod
+    def forward(ctx, q, k, w):  # q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)
+        ctx.save_for_backward(q, k, w)
+        step = AdditiveScores._chunk(q, k)
+        w_ = w[None, :, None, :, None]  # (1, H, 1, d_k, 1)
+        out = [torch.tanh(qc.unsqueeze(3) + k.unsqueeze(2)) @ w_ for qc in q.split(step, dim=2)]
+        return torch.cat(out, dim=2).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (B, H, n, m)
+        q, k, w = ctx.saved_tensors
+        step = AdditiveScores._chunk(q, k)
+        grad_q, grad_k, grad_w = [], torch.zeros_like(k), torch.zeros_like(w)
+        for qc, gc in zip(q.split(step, dim=2), grad.split(step, dim=2), strict=True):
+            t = torch.tanh(qc.unsqueeze(3) + k.unsqueeze(2))  # (B, H, c, m, d_k), recomputed
+            g = gc.unsqueeze(-1)  # (B, H, c, m, 1)
+            grad_w += (g * t).sum(dim=(0, 2, 3))  # (H, d_k)
+            pre = g * w[None, :, None, None, :] * (1 - t * t)  # d score / d (q_i + k_j): (B, H, c, m, d_k)
+            grad_q.append(pre.sum(dim=3))  # (B, H, c, d_k)
+            grad_k += pre.sum(dim=2)  # (B, H, m, d_k)
+        return torch.cat(grad_q, dim=2), grad_k, grad_w
+
+
+def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Bahdanau scores w_h^T tanh(q_i + k_j): q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)."""
+    return AdditiveScores.apply(q, k, w)
 
 
 class MultiHeadAttention(nn.Module):

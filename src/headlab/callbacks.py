@@ -12,18 +12,12 @@ from headlab import heads, plots, results
 class ThroughputMeter(pl.Callback):
     """Real (non-padding) training tokens per second of training step (forward, backward, optimizer).
 
-    The first step is left out: it pays one-off costs (allocations, lazy initialisation).
+    Logged as perf/train_tokens_per_s at each epoch's end: rank 0's rate times the number of ranks, so that it
+    also reaches the main process of a forked or spawned DDP run. The first step pays one-off costs: left out.
     """
 
     def __init__(self):
         self.tokens, self.seconds, self.steps, self._start = 0, 0.0, 0, 0.0
-        self.fit_seconds = 0.0  # the whole of fit: training, validation and callbacks
-
-    def on_fit_start(self, trainer, pl_module):
-        self._fit_start = time.perf_counter()
-
-    def on_fit_end(self, trainer, pl_module):
-        self.fit_seconds = time.perf_counter() - self._fit_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._start = time.perf_counter()
@@ -34,9 +28,10 @@ class ThroughputMeter(pl.Callback):
             self.seconds += time.perf_counter() - self._start
             self.tokens += int((~batch["padding_mask"]).sum())
 
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds else None
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.seconds:
+            rate = self.tokens / self.seconds * trainer.world_size
+            pl_module.log("perf/train_tokens_per_s", rate, rank_zero_only=True)
 
 
 class AttentionLogger(pl.Callback):

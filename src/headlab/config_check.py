@@ -110,6 +110,18 @@ def check_config(cfg: DictConfig) -> None:
         fail("data.task.n_pairs", task.n_pairs, f"at most data.task.n_keys={task.n_keys}")
 
 
+def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
+    """Strategies that re-launch the command line in every rank cannot run inside a local multirun."""
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if in_sweep and strategy == "ddp" and launcher != "slurm":
+        fail(
+            "trainer.strategy",
+            strategy,
+            "ddp_spawn (or ddp_fork on CPU) inside a local sweep: Lightning's ddp "
+            "re-runs the whole -m command in every rank; or keep ddp with hydra/launcher=slurm",
+        )
+
+
 def check_readout(readout: str | None, level: str) -> str:
     """The readout a task of this level gets: its own when null, and an error on a mismatch."""
     if readout is None:

@@ -76,6 +76,7 @@ def wandb_logger(
     if reason:
         log.warning("W&B logs offline: %s. Upload later with `wandb sync %s/wandb/offline-run-*`", reason, save_dir)
     name, group = _run_identity(name, group)
+    os.environ["WANDB_DIR"] = save_dir  # also where forked DDP ranks write the run's media
     settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, silent=True)
     return WandbLogger(
         project=project,
@@ -114,3 +115,17 @@ def finish(loggers: list, failed: bool) -> dict:
             identity = {"id": run.id, "url": None if run.settings._offline else run.url}
             logger.experiment.finish(exit_code=1 if failed else 0)
     return identity
+
+
+def resync_csv(loggers: list) -> None:
+    """After a fit whose ranks ran in forked or spawned processes, the main process's CSVLogger has not seen the
+    columns they wrote; teach it the file's header, or the test metrics it writes next would not fit."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    for logger in loggers:
+        if isinstance(logger, CSVLogger) and Path(logger.experiment.metrics_file_path).is_file():
+            with open(logger.experiment.metrics_file_path, newline="") as f:
+                header = next(csv.reader(f), [])
+            logger.experiment.metrics_keys = sorted(set(logger.experiment.metrics_keys) | set(header))

@@ -62,8 +62,15 @@ class HeadLabModule(pl.LightningModule):
         self.log(f"{split}/acc", self.acc[f"{split}_acc"], on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
+    def on_fit_start(self):
+        global_batch = (
+            self.trainer.datamodule.batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        )
+        self.global_batch_size = global_batch  # data.batch_size is per device
+
     def training_step(self, batch, batch_idx):
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
+        self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
         return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):

@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from headlab import sweep
-from headlab.config_check import check_config
+from headlab.config_check import check_config, check_launch
 from headlab.errors import UsageError
 from headlab.results import flat_config, git_sha, versions, write_json_atomic
 
@@ -48,6 +48,7 @@ def main(cfg: DictConfig) -> float | None:
     started = time.time()
     try:
         check_config(cfg)
+        check_launch(cfg, in_sweep, hydra_cfg.runtime.choices.get("hydra/launcher"))
         from headlab.training import train  # the heavy imports, only once the config is known to be valid
 
         record.update(train(cfg, record["config"], threads=sweep.cpu_threads()), status="completed")

@@ -1,6 +1,7 @@
 """One training run: config -> data + model -> Lightning Trainer -> fit, test -> results."""
 
 import logging
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -17,6 +18,15 @@ from headlab.module import HeadLabModule
 
 # Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
 logging.getLogger("lightning").handlers.clear()
+
+
+def _best_score(checkpoint) -> float:
+    """The best val/acc; read from the checkpoint file when the ranks ran in other processes (ddp_fork, spawn)."""
+    if checkpoint.best_model_score is not None:
+        return float(checkpoint.best_model_score)
+    state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
+    saved = next(v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    return float(saved["best_model_score"])
 
 
 def _instantiate_all(group: DictConfig | None) -> list:
@@ -46,12 +56,13 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep).
     """
+    ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
+    threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
     torch.set_num_threads(threads)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
-    meter = ThroughputMeter()
-    callbacks = _instantiate_all(cfg.get("callbacks")) + [meter]
+    callbacks = _instantiate_all(cfg.get("callbacks")) + [ThroughputMeter()]
     loggers = _instantiate_all(cfg.get("logger"))
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
@@ -61,25 +72,30 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     failed = True
     try:
         loggers_.start(loggers, flat_config)
+        fit_started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule)
+        fit_seconds = time.perf_counter() - fit_started
+        loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint else ""
         if best:
-            metrics["val/acc_best"] = float(checkpoint.best_model_score)
+            metrics["val/acc_best"] = _best_score(checkpoint)
         if datamodule.splits.get("test"):
             trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
             metrics.update(_floats(trainer.callback_metrics, "test/"))
         failed = False
     finally:
         wandb = loggers_.finish(loggers, failed)
+    rate = trainer.callback_metrics.get("perf/train_tokens_per_s")
+    rate = None if rate is None else float(rate)
     params = count_parameters(model)
     return {
         "metrics": metrics,
         "data": datamodule.describe(),
         "params": {"total": params["total"], "attention": params["attention"]},
         "flops_per_token": flops_per_token(model, datamodule.max_len),
-        "throughput": {"train_tokens_per_s": meter.tokens_per_s, "fit_s": round(meter.fit_seconds, 3)},
+        "throughput": {"train_tokens_per_s": rate, "fit_s": round(fit_seconds, 3)},
         "resources": {"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
         "checkpoints": {
             "best": best or None,

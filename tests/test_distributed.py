@@ -1,0 +1,70 @@
+"""DDP for real on CPU (2 processes, gloo): one run directory, results written once, and inside sweeps."""
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from conftest import TINY
+from wandb_records import read_run
+
+DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
+
+
+@pytest.mark.e2e
+def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_cli, tmp_path):
+    result = run_cli(*DDP, "logger=[csv,wandb]", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no second directory from another rank
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "completed" and results["resources"]["devices"] == 2
+    assert {"val/acc", "val/acc_best", "test/acc"} <= results["metrics"].keys()
+    assert results["throughput"]["train_tokens_per_s"] > 0
+    state = torch.load(results["checkpoints"]["best"], weights_only=True)["state_dict"]
+    assert "model.blocks.0.attn.q_proj.weight" in state
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    rows = [
+        dict(zip(header, line.split(","), strict=True)) for line in (run / "metrics.csv").read_text().splitlines()[1:]
+    ]
+    assert {float(r["data/global_batch_size"]) for r in rows if r.get("data/global_batch_size")} == {64.0}  # 32 x 2
+    assert len(list(run.glob("wandb/offline-run-*"))) == 1  # one W&B run, from rank 0
+    keys = set().union(*read_run(run)["history"])
+    assert {"val/acc", "test/acc", "attention/layer_0/_type"} <= keys
+    assert json.loads((run / "heads.json").read_text())["rows"]
+
+
+@pytest.mark.e2e
+def test_ddp_cpu_inside_a_multirun_gives_one_directory_per_job(run_cli, tmp_path):
+    result = run_cli("-m", *DDP, "logger=csv", "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert jobs == ["0", "1"]
+    for job in jobs:
+        assert json.loads((tmp_path / "sweep" / job / "results.json").read_text())["status"] == "completed"
+
+
+def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):
+    result = run_cli("-m", *TINY, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "hydra.sweep.dir=s")
+    assert result.returncode == 1
+    record = json.loads((tmp_path / "s" / "0" / "results.json").read_text())
+    assert record["status"] == "failed" and "trainer.strategy='ddp' is invalid: expected ddp_spawn" in record["error"]
+
+
+def compose_job(*overrides):
+    import headlab.sweep  # noqa: F401  (resolvers)
+
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_gpu_and_ddp_trainer_configs_compose():
+    gpu = compose_job("trainer=gpu").trainer
+    assert (gpu.accelerator, gpu.devices, gpu.precision) == ("gpu", 1, "bf16-mixed")
+    ddp = compose_job("trainer=ddp").trainer
+    assert (ddp.accelerator, ddp.devices, ddp.strategy, ddp.num_nodes) == ("gpu", -1, "ddp", 1)
+    cluster = compose_job("trainer=ddp", "trainer.devices=8", "trainer.num_nodes=4", "hydra/launcher=slurm")
+    launcher = cluster.hydra.launcher
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (4, 8, 8)
