@@ -111,3 +111,15 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
         ]
         assert float(row["test/acc_mean"]) == pytest.approx(np.mean(accs))
         assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
+
+
+def test_pruning_curves_are_averaged_over_seeds(tmp_path):
+    curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3]]
+    for seed, curve in enumerate(curves):
+        write_run(tmp_path / str(seed), 4, "dot", seed, 0.9)
+        points = [{"heads_pruned": i, "fraction_pruned": i / 2, "metric": m} for i, m in enumerate(curve)]
+        (tmp_path / str(seed) / "heads.json").write_text(json.dumps({"pruning_curve": points}))
+    main([str(tmp_path), "--pruning"])
+    text = (tmp_path / "compare.md").read_text()
+    half_width = stats.t.ppf(0.975, 1) * np.std([0.8, 0.6], ddof=1) / np.sqrt(2)
+    assert f"| 1 | 0.50 | 0.7000 ± {half_width:.4f} |" in text and "| 2 | 1.00 | 0.4000" in text

@@ -250,6 +250,36 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
     return written
 
 
+def pruning_table(records: list[dict], keys: list[str]) -> list[str]:
+    """Markdown: accuracy after pruning each fraction of heads (heads.json), mean ± 95% CI over seeds per group."""
+    lines = []
+    for values, runs in group_runs(records, keys).items():
+        curves = []
+        for r in runs:
+            heads_file = Path(r["where"]) / "heads.json"
+            if heads_file.exists():
+                curves.append(json.loads(heads_file.read_text()).get("pruning_curve", []))
+        curves = [c for c in curves if c]
+        if not curves:
+            continue
+        title = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all runs"
+        lines += [
+            f"Pruning curve ({title}; {len(curves)} runs; validation accuracy):",
+            "",
+            "| heads pruned | fraction | accuracy (mean ± 95% CI) |",
+            "|---|---|---|",
+        ]
+        for step in range(min(len(c) for c in curves)):
+            point = summarise([c[step]["metric"] for c in curves])
+            ci = "" if math.isnan(point["ci95"]) else f" ± {point['ci95']:.4f}"
+            lines.append(
+                f"| {curves[0][step]['heads_pruned']} | {curves[0][step]['fraction_pruned']:.2f} | "
+                f"{point['mean']:.4f}{ci} |"
+            )
+        lines.append("")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
@@ -258,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
@@ -276,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(out, keys, rows, metrics, runs)
+    if args.pruning:
+        with (out / "compare.md").open("a") as f:
+            f.write("\n" + "\n".join(pruning_table(runs.completed, keys)))
 
     from rich.console import Console
     from rich.table import Table
