@@ -1,9 +1,11 @@
 """Lightning callbacks: training throughput, and per-head attention logging and analysis."""
 
+import random
 import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
 from headlab import heads, plots, results
@@ -177,3 +179,36 @@ class AttentionLogger(pl.Callback):
                 )
                 plot = wandb.plot.line(table, "fraction_pruned", "val_acc", title="pruning curve (Michel et al.)")
                 logger.experiment.log({"heads/pruning_table": table, "heads/pruning_curve": plot})
+
+
+class RandomState(pl.Callback):
+    """Keeps the random generators' states in every checkpoint and restores them on resume, so that a resumed
+    run draws the same shuffles and dropout masks as the run left alone would have."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        checkpoint["random_state"] = {  # plain types and tensors only: loadable with weights_only=True
+            "torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        if "random_state" in checkpoint:
+            state = checkpoint["random_state"]
+            torch.set_rng_state(state["torch"])
+            kind, keys, pos, has_gauss, gauss = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+            random.setstate(tuple(state["python"]))
+
+
+class SaveOnInterrupt(pl.Callback):
+    """Ctrl-C or SIGTERM (how SLURM preempts): save checkpoints/last.ckpt where training stopped, so that
+    `resume=<run dir>` continues from there."""
+
+    def on_exception(self, trainer, pl_module, exception):
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        checkpoint = trainer.checkpoint_callback
+        if isinstance(exception, KeyboardInterrupt | SIGTERMException) and checkpoint and checkpoint.dirpath:
+            trainer.save_checkpoint(Path(checkpoint.dirpath) / "last.ckpt")

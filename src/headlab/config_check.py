@@ -130,3 +130,23 @@ def check_readout(readout: str | None, level: str) -> str:
         allowed = "token (or null)" if level == "token" else "cls, mean (or null)"
         fail("model.readout", readout, f"{allowed} for this {level}-level task")
     return readout
+
+
+RESUMABLE_CHANGES = ("resume", "sweep.resume")  # keys a resumed run may change
+
+
+def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
+    """A resumed run must be the same run: same directory, and the same config as its first attempt."""
+    import json
+    from pathlib import Path
+
+    previous = Path(cfg.resume) / "results.json"
+    if not (Path(cfg.resume) / "checkpoints" / "last.ckpt").exists():
+        fail("resume", cfg.resume, "a run directory with checkpoints/last.ckpt")
+    try:
+        before = json.loads(previous.read_text())["config"]
+    except (OSError, ValueError, KeyError):
+        return  # a run killed before it wrote results.json: nothing to compare with
+    for key in sorted(set(before) | set(flat_config)):
+        if key not in RESUMABLE_CHANGES and before.get(key) != flat_config.get(key):
+            fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

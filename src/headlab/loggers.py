@@ -59,6 +59,12 @@ def _run_identity(name: str | None, group: str | None) -> tuple[str | None, str 
     return name, group
 
 
+def _previous_run_id(run_dir: str | None) -> str | None:
+    """The W&B run id of an earlier attempt of this run: wandb/latest-run -> (offline-)run-<date>-<id>."""
+    latest = Path(run_dir or "", "wandb", "latest-run")
+    return latest.resolve().name.rsplit("-", 1)[-1] if run_dir and latest.exists() else None
+
+
 def wandb_logger(
     project: str,
     save_dir: str,
@@ -67,8 +73,12 @@ def wandb_logger(
     group: str | None = None,
     job_type: str = "train",
     tags: list[str] | None = None,
+    resume_from: str | None = None,
 ):
-    """Lightning's WandbLogger, offline when W&B cannot be reached (with a warning saying how to sync later)."""
+    """Lightning's WandbLogger, offline when W&B cannot be reached (with a warning saying how to sync later).
+
+    resume_from: the run directory of a run being resumed; its W&B run goes on (same id).
+    """
     import wandb
     from lightning.pytorch.loggers import WandbLogger
 
@@ -85,6 +95,8 @@ def wandb_logger(
         group=group,
         job_type=job_type,
         tags=list(tags or []),
+        id=_previous_run_id(resume_from),
+        resume="allow",
         save_dir=save_dir,
         mode=mode,
         settings=settings,

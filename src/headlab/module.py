@@ -71,7 +71,13 @@ class HeadLabModule(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
-        return self._step(batch, "train")
+        loss = self._step(batch, "train")
+        if not torch.isfinite(loss):  # stop before the weights are spoilt; checkpoints so far stay as they are
+            raise FloatingPointError(
+                f"non-finite training loss ({loss.item()}) at step {self.global_step}; lower optim.lr or keep "
+                "trainer.gradient_clip_val; checkpoints/last.ckpt holds the last good epoch"
+            )
+        return loss
 
     def validation_step(self, batch, batch_idx):
         self._step(batch, "val")

@@ -25,6 +25,7 @@ def gpus_per_node(accelerator: str, devices) -> int:
 
 
 OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
+OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)
 
 
 def parallel_jobs() -> int:

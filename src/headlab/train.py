@@ -8,6 +8,7 @@ sweep (-m) a failed job is recorded and the others go on.
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -20,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from headlab import sweep
-from headlab.config_check import check_config, check_launch
+from headlab.config_check import check_config, check_launch, check_resume
 from headlab.errors import UsageError
 from headlab.results import flat_config, git_sha, versions, write_json_atomic
 
@@ -47,6 +48,9 @@ def main(cfg: DictConfig) -> float | None:
         return sweep.objective(cfg, _read_results(run_dir))
     started = time.time()
     try:
+        if cfg.resume:
+            check_resume(cfg, run_dir, record["config"])
+        write_json_atomic(run_dir / "results.json", record)  # "running" until the run ends (or is killed)
         check_config(cfg)
         check_launch(cfg, in_sweep, hydra_cfg.runtime.choices.get("hydra/launcher"))
         from headlab.training import train  # the heavy imports, only once the config is known to be valid
@@ -70,6 +74,8 @@ def main(cfg: DictConfig) -> float | None:
         return sweep.objective(cfg, record)
     except BaseException as error:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
         _finish(run_dir, record, started, error)
+        if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
+            sys.exit(128 + signal.SIGTERM)
         raise
     _finish(run_dir, record, started)
     log.info("results: %s", run_dir / "results.json")

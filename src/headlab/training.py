@@ -11,13 +11,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab import loggers as loggers_
 from headlab import sweep
-from headlab.callbacks import ThroughputMeter
+from headlab.callbacks import RandomState, SaveOnInterrupt, ThroughputMeter
 from headlab.config_check import check_readout
 from headlab.encoder import Encoder, count_parameters, flops_per_token
 from headlab.module import HeadLabModule
 
 # Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
 logging.getLogger("lightning").handlers.clear()
+
+
+def _resume_checkpoint(cfg: DictConfig) -> str | None:
+    """checkpoints/last.ckpt of the run being resumed (train.py checked that it exists)."""
+    return str(Path(cfg.resume) / "checkpoints" / "last.ckpt") if cfg.get("resume") else None
 
 
 def _best_score(checkpoint) -> float:
@@ -62,7 +67,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
-    callbacks = _instantiate_all(cfg.get("callbacks")) + [ThroughputMeter()]
+    callbacks = _instantiate_all(cfg.get("callbacks")) + [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
     loggers = _instantiate_all(cfg.get("logger"))
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
@@ -73,7 +78,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     try:
         loggers_.start(loggers, flat_config)
         fit_started = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg))
         fit_seconds = time.perf_counter() - fit_started
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")

@@ -1,0 +1,147 @@
+"""Resume after SIGKILL, interrupts, non-finite losses, and random valid attention configurations."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import TINY
+from headlab.attention import MultiHeadAttention
+
+SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle of one
+    *TINY,
+    "data.n_train=6000",
+    "model.d_model=32",
+    "model.dropout=0.1",
+    "trainer.max_epochs=4",
+    "trainer.deterministic=true",
+    "logger=csv",
+    "callbacks.attention.importance=false",
+]
+
+
+def last_epoch(run_dir) -> int:
+    path = run_dir / "checkpoints" / "last.ckpt"
+    try:
+        return torch.load(path, weights_only=True)["epoch"] if path.exists() else -1
+    except Exception:  # being written right now
+        return -1
+
+
+@pytest.mark.e2e
+def test_a_run_killed_mid_epoch_and_resumed_ends_like_the_run_left_alone(run_cli, tmp_path):
+    alone = run_cli(*SLOW_ENOUGH, "hydra.run.dir=alone")
+    assert alone.returncode == 0, alone.stderr[-2000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={killed}"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    saves, seen, deadline = 0, None, time.time() + 240
+    while saves < 2 and process.poll() is None and time.time() < deadline:  # last.ckpt written after epochs 1, 2
+        stamp = (
+            (killed / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+            if (killed / "checkpoints" / "last.ckpt").exists()
+            else None
+        )
+        saves, seen = saves + (stamp is not None and stamp != seen), stamp
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)  # in the third epoch, after the checkpoint of the second
+    process.wait()
+    assert last_epoch(killed) == 1
+    assert json.loads((killed / "results.json").read_text())["status"] == "running"
+
+    resumed = run_cli(*SLOW_ENOUGH, f"resume={killed}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected = json.loads((tmp_path / "alone" / "results.json").read_text())["metrics"]
+    got = json.loads((killed / "results.json").read_text())
+    assert got["status"] == "completed" and got["global_step"] == 4 * 188
+    assert got["metrics"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
+    first = run_cli(*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
+    assert first.returncode == 0
+    changed = run_cli(
+        *TINY,
+        "trainer.max_epochs=1",
+        "logger=csv",
+        "callbacks.attention=null",
+        "model.attention.n_heads=2",
+        f"resume={tmp_path / 'run'}",
+    )
+    assert changed.returncode == 2
+    assert changed.stderr.strip() == (
+        f"headlab-train: invalid config: model.attention.n_heads=2 is invalid: expected 4 as in the run being "
+        f"resumed ({tmp_path / 'run'})"
+    )
+    missing = run_cli(*TINY, f"resume={tmp_path / 'nothing'}")
+    assert missing.returncode == 2 and "expected a run directory with checkpoints/last.ckpt" in missing.stderr
+
+
+@pytest.mark.e2e
+def test_sigterm_saves_a_checkpoint_and_records_the_interruption(tmp_path):
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run}"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 240
+    while last_epoch(run) < 0 and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)  # how SLURM preempts
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    record = json.loads((run / "results.json").read_text())
+    assert record["status"] == "interrupted", stderr[-2000:]
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] % 188 != 0  # saved where training stopped, in the middle of an epoch
+
+
+def test_a_non_finite_loss_stops_the_run_with_a_clear_message(run_cli, tmp_path):
+    result = run_cli(*TINY, "logger=csv", "optim.lr=1e30", "trainer.gradient_clip_val=null", "hydra.run.dir=run")
+    assert result.returncode != 0
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("FloatingPointError: non-finite training loss")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_heads=st.integers(1, 8),
+    d_k=st.one_of(st.none(), st.integers(1, 24)),
+    d_v=st.one_of(st.none(), st.integers(1, 24)),
+    kv_divisor=st.integers(1, 8),
+    scoring=st.sampled_from(["dot", "additive"]),
+    scale=st.booleans(),
+    need_weights=st.booleans(),
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+)
+def test_random_valid_attention_configurations_run_forward_and_backward(
+    n_heads, d_k, d_v, kv_divisor, scoring, scale, need_weights, lengths
+):
+    d_model = 8 * n_heads  # divisible by n_heads, so d_k = null is valid
+    n_kv_heads = n_heads // kv_divisor if n_heads % kv_divisor == 0 else None
+    mha = MultiHeadAttention(d_model, n_heads, d_k, d_v, n_kv_heads, scoring, scale, dropout=0.1)
+    n = max(lengths)
+    x = torch.randn(len(lengths), n, d_model, requires_grad=True)
+    mask = torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
+    out, weights = mha(x, key_padding_mask=mask, need_weights=need_weights)
+    out.square().mean().backward()
+    assert out.shape == x.shape and torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    if need_weights:
+        assert torch.isfinite(weights).all() and torch.all(weights.masked_select(mask[:, None, None, :]) == 0)
