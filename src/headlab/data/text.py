@@ -54,7 +54,8 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
 class TextDataModule(ExampleDataModule):
     """Sequence classification of text (or text pairs) from the hub (`hub`) or from local files (`files`).
 
-    files: {"train": path, "val": path or null, "test": path or null}; hub_splits: {"train": name, "val": name or
+    files: {"train": path, "val": path or null, "test": path or null}; column_names: the columns of headerless
+    csv/tsv files, for all of them or per split ({"test": [...]}); hub_splits: {"train": name, "val": name or
     null, "test": name or null}. A missing val split is carved from train (seeded, stratified).
     """
 
@@ -69,7 +70,7 @@ class TextDataModule(ExampleDataModule):
         hub_config: str | None = None,
         hub_splits: dict | None = None,
         files: dict | None = None,
-        column_names: list[str] | None = None,
+        column_names: list[str] | dict | None = None,
         text_pair_column: str | None = None,
         val_fraction: float = 0.05,
         tokenizer: dict | None = None,
@@ -173,8 +174,9 @@ class TextDataModule(ExampleDataModule):
         data = {}
         for role, path in paths.items():
             builder, options = FORMATS[path.suffix.lower()]
-            if self.column_names and builder == "csv":
-                options = {**options, "column_names": list(self.column_names)}
+            names = self.column_names.get(role) if isinstance(self.column_names, dict) else self.column_names
+            if names and builder == "csv":
+                options = {**options, "column_names": list(names)}
             try:
                 data[role] = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
             except Exception as error:  # datasets raises many types for unreadable files
