@@ -26,6 +26,19 @@ SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle o
 ]
 
 
+def start_in_background(run_dir) -> subprocess.Popen:
+    """The real CLI on SLOW_ENOUGH, writing into run_dir, left running."""
+    command = [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(
+        command,
+        cwd=run_dir.parent,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def last_epoch(run_dir) -> int:
     path = run_dir / "checkpoints" / "last.ckpt"
     try:
@@ -40,13 +53,7 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_like_the_run_left_alone(run_cli
     assert alone.returncode == 0, alone.stderr[-2000:]
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={killed}"],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_in_background(killed)
     saves, seen, deadline = 0, None, time.time() + 240
     while saves < 2 and process.poll() is None and time.time() < deadline:  # last.ckpt written after epochs 1, 2
         stamp = (
@@ -92,14 +99,7 @@ def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
 @pytest.mark.e2e
 def test_sigterm_saves_a_checkpoint_and_records_the_interruption(tmp_path):
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run}"],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_in_background(run)
     deadline = time.time() + 240
     while last_epoch(run) < 0 and time.time() < deadline:
         time.sleep(0.1)
