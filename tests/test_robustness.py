@@ -27,15 +27,11 @@ SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle o
 
 
 def start_in_background(run_dir) -> subprocess.Popen:
-    """The real CLI on SLOW_ENOUGH, writing into run_dir, left running."""
+    """The real CLI on SLOW_ENOUGH, writing into run_dir (its stderr into <run_dir>.stderr), left running."""
     command = [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run_dir}"]
+    stderr = (run_dir.parent / f"{run_dir.name}.stderr").open("w")
     return subprocess.Popen(
-        command,
-        cwd=run_dir.parent,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        command, cwd=run_dir.parent, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
     )
 
 
@@ -105,7 +101,8 @@ def test_sigterm_saves_a_checkpoint_and_records_the_interruption(tmp_path):
         time.sleep(0.1)
     time.sleep(0.5)
     process.send_signal(signal.SIGTERM)  # how SLURM preempts
-    _, stderr = process.communicate(timeout=120)
+    process.wait(timeout=120)
+    stderr = (tmp_path / "run.stderr").read_text()
     assert process.returncode == 128 + signal.SIGTERM
     record = json.loads((run / "results.json").read_text())
     assert record["status"] == "interrupted", stderr[-2000:]
