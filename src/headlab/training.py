@@ -82,6 +82,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         fit_seconds = time.perf_counter() - fit_started
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
+        rate = _floats(trainer.callback_metrics, "perf/").get("perf/train_tokens_per_s")  # test() resets them
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint else ""
         if best:
@@ -92,8 +93,6 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         failed = False
     finally:
         wandb = loggers_.finish(loggers, failed)
-    rate = trainer.callback_metrics.get("perf/train_tokens_per_s")
-    rate = None if rate is None else float(rate)
     params = count_parameters(model)
     return {
         "metrics": metrics,
