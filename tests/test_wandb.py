@@ -46,6 +46,7 @@ def test_heads_json_holds_statistics_importance_and_pruning(run_cli, tmp_path):
         assert 0 <= row["entropy_normalised"] <= 1 + 1e-6 and 0 < row["confidence"] <= 1
     norms = [sum(r["importance"] ** 2 for r in report["rows"] if r["layer"] == lay) for lay in range(2)]
     assert norms == pytest.approx([1.0, 1.0])
+    assert report["logging_seconds"] > 0 and report["analysis_seconds"] > 0
     curve = report["pruning_curve"]
     assert [p["heads_pruned"] for p in curve] == list(range(9)) and len(report["similarity"]) == 8
 

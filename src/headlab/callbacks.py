@@ -140,6 +140,7 @@ class AttentionLogger(pl.Callback):
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
             "probe_size": len(probe["tokens"]),
+            "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
         if self.importance:
             result.update(self._importance_and_pruning(trainer, pl_module, report["rows"]))
