@@ -149,19 +149,24 @@ def additive_throughput(args) -> list[dict]:
 
 
 MEMORY_PROBE = """
-import resource, sys, torch
+import torch
 from headlab.attention import additive_scores, additive_scores_naive
+
+def rss(field):  # kB, from /proc/self/status
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
 B, H, n, d = 8, 4, {n}, 32
 q, k, v = (torch.randn(B, H, n, d, requires_grad=True) for _ in range(3))
 w = torch.randn(H, d, requires_grad=True)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak resident size (VmHWM) to the current one
+base = rss("VmRSS:")
 if "{path}" == "dot":
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
 else:
     fn = additive_scores if "{path}" == "lean" else additive_scores_naive
     y = fn(q, k, w).softmax(-1) @ v
 y.sum().backward()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+print((rss("VmHWM:") - base) / 1024)
 """
 
 
@@ -194,19 +199,21 @@ def capture_cost(args) -> dict:
     return {k: s * 1000 for k, s in seconds.items()}
 
 
-def command_seconds(argv: list[str], repeats: int) -> float:
+def command_seconds(argv: list[str], repeats: int, expect: int = 0) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
         times.append(time.perf_counter() - start)
+        if done.returncode != expect:
+            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
     return statistics.median(times)
 
 
 def startup(tmp: Path, repeats: int) -> dict:
     exe = [sys.executable, "-m", "headlab.train"]
     first_step = exe + [
-        "trainer.max_steps=1",
+        "+trainer.max_steps=1",
         "+trainer.limit_val_batches=0",
         "callbacks.attention=null",
         "logger=none",
@@ -215,8 +222,8 @@ def startup(tmp: Path, repeats: int) -> dict:
     ]
     return {
         "--help": command_seconds(exe + ["--help"], repeats),
-        "config error": command_seconds(exe + ["model.attention.n_heads=0", f"hydra.run.dir={tmp}/err"], repeats),
-        "one-step run, start to exit": command_seconds(first_step, repeats),
+        "config error": command_seconds(exe + ["model.attention.n_heads=0", f"hydra.run.dir={tmp}/err"], repeats, 2),
+        "one-step run (no validation), start to exit": command_seconds(first_step, repeats),
     }
 
 

@@ -50,7 +50,7 @@ class AttentionLogger(pl.Callback):
     def __init__(
         self,
         out_dir: str,
-        every_n_val_epochs: int = 2,
+        every_n_val_epochs: int = 5,
         n_probe: int = 16,
         sentences: list[str] | None = None,
         importance: bool = True,

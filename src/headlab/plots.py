@@ -17,7 +17,7 @@ def attention_maps(weights: torch.Tensor, tokens: list[str] | None = None, title
     cols = min(H, 4)
     rows = math.ceil(H / cols)
     size = 2.2 + 0.12 * min(n, MAX_LABELLED)
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, dpi=80)
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
