@@ -13,8 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headlab.results import RESUME_KEYS
+
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
-IGNORED_KEYS = ("seed", "data.seed", "resume", "sweep.resume")
+IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
 IGNORED_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir")
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 

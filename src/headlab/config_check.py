@@ -8,6 +8,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError
+from headlab.results import RESUME_KEYS
 
 
 def _is_int(v) -> bool:
@@ -132,9 +133,6 @@ def check_readout(readout: str | None, level: str) -> str:
     return readout
 
 
-RESUMABLE_CHANGES = ("resume", "sweep.resume")  # keys a resumed run may change
-
-
 def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     """A resumed run must be the same run: same directory, and the same config as its first attempt."""
     import json
@@ -148,5 +146,5 @@ def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     except (OSError, ValueError, KeyError):
         return  # a run killed before it wrote results.json: nothing to compare with
     for key in sorted(set(before) | set(flat_config)):
-        if key not in RESUMABLE_CHANGES and before.get(key) != flat_config.get(key):
+        if key not in RESUME_KEYS and before.get(key) != flat_config.get(key):
             fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

@@ -1,4 +1,4 @@
-"""Figures of heads: attention maps per layer, head similarity, pruning curves (matplotlib, no display)."""
+"""Figures of heads: attention maps per layer and head similarity (matplotlib, no display)."""
 
 import math
 
@@ -45,13 +45,4 @@ def similarity_map(similarity: torch.Tensor, n_heads: int) -> plt.Figure:
     ax.set_yticks(range(T), labels, fontsize=7)
     fig.colorbar(image, ax=ax, label="Jensen-Shannon divergence (nats)")
     ax.set_title("head similarity")
-    return fig
-
-
-def pruning_plot(curve: list[dict], metric: str = "accuracy") -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
-    ax.plot([p["fraction_pruned"] for p in curve], [p["metric"] for p in curve], marker="o")
-    ax.set_xlabel("fraction of heads pruned (least important first)")
-    ax.set_ylabel(metric)
-    ax.grid(alpha=0.3)
     return fig

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+RESUME_KEYS = ("resume", "sweep.resume")  # say how a run is started, not what it is: may differ between attempts
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
 
 

@@ -13,8 +13,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.results import RESUME_KEYS
+
 log = logging.getLogger("headlab")
-MUTABLE_KEYS = ("sweep.resume",)  # config keys that may differ between a job and its resumed rerun
 
 
 def gpus_per_node(accelerator: str, devices) -> int:
@@ -59,7 +60,7 @@ def completed_before(run_dir: Path, flat_config: dict) -> bool:
         previous = json.loads((run_dir / "results.json").read_text())
     except (OSError, ValueError):
         return False
-    same = lambda config: {k: v for k, v in config.items() if k not in MUTABLE_KEYS}
+    same = lambda config: {k: v for k, v in config.items() if k not in RESUME_KEYS}
     return previous.get("status") == "completed" and same(previous.get("config", {})) == same(flat_config)
 
 
