@@ -36,7 +36,7 @@ def test_wheel_ships_every_config_group(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = subprocess.run(
         [sys.executable, "-c", "import headlab, sys; sys.argv[1:] = ['--help']; print(headlab.__file__);"
-         "from headlab.train import main; main()"],
+         "from headlab.train import cli; cli()"],
         env=env, cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr

@@ -1,6 +1,7 @@
 """Resume after SIGKILL, interrupts, non-finite losses, and random valid attention configurations."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
 
 
 @pytest.mark.e2e
-def test_sigterm_saves_a_checkpoint_and_records_the_interruption(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_the_requeued_slurm_job_resumes_from_it(tmp_path):
     run = tmp_path / "run"
     process = start_in_background(run)
     deadline = time.time() + 240
@@ -108,6 +109,23 @@ def test_sigterm_saves_a_checkpoint_and_records_the_interruption(tmp_path):
     assert record["status"] == "interrupted", stderr[-2000:]
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] % 188 != 0  # saved where training stopped, in the middle of an epoch
+
+    # SLURM requeues the preempted job: the same command in the same directory, SLURM_RESTART_COUNT=1
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"SLURM_RESTART_COUNT": "1"}
+    requeued = subprocess.run(
+        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    record = json.loads((run / "results.json").read_text())
+    assert record["status"] == "completed" and record["config"]["resume"] == str(run)
+    assert record["global_step"] == 4 * 188  # went on from the saved step instead of starting again
+    assert f"requeued by SLURM: resuming {run}" in requeued.stdout
 
 
 def test_a_non_finite_loss_stops_the_run_with_a_clear_message(run_cli, tmp_path):

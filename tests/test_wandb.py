@@ -2,8 +2,10 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -78,6 +80,33 @@ def test_no_credentials_goes_offline_without_prompting_or_hanging(tmp_path):
     assert "wandb sync" in result.stdout + result.stderr
     assert json.loads((tmp_path / "run" / "results.json").read_text())["wandb"]["id"]
     assert time.time() - started < 120
+
+
+def test_a_wandb_server_that_does_not_answer_falls_back_to_offline_and_the_run_goes_on(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
+    connections = []
+    threading.Thread(target=lambda: [connections.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {
+        "HOME": str(tmp_path),
+        "WANDB_API_KEY": "x" * 40,
+        "WANDB_BASE_URL": f"http://127.0.0.1:{server.getsockname()[1]}",
+        "WANDB_INIT_TIMEOUT": "3",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "headlab.train", *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert connections  # it did try the server
+    assert "W&B init failed" in result.stdout and "logging offline instead" in result.stdout
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["status"] == "completed" and record["metrics"]["test/acc"] >= 0
+    assert list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{record['wandb']['id']}"))
 
 
 def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_path):

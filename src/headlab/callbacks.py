@@ -204,12 +204,10 @@ class RandomState(pl.Callback):
 
 
 class SaveOnInterrupt(pl.Callback):
-    """Ctrl-C or SIGTERM (how SLURM preempts): save checkpoints/last.ckpt where training stopped, so that
-    `resume=<run dir>` continues from there."""
+    """Ctrl-C, SIGTERM, or submitit's exit on SLURM's preemption signal: save checkpoints/last.ckpt where training
+    stopped, so that `resume=<run dir>` (or the requeued SLURM job) continues from there."""
 
     def on_exception(self, trainer, pl_module, exception):
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        checkpoint = trainer.checkpoint_callback
-        if isinstance(exception, KeyboardInterrupt | SIGTERMException) and checkpoint and checkpoint.dirpath:
+        checkpoint = trainer.checkpoint_callback  # Lightning's SIGTERMException is a SystemExit
+        if isinstance(exception, KeyboardInterrupt | SystemExit) and checkpoint and checkpoint.dirpath:
             trainer.save_checkpoint(Path(checkpoint.dirpath) / "last.ckpt")

@@ -109,6 +109,9 @@ def check_config(cfg: DictConfig) -> None:
         fail("data.task.fused", False, "true when data.task.lookups=2 (a query position holds both keys)")
     if _value(cfg, "data.task.n_pairs") is not _ABSENT and task.n_pairs > task.n_keys:
         fail("data.task.n_pairs", task.n_pairs, f"at most data.task.n_keys={task.n_keys}")
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if strategy.startswith("ddp") and cfg.trainer.get("devices") == 1 and cfg.trainer.get("num_nodes", 1) == 1:
+        fail("trainer.devices", 1, f"at least 2 with trainer.strategy={strategy} (or trainer=cpu for one process)")
 
 
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:

@@ -11,3 +11,9 @@ class ConfigError(UsageError):
 
 class DataError(UsageError):
     """Data that cannot be read or does not fit the configuration."""
+
+
+def first_line(error: BaseException) -> str:
+    """An error as "Type: first line of its message", for messages that must stay on one line."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

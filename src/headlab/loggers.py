@@ -11,8 +11,10 @@ from urllib.parse import urlparse
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from headlab.errors import first_line
+
 log = logging.getLogger("headlab")
-INIT_TIMEOUT_S = 30
+INIT_TIMEOUT_S = 20  # then offline: the run goes on within 30 s of a W&B server that does not answer
 
 
 def _has_credentials(host: str) -> bool:
@@ -87,7 +89,8 @@ def wandb_logger(
         log.warning("W&B logs offline: %s. Upload later with `wandb sync %s/wandb/offline-run-*`", reason, save_dir)
     name, group = _run_identity(name, group)
     os.environ["WANDB_DIR"] = save_dir  # also where forked DDP ranks write the run's media
-    settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, silent=True)
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+    settings = wandb.Settings(init_timeout=timeout, silent=True)
     return WandbLogger(
         project=project,
         entity=entity,
@@ -103,12 +106,28 @@ def wandb_logger(
     )
 
 
+def _init_or_go_offline(logger) -> None:
+    """Start the W&B run; when the server fails or times out (wandb.init raises), start it offline instead."""
+    try:
+        logger.experiment  # noqa: B018 (the property calls wandb.init)
+    except Exception as error:
+        log.warning("W&B init failed (%s); logging offline instead", first_line(error))
+        import wandb
+
+        wandb.teardown()  # the service still waits on the server for the failed run
+        logger._wandb_init["mode"] = "offline"  # WandbLogger keeps wandb.init's arguments here
+        logger._experiment = None
+        logger.experiment  # noqa: B018
+
+
 def start(loggers: list, flat_config: dict) -> None:
     """Give every logger the flat config; make W&B's summary keep the best validation accuracy."""
     from lightning.pytorch.loggers import WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
 
     for logger in loggers:
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
+            _init_or_go_offline(logger)
         logger.log_hyperparams(flat_config)
         if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
             logger.experiment.define_metric("val/acc", summary="max")

@@ -54,6 +54,13 @@ def objective(cfg: DictConfig, record: dict) -> float:
     return float("nan") if value is None else float(value)
 
 
+def requeued(run_dir: Path) -> bool:
+    """A SLURM job started again (preempted or timed out, then requeued by submitit) in a run directory that
+    already holds the checkpoint its first attempt saved when it was signalled."""
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return restarts.isdigit() and int(restarts) > 0 and (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
 def completed_before(run_dir: Path, flat_config: dict) -> bool:
     """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
     try:

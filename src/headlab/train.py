@@ -17,23 +17,33 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from headlab import sweep
 from headlab.config_check import check_config, check_launch, check_resume
 from headlab.errors import UsageError
+from headlab.hydra_errors import one_line
 from headlab.results import flat_config, git_sha, versions, write_json_atomic
 
 log = logging.getLogger("headlab")
 _KIND = {"ConfigError": "invalid config", "DataError": "data error", "UsageError": "error"}
+_DEBUG = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for whole tracebacks
+_job_started = False  # False while Hydra parses, composes and creates the output directory
 
 
 @hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    global _job_started
+    _job_started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if not cfg.resume and sweep.requeued(run_dir):
+        log.info("requeued by SLURM: resuming %s from its checkpoints/last.ckpt", run_dir)
+        with open_dict(cfg):
+            cfg.resume = str(run_dir)
     record = {
         "status": "running",
         "started_at": datetime.now(timezone.utc).isoformat(),
@@ -59,7 +69,7 @@ def main(cfg: DictConfig) -> float | None:
     except UsageError as error:
         _finish(run_dir, record, started, error)
         print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if _DEBUG:
             raise
         if not in_sweep:
             sys.exit(2)
@@ -96,5 +106,18 @@ def _finish(run_dir: Path, record: dict, started: float, error: BaseException | 
     write_json_atomic(run_dir / "results.json", record)
 
 
+def cli() -> None:
+    """headlab-train: Hydra's own errors, like headlab's, are one line on stderr and exit code 2."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
+    try:
+        main()
+    except Exception as error:
+        message = None if _DEBUG else one_line(error)
+        if message is None or (_job_started and not isinstance(error, HydraException)):
+            raise
+        print(f"headlab-train: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -6,14 +6,17 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from headlab import loggers as loggers_
 from headlab import sweep
 from headlab.callbacks import RandomState, SaveOnInterrupt, ThroughputMeter
-from headlab.config_check import check_readout
+from headlab.config_check import check_readout, fail
 from headlab.encoder import Encoder, count_parameters, flops_per_token
+from headlab.errors import ConfigError, UsageError, first_line
+from headlab.hydra_errors import instantiation_problem
 from headlab.module import HeadLabModule
 
 # Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
@@ -25,6 +28,20 @@ def _resume_checkpoint(cfg: DictConfig) -> str | None:
     return str(Path(cfg.resume) / "checkpoints" / "last.ckpt") if cfg.get("resume") else None
 
 
+def _check_fits(path: str, module: pl.LightningModule) -> None:
+    """The checkpoint of a resumed run must be loadable without running code from it, and fit this model."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    except Exception as error:  # pickled objects (code could run on loading them), or not a checkpoint at all
+        unsafe = [line for line in str(error).splitlines() if "Unsupported global" in line]
+        reason = unsafe[0].strip() if unsafe else first_line(error)
+        fail("resume", path, f"a checkpoint loadable with weights_only=True, only tensors and plain types ({reason})")
+    for name, tensor in module.state_dict().items():
+        if name not in saved or saved[name].shape != tensor.shape:
+            there = tuple(saved[name].shape) if name in saved else "no such tensor"
+            fail("resume", path, f"a checkpoint of this model: {name} is {tuple(tensor.shape)} here, {there} there")
+
+
 def _best_score(checkpoint) -> float:
     """The best val/acc; read from the checkpoint file when the ranks ran in other processes (ddp_fork, spawn)."""
     if checkpoint.best_model_score is not None:
@@ -34,9 +51,19 @@ def _best_score(checkpoint) -> float:
     return float(saved["best_model_score"])
 
 
+def _instantiate(node: DictConfig, **kwargs):
+    """hydra.utils.instantiate, with a config the target cannot take (+model.foo=1) as one ConfigError."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, UsageError):
+            raise error.__cause__ from None
+        raise ConfigError(instantiation_problem(error)) from error
+
+
 def _instantiate_all(group: DictConfig | None) -> list:
     """Every entry of a group such as callbacks or logger; an entry set to null (callbacks.x=null) is left out."""
-    return [instantiate(c) for c in (group or {}).values() if c is not None]
+    return [_instantiate(c) for c in (group or {}).values() if c is not None]
 
 
 def _existing(path: Path) -> str | None:
@@ -49,11 +76,11 @@ def _floats(metrics: dict, prefix: str) -> dict:
 
 def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     """The datamodule and the model of a config; the model's sizes come from the data."""
-    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule = _instantiate(cfg.data, _convert_="all")
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = check_readout(cfg.model.readout, datamodule.level)
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
-    return datamodule, instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
+    return datamodule, _instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
 
 
 def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
@@ -67,18 +94,21 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
+    resume_from = _resume_checkpoint(cfg)
+    if resume_from:
+        _check_fits(resume_from, module)  # before any logger or checkpoint callback touches the run directory
     callbacks = _instantiate_all(cfg.get("callbacks")) + [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
     loggers = _instantiate_all(cfg.get("logger"))
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **devices)
+    trainer: pl.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **devices)
 
     failed = True
     try:
         loggers_.start(loggers, flat_config)
         fit_started = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         fit_seconds = time.perf_counter() - fit_started
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
@@ -88,7 +118,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         if best:
             metrics["val/acc_best"] = _best_score(checkpoint)
         if datamodule.splits.get("test"):
-            trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+            trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
             metrics.update(_floats(trainer.callback_metrics, "test/"))
         failed = False
     finally:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from headlab.data.datamodule import ExampleDataModule
-from headlab.errors import DataError
+from headlab.errors import DataError, first_line
 
 log = logging.getLogger("headlab")
 FORMATS = {  # extension -> (datasets builder, its options)
@@ -171,6 +171,7 @@ class TextDataModule(ExampleDataModule):
         import datasets
 
         datasets.disable_progress_bars()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file that fails is reported below, once
         data = {}
         for role, path in paths.items():
             builder, options = FORMATS[path.suffix.lower()]
@@ -182,10 +183,8 @@ class TextDataModule(ExampleDataModule):
             except Exception as error:  # datasets raises many types for unreadable files
                 if "corresponds to no data" in str(error):  # what datasets says of a file with no rows
                     raise DataError(f"the {role} split of {path} is empty") from None
-                raise DataError(
-                    f"data.files.{role}: cannot read {path}: {type(error).__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}"
-                ) from None
+                cause = error.__cause__ or error  # DatasetGenerationError wraps what the parser said
+                raise DataError(f"data.files.{role}: cannot read {path}: {first_line(cause)}") from None
         return data
 
     def _load_hub(self) -> dict:

@@ -1,0 +1,65 @@
+"""Hydra's own errors (unknown group option or key, unparsable override, unwritable output directory) as one line
+that names the key, the value and what is allowed, like headlab's ConfigError."""
+
+from importlib.resources import files
+
+from hydra.errors import (
+    ConfigCompositionException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
+from omegaconf.errors import OmegaConfBaseException
+
+
+def _flat(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _options(group: str) -> list[str]:
+    """The configs headlab ships in a group (Hydra does not always say, e.g. for an entry of a list)."""
+    folder = files("headlab.conf").joinpath(group)
+    if not folder.is_dir():
+        return []
+    return [f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")]
+
+
+def _unknown_option(error: MissingConfigException) -> str:
+    group, _, name = (error.missing_cfg_file or "").rpartition("/")
+    options = sorted(o for o in (error.options or _options(group)) if not o.startswith("_"))  # _text: a base
+    if not group or not options:
+        return f"invalid config: {_flat(error)}"
+    return f"invalid config: {group}={name} is unknown: expected one of {', '.join(options)}"
+
+
+def _unknown_key(error: ConfigCompositionException) -> str:
+    cause = error.__cause__
+    key = getattr(cause, "full_key", None)
+    parent = getattr(cause, "parent_node", None)
+    if not isinstance(cause, OmegaConfBaseException) or not key or parent is None:
+        return f"invalid config: {_flat(error)}"
+    keys = ", ".join(str(k) for k in parent) if hasattr(parent, "keys") else ""
+    return f"invalid config: {key} is not a key of the config: expected one of {keys} (or +{key}=... to add one)"
+
+
+def instantiation_problem(error: InstantiationException) -> str:
+    """What a config node could not be built from, e.g. +model.foo=1: "model: TypeError: ... argument 'foo'"."""
+    key = str(error).rpartition("full_key: ")[2].strip() or "config"
+    cause = error.__cause__ or error
+    return f"{key}: {type(cause).__name__}: {_flat(cause)}"
+
+
+def one_line(error: BaseException) -> str | None:
+    """The one-line message for an error Hydra raised before or while composing a job; None for any other."""
+    if isinstance(error, MissingConfigException):
+        return _unknown_option(error)
+    if isinstance(error, OverrideParseException):
+        return f"invalid override {error.override!r}: {_flat(error.message)}"
+    if isinstance(error, ConfigCompositionException):
+        return _unknown_key(error)
+    if isinstance(error, OSError) and error.filename:  # Hydra creating the run or sweep directory
+        return (
+            f"cannot write the output directory {error.filename}: {error.strerror}; "
+            "choose another with hydra.run.dir=... (hydra.sweep.dir=... with -m)"
+        )
+    return None
