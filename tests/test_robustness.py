@@ -128,6 +128,19 @@ def test_sigterm_saves_a_checkpoint_and_the_requeued_slurm_job_resumes_from_it(t
     assert f"requeued by SLURM: resuming {run}" in requeued.stdout
 
 
+@pytest.mark.e2e
+def test_a_finished_run_reproduces_exactly_from_its_saved_config_with_dataloader_workers(run_cli, tmp_path):
+    first = run_cli(
+        *TINY, "data.num_workers=2", "model.dropout=0.1", "trainer.deterministic=true", "logger=csv", "hydra.run.dir=a"
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_cli("--config-dir", str(tmp_path / "a" / ".hydra"), "--config-name", "config", "hydra.run.dir=b")
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in "ab")
+    assert b["status"] == "completed" and b["global_step"] == a["global_step"]
+    assert b["metrics"] == a["metrics"]  # bit for bit: same data, initialisation, worker shuffles and dropout
+
+
 def test_a_non_finite_loss_stops_the_run_with_a_clear_message(run_cli, tmp_path):
     result = run_cli(*TINY, "logger=csv", "optim.lr=1e30", "trainer.gradient_clip_val=null", "hydra.run.dir=run")
     assert result.returncode != 0
