@@ -189,9 +189,10 @@ def test_gradients_reach_every_parameter(scoring):
 
 @pytest.mark.parametrize("chunk_elements", [1, 200, 1 << 23])  # one query per chunk, a few, all at once
 def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeypatch, chunk_elements):
-    from headlab.attention import AdditiveScores, additive_scores, additive_scores_naive
+    from headlab import attention
+    from headlab.attention import additive_scores, additive_scores_naive
 
-    monkeypatch.setattr(AdditiveScores, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(attention, "CHUNK_ELEMENTS", chunk_elements)
     q, k, w = torch.randn(2, 3, 9, 5), torch.randn(2, 3, 9, 5), torch.randn(3, 5)
     grad = torch.randn(2, 3, 9, 9)
     results = []
@@ -204,3 +205,39 @@ def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeyp
         torch.testing.assert_close(lean, naive, atol=1e-5, rtol=1e-5)
     double = [t.double().requires_grad_() for t in (q[:, :, :4], k[:, :, :4], w)]
     assert torch.autograd.gradcheck(additive_scores, double)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 200, 1 << 23])
+def test_fused_additive_attention_equals_scores_softmax_values_with_padding_and_gradients(monkeypatch, chunk_elements):
+    from headlab import attention
+    from headlab.attention import AdditiveAttention, additive_scores_naive
+
+    monkeypatch.setattr(attention, "CHUNK_ELEMENTS", chunk_elements)
+    torch.manual_seed(0)
+    q, k, w = torch.randn(3, 2, 7, 4), torch.randn(3, 2, 7, 4), torch.randn(2, 4)
+    v, grad = torch.randn(3, 2, 7, 5), torch.randn(3, 2, 7, 5)
+    padded = padding_mask([7, 4, 1])
+    bias = torch.zeros(3, 1, 1, 7).masked_fill(padded[:, None, None, :], float("-inf"))
+
+    def reference(q, k, v, w, bias):  # the naive way: every intermediate kept by autograd
+        return (additive_scores_naive(q, k, w) + bias).softmax(-1) @ v
+
+    results = []
+    for fn in (AdditiveAttention.apply, reference):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, w)]
+        out = fn(*leaves, bias)
+        out.backward(grad)
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for fused, naive in zip(*results, strict=True):
+        torch.testing.assert_close(fused, naive, atol=1e-5, rtol=1e-5)
+    double = [t.double().requires_grad_() for t in (q, k, v, w)]
+    assert torch.autograd.gradcheck(AdditiveAttention.apply, (*double, bias.double()))
+
+
+def test_additive_attention_takes_the_fused_path_without_weights_and_agrees_with_the_explicit_one():
+    mha = MultiHeadAttention(D, 4, d_k=3, d_v=5, n_kv_heads=2, scoring="additive")
+    x, padded = torch.randn(B, N, D), padding_mask([7, 5, 2])
+    fused, none = mha(x, key_padding_mask=padded, need_weights=False)
+    explicit, weights = mha(x, key_padding_mask=padded, need_weights=True)
+    assert none is None and weights.shape == (B, 4, N, N)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)

@@ -14,4 +14,5 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch):
     text = out.read_text()
     for section in ("## Encoder training throughput", "## Additive scoring", "## Attention capture", "## Start-up"):
         assert section in text
-    assert "| 32 | 0.1 | headlab, attention dropout 0 |" in text and "| lean |" in text
+    assert "| 32 | 0.1 | headlab, attention dropout 0 |" in text and "| additive, fused |" in text
+    assert "| 4-layer encoder | additive |" in text

@@ -47,45 +47,96 @@ def additive_scores_naive(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> 
     return torch.einsum("bhijd,hd->bhij", hidden, w)
 
 
+CHUNK_ELEMENTS = 1 << 20  # elements of the (B, H, chunk, m, d_k) hidden tensor per chunk of queries: 4 MiB fp32
+
+
+def _query_chunks(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Queries per chunk, so that one chunk of tanh(q_i + k_j) stays within CHUNK_ELEMENTS (and in cache)."""
+    B, H, _, d = q.shape
+    return max(1, CHUNK_ELEMENTS // max(1, B * H * k.shape[2] * d))
+
+
+def _hidden(qc: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """tanh(q_i + k_j) for a chunk of c queries: qc (B, H, c, d_k), k (B, H, m, d_k) -> (B, H, c, m, d_k)."""
+    return torch.add(qc.unsqueeze(3), k.unsqueeze(2)).tanh_()
+
+
+def _scores(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """w_h^T hidden: (B, H, c, m, d_k) -> (B, H, c, m), one matrix-vector product per (b, h)."""
+    B, H, c, m, d = hidden.shape
+    return (hidden.view(B, H, c * m, d) @ w.view(1, H, d, 1)).view(B, H, c, m)
+
+
+def _grads(hidden: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, grad_k, grad_w) -> torch.Tensor:
+    """Backward of _scores(_hidden(qc, k), w) for grad (B, H, c, m): returns d qc, adds d k and d w in place.
+    Overwrites hidden."""
+    B, H, c, m, d = hidden.shape
+    grad_w += (grad.reshape(B, H, 1, c * m) @ hidden.view(B, H, c * m, d)).sum(0).view(H, d)
+    pre = hidden.square_().neg_().add_(1).mul_(grad.unsqueeze(-1))  # grad * tanh'(q_i + k_j): (B, H, c, m, d_k)
+    w_ = w.view(1, H, 1, d)
+    grad_k += pre.sum(2) * w_
+    return pre.sum(3) * w_  # (B, H, c, d_k)
+
+
 class AdditiveScores(torch.autograd.Function):
-    """Bahdanau scores in chunks of queries, recomputing tanh in the backward pass instead of storing it.
-
-    Peak memory is one chunk of (B, H, chunk, n, d_k) rather than the whole (B, H, n, n, d_k) tensor.
-    """
-
-    CHUNK_ELEMENTS = 1 << 23  # per chunk of the hidden tensor: 32 MiB in fp32
-
-    @staticmethod
-    def _chunk(q: torch.Tensor, k: torch.Tensor) -> int:
-        B, H, n, d = q.shape
-        return max(1, AdditiveScores.CHUNK_ELEMENTS // max(1, B * H * k.shape[2] * d))
+    """Bahdanau scores in chunks of queries, recomputing tanh in the backward pass instead of storing it: the
+    (B, H, n, m, d_k) hidden tensor never exists, only one chunk of it at a time."""
 
     @staticmethod
     def forward(ctx, q, k, w):  # q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)
+        q, k = q.contiguous(), k.contiguous()  # chunks of the hidden tensor then come out contiguous
         ctx.save_for_backward(q, k, w)
-        step = AdditiveScores._chunk(q, k)
-        w_ = w[None, :, None, :, None]  # (1, H, 1, d_k, 1)
-        out = [torch.tanh(qc.unsqueeze(3) + k.unsqueeze(2)) @ w_ for qc in q.split(step, dim=2)]
-        return torch.cat(out, dim=2).squeeze(-1)
+        return torch.cat([_scores(_hidden(qc, k), w) for qc in q.split(_query_chunks(q, k), dim=2)], dim=2)
 
     @staticmethod
     def backward(ctx, grad):  # grad (B, H, n, m)
         q, k, w = ctx.saved_tensors
-        step = AdditiveScores._chunk(q, k)
-        grad_q, grad_k, grad_w = [], torch.zeros_like(k), torch.zeros_like(w)
-        for qc, gc in zip(q.split(step, dim=2), grad.split(step, dim=2), strict=True):
-            t = torch.tanh(qc.unsqueeze(3) + k.unsqueeze(2))  # (B, H, c, m, d_k), recomputed
-            g = gc.unsqueeze(-1)  # (B, H, c, m, 1)
-            grad_w += (g * t).sum(dim=(0, 2, 3))  # (H, d_k)
-            pre = g * w[None, :, None, None, :] * (1 - t * t)  # d score / d (q_i + k_j): (B, H, c, m, d_k)
-            grad_q.append(pre.sum(dim=3))  # (B, H, c, d_k)
-            grad_k += pre.sum(dim=2)  # (B, H, m, d_k)
+        step = _query_chunks(q, k)
+        grad_k, grad_w = torch.zeros_like(k), torch.zeros_like(w)
+        grad_q = [
+            _grads(_hidden(qc, k), w, gc, grad_k, grad_w)
+            for qc, gc in zip(q.split(step, dim=2), grad.split(step, dim=2), strict=True)
+        ]
         return torch.cat(grad_q, dim=2), grad_k, grad_w
 
 
 def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Bahdanau scores w_h^T tanh(q_i + k_j): q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)."""
     return AdditiveScores.apply(q, k, w)
+
+
+class AdditiveAttention(torch.autograd.Function):
+    """softmax(w_h^T tanh(q_i + k_j) + bias_j) @ v, fused and chunked over queries like FlashAttention: only q, k,
+    v, the output and each query's log-sum-exp are kept; the backward pass recomputes scores and weights chunk by
+    chunk. Neither the (B, H, n, m, d_k) hidden tensor nor the (B, H, n, m) weights ever exist whole."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, bias):  # v (B, H, m, d_v); bias (B, 1, 1, m): 0, or -inf on padded keys
+        q, k = q.contiguous(), k.contiguous()  # chunks of the hidden tensor then come out contiguous
+        outs, lses = [], []
+        for qc in q.split(_query_chunks(q, k), dim=2):
+            scores = _scores(_hidden(qc, k), w) + bias  # (B, H, c, m)
+            lse = scores.logsumexp(dim=-1, keepdim=True)  # (B, H, c, 1)
+            outs.append(scores.sub_(lse).exp_() @ v)  # (B, H, c, d_v)
+            lses.append(lse)
+        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+        ctx.save_for_backward(q, k, v, w, bias, out, lse)
+        return out  # (B, H, n, d_v)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out (B, H, n, d_v)
+        q, k, v, w, bias, out, lse = ctx.saved_tensors
+        step = _query_chunks(q, k)
+        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, n, 1): sum_j p_ij dp_ij
+        grad_k, grad_v, grad_w, grad_q = torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(w), []
+        for i in range(0, q.shape[2], step):
+            qc, go = q[:, :, i : i + step], grad_out[:, :, i : i + step]
+            hidden = _hidden(qc, k)  # (B, H, c, m, d_k): computed once for the weights and the gradients
+            p = (_scores(hidden, w) + bias).sub_(lse[:, :, i : i + step]).exp_()  # (B, H, c, m)
+            grad_v += p.transpose(-2, -1) @ go
+            grad_scores = p.mul_(go @ v.transpose(-2, -1) - delta[:, :, i : i + step])  # softmax backward
+            grad_q.append(_grads(hidden, w, grad_scores, grad_k, grad_w))
+        return torch.cat(grad_q, dim=2), grad_k, grad_v, grad_w, None
 
 
 class MultiHeadAttention(nn.Module):
@@ -95,7 +146,8 @@ class MultiHeadAttention(nn.Module):
       x (B, n, d_model); key_padding_mask (B, n) bool, True = padding;
       head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019);
       out (B, n, d_model); weights (B, H, n, n) after softmax, exactly 0 on padded keys, or None.
-    Without weights, dot scoring runs on torch's fused scaled_dot_product_attention.
+    Without weights, dot scoring runs on torch's fused scaled_dot_product_attention, and additive scoring (with
+    attention dropout 0) on the fused AdditiveAttention: neither stores the (B, H, n, n) weights.
     """
 
     def __init__(
@@ -143,21 +195,29 @@ class MultiHeadAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=keep, dropout_p=p_drop, scale=self.scale, enable_gqa=G < H
             )  # (B, H, n, d_v)
-            weights = None
-        else:
-            if G < H:  # each key/value head serves H / G consecutive query heads
-                k = k.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k)
-                v = v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_v)
-            if self.scoring == "dot":
-                scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, n, n)
-            else:
-                scores = additive_scores(q, k, self.score_vector)  # (B, H, n, n)
+            return self._merge_heads(y, head_mask), None
+        if G < H:  # each key/value head serves H / G consecutive query heads
+            k = k.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k)
+            v = v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_v)
+        if not need_weights and p_drop == 0:  # additive, fused: the (B, H, n, n) weights are never stored
+            bias = torch.zeros(B, 1, 1, n, dtype=q.dtype, device=q.device)
             if key_padding_mask is not None:
-                scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-            weights = scores.softmax(dim=-1)  # (B, H, n, n)
-            y = F.dropout(weights, p_drop) @ v  # (B, H, n, d_v)
+                bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            y = AdditiveAttention.apply(q, k, v, self.score_vector, bias)  # (B, H, n, d_v)
+            return self._merge_heads(y, head_mask), None
+        if self.scoring == "dot":
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, n, n)
+        else:
+            scores = additive_scores(q, k, self.score_vector)  # (B, H, n, n)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        weights = scores.softmax(dim=-1)  # (B, H, n, n)
+        y = F.dropout(weights, p_drop) @ v  # (B, H, n, d_v)
+        return self._merge_heads(y, head_mask), (weights if need_weights else None)
 
+    def _merge_heads(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+        """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model)."""
+        B, H, n, _ = y.shape
         if head_mask is not None:
             y = y * head_mask.reshape(-1, H, 1, 1).to(y.dtype)  # (H,) or (B, H) -> broadcast over n, d_v
-        out = self.out_proj(y.transpose(1, 2).reshape(B, n, H * self.d_v))  # (B, n, d_model)
-        return out, (weights if need_weights else None)
+        return self.out_proj(y.transpose(1, 2).reshape(B, n, H * self.d_v))  # (B, n, d_model)
