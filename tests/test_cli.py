@@ -91,3 +91,12 @@ def test_several_loggers_at_once(run_cli, tmp_path):
     assert {"epoch", "val/acc", "test/acc"} <= set((run / "metrics.csv").read_text().splitlines()[0].split(","))
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert list(run.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def test_compiled_model_trains_and_writes_eager_checkpoints(run_cli, tmp_path):
+    result = run_cli(*TINY, "model.compile=true", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["status"] == "completed" and record["config"]["model.compile"] is True
+    saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
+    assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loadable without compile

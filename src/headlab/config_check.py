@@ -49,6 +49,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.norm": one_of("post", "pre"),
     "model.positional": one_of("sinusoidal", "learned"),
     "model.readout": one_of(None, "cls", "mean", "token"),
+    "model.compile": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.n_heads": POSITIVE,
     "model.attention.d_k": OPTIONAL_POSITIVE,
     "model.attention.d_v": OPTIONAL_POSITIVE,

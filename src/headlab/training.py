@@ -80,7 +80,11 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = check_readout(cfg.model.readout, datamodule.level)
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
-    return datamodule, _instantiate(cfg.model, **sizes, readout=readout, _convert_="all")
+    architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
+    model = _instantiate(architecture, **sizes, readout=readout, _convert_="all")
+    if cfg.model.get("compile"):
+        model.compile()  # in place: parameter names and checkpoints stay those of the eager model
+    return datamodule, model
 
 
 def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
