@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 	$(call PYTEST,-m "not e2e")
 
 bench: $(STAMP)  # about 10-15 minutes on 2 cores; rewrites BENCHMARKS.md
-	$(BIN)/headlab-bench $(ARGS)
+	$(BIN)/headlab-bench --sst2-recipe $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
