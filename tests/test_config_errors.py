@@ -111,7 +111,7 @@ CASES = [
         "unknown key",
         ["model.heads=4"],
         "invalid config: model.heads is not a key of the config: expected one of _target_, d_model, n_layers, d_ff, "
-        "dropout, norm, positional, readout, attention (or +model.heads=... to add one)",
+        "dropout, norm, positional, readout, compile, attention (or +model.heads=... to add one)",
     ),
     Case(
         "added key the model does not take",

@@ -42,9 +42,8 @@ def _unknown_key(error: ConfigCompositionException) -> str:
     return f"invalid config: {key} is not a key of the config: expected one of {keys} (or +{key}=... to add one)"
 
 
-def instantiation_problem(error: InstantiationException) -> str:
-    """What a config node could not be built from, e.g. +model.foo=1: "model: TypeError: ... argument 'foo'"."""
-    key = str(error).rpartition("full_key: ")[2].strip() or "config"
+def instantiation_problem(error: InstantiationException, key: str) -> str:
+    """What the config node at key could not be built from, e.g. +model.foo=1: "model: TypeError: ... 'foo'"."""
     cause = error.__cause__ or error
     return f"{key}: {type(cause).__name__}: {_flat(cause)}"
 

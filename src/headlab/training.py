@@ -51,19 +51,20 @@ def _best_score(checkpoint) -> float:
     return float(saved["best_model_score"])
 
 
-def _instantiate(node: DictConfig, **kwargs):
-    """hydra.utils.instantiate, with a config the target cannot take (+model.foo=1) as one ConfigError."""
+def _instantiate(node: DictConfig, key: str, **kwargs):
+    """hydra.utils.instantiate of the config at key, with arguments the target cannot take (+model.foo=1) as one
+    ConfigError."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as error:
         if isinstance(error.__cause__, UsageError):
             raise error.__cause__ from None
-        raise ConfigError(instantiation_problem(error)) from error
+        raise ConfigError(instantiation_problem(error, key)) from error
 
 
-def _instantiate_all(group: DictConfig | None) -> list:
+def _instantiate_all(group: DictConfig | None, name: str) -> list:
     """Every entry of a group such as callbacks or logger; an entry set to null (callbacks.x=null) is left out."""
-    return [_instantiate(c) for c in (group or {}).values() if c is not None]
+    return [_instantiate(c, f"{name}.{key}") for key, c in (group or {}).items() if c is not None]
 
 
 def _existing(path: Path) -> str | None:
@@ -76,12 +77,12 @@ def _floats(metrics: dict, prefix: str) -> dict:
 
 def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     """The datamodule and the model of a config; the model's sizes come from the data."""
-    datamodule = _instantiate(cfg.data, _convert_="all")
+    datamodule = _instantiate(cfg.data, "data", _convert_="all")
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = check_readout(cfg.model.readout, datamodule.level)
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
-    model = _instantiate(architecture, **sizes, readout=readout, _convert_="all")
+    model = _instantiate(architecture, "model", **sizes, readout=readout, _convert_="all")
     if cfg.model.get("compile"):
         model.compile()  # in place: parameter names and checkpoints stay those of the eager model
     return datamodule, model
@@ -101,12 +102,16 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     resume_from = _resume_checkpoint(cfg)
     if resume_from:
         _check_fits(resume_from, module)  # before any logger or checkpoint callback touches the run directory
-    callbacks = _instantiate_all(cfg.get("callbacks")) + [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
-    loggers = _instantiate_all(cfg.get("logger"))
+    callbacks = _instantiate_all(cfg.get("callbacks"), "callbacks") + [
+        ThroughputMeter(),
+        RandomState(),
+        SaveOnInterrupt(),
+    ]
+    loggers = _instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
-    trainer: pl.Trainer = _instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **devices)
+    trainer: pl.Trainer = _instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **devices)
 
     failed = True
     try:
