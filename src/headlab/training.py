@@ -102,11 +102,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     resume_from = _resume_checkpoint(cfg)
     if resume_from:
         _check_fits(resume_from, module)  # before any logger or checkpoint callback touches the run directory
-    callbacks = _instantiate_all(cfg.get("callbacks"), "callbacks") + [
-        ThroughputMeter(),
-        RandomState(),
-        SaveOnInterrupt(),
-    ]
+    callbacks = _instantiate_all(cfg.get("callbacks"), "callbacks")
+    callbacks += [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
     loggers = _instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
