@@ -234,7 +234,11 @@ def test_fused_additive_attention_equals_scores_softmax_values_with_padding_and_
     assert torch.autograd.gradcheck(AdditiveAttention.apply, (*double, bias.double()))
 
 
-def test_additive_attention_takes_the_fused_path_without_weights_and_agrees_with_the_explicit_one():
+@pytest.mark.parametrize("fused_above", [0, 1 << 22])  # the fused path, the stored-weights path
+def test_additive_attention_without_weights_agrees_with_the_explicit_path(monkeypatch, fused_above):
+    from headlab import attention
+
+    monkeypatch.setattr(attention, "FUSED_ABOVE", fused_above)
     mha = MultiHeadAttention(D, 4, d_k=3, d_v=5, n_kv_heads=2, scoring="additive")
     x, padded = torch.randn(B, N, D), padding_mask([7, 5, 2])
     fused, none = mha(x, key_padding_mask=padded, need_weights=False)

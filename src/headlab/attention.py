@@ -47,6 +47,8 @@ def additive_scores_naive(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> 
     return torch.einsum("bhijd,hd->bhij", hidden, w)
 
 
+FUSED_ABOVE = 1 << 22  # additive attention without weights is fused once (B, H, n, n) weights exceed 16 MiB fp32;
+# below, storing them is cheaper than recomputing the scores in the backward pass (BENCHMARKS.md)
 CHUNK_ELEMENTS = 1 << 20  # elements of the (B, H, chunk, m, d_k) hidden tensor per chunk of queries: 4 MiB fp32
 
 
@@ -69,13 +71,15 @@ def _scores(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _grads(hidden: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, grad_k, grad_w) -> torch.Tensor:
     """Backward of _scores(_hidden(qc, k), w) for grad (B, H, c, m): returns d qc, adds d k and d w in place.
-    Overwrites hidden."""
+    Overwrites hidden. With t = tanh(q_i + k_j): d q_i = w * sum_j grad_ij (1 - t_ij^2), and d k_j alike over i."""
     B, H, c, m, d = hidden.shape
     grad_w += (grad.reshape(B, H, 1, c * m) @ hidden.view(B, H, c * m, d)).sum(0).view(H, d)
-    pre = hidden.square_().neg_().add_(1).mul_(grad.unsqueeze(-1))  # grad * tanh'(q_i + k_j): (B, H, c, m, d_k)
+    squared = hidden.square_()  # (B, H, c, m, d_k)
+    g_t2_q = grad.reshape(B * H * c, 1, m) @ squared.view(B * H * c, m, d)  # sum_j grad_ij t_ij^2: one bmm
+    g_t2_k = squared.mul_(grad.unsqueeze(-1)).sum(2)  # sum_i grad_ij t_ij^2: (B, H, m, d_k)
     w_ = w.view(1, H, 1, d)
-    grad_k += pre.sum(2) * w_
-    return pre.sum(3) * w_  # (B, H, c, d_k)
+    grad_k += (grad.sum(2).unsqueeze(-1) - g_t2_k) * w_
+    return (grad.sum(3).unsqueeze(-1) - g_t2_q.view(B, H, c, d)) * w_  # (B, H, c, d_k)
 
 
 class AdditiveScores(torch.autograd.Function):
@@ -199,7 +203,7 @@ class MultiHeadAttention(nn.Module):
         if G < H:  # each key/value head serves H / G consecutive query heads
             k = k.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k)
             v = v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_v)
-        if not need_weights and p_drop == 0:  # additive, fused: the (B, H, n, n) weights are never stored
+        if not need_weights and p_drop == 0 and B * H * n * n > FUSED_ABOVE:  # additive, fused: no (B, H, n, n)
             bias = torch.zeros(B, 1, 1, n, dtype=q.dtype, device=q.device)
             if key_padding_mask is not None:
                 bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
