@@ -18,9 +18,14 @@ TINY = [  # a run of a few seconds: small data, two short epochs
 ]
 
 
-def headlab_train(*overrides: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real CLI, `python -m headlab.train`, in a subprocess with stdin closed."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+def cli_env() -> dict:
+    """This process's environment, without HYDRA_FULL_ERROR (which would turn one-line errors into tracebacks)."""
+    return {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+
+
+def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | None = None):
+    """The real CLI, `python -m headlab.train`, in a subprocess with stdin closed; env: cli_env() by default."""
+    env = cli_env() if env is None else env
     return subprocess.run(
         [sys.executable, "-m", "headlab.train", *overrides],
         cwd=cwd,

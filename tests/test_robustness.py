@@ -1,7 +1,6 @@
 """Resume after SIGKILL, interrupts, non-finite losses, and random valid attention configurations."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY
+from conftest import TINY, cli_env, headlab_train
 from headlab.attention import MultiHeadAttention
 
 SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle of one
@@ -111,16 +110,8 @@ def test_sigterm_saves_a_checkpoint_and_the_requeued_slurm_job_resumes_from_it(t
     assert saved["global_step"] % 188 != 0  # saved where training stopped, in the middle of an epoch
 
     # SLURM requeues the preempted job: the same command in the same directory, SLURM_RESTART_COUNT=1
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"SLURM_RESTART_COUNT": "1"}
-    requeued = subprocess.run(
-        [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run}"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = cli_env() | {"SLURM_RESTART_COUNT": "1"}
+    requeued = headlab_train(*SLOW_ENOUGH, f"hydra.run.dir={run}", cwd=tmp_path, env=env)
     assert requeued.returncode == 0, requeued.stderr[-2000:]
     record = json.loads((run / "results.json").read_text())
     assert record["status"] == "completed" and record["config"]["resume"] == str(run)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import TINY
+from conftest import TINY, headlab_train
 from wandb_records import read_run
 
 pytestmark = pytest.mark.e2e
@@ -66,14 +66,8 @@ def test_no_credentials_goes_offline_without_prompting_or_hanging(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc, no cached login
     started = time.time()
-    result = subprocess.run(
-        [sys.executable, "-m", "headlab.train", *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result = headlab_train(
+        *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run", cwd=tmp_path, env=env, timeout=180
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "W&B logs offline: no W&B credentials" in result.stdout + result.stderr
@@ -92,14 +86,8 @@ def test_a_wandb_server_that_does_not_answer_falls_back_to_offline_and_the_run_g
         "WANDB_BASE_URL": f"http://127.0.0.1:{server.getsockname()[1]}",
         "WANDB_INIT_TIMEOUT": "3",
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "headlab.train", *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    result = headlab_train(
+        *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run", cwd=tmp_path, env=env, timeout=240
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert connections  # it did try the server
