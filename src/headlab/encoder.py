@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from headlab.attention import MultiHeadAttention
+from headlab.dropout import Dropout
 
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
@@ -32,9 +33,9 @@ class Block(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: dict):
         super().__init__()
         self.attn = MultiHeadAttention(d_model, **attention)
-        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.pre_norm = norm == "pre"
 
     def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None):
@@ -88,7 +89,7 @@ class Encoder(nn.Module):
         else:
             self.register_buffer("pos_emb", sinusoidal_positions(n_pos, d_model), persistent=False)
         self.cls = nn.Parameter(torch.randn(1, 1, d_model) * 0.02) if readout == "cls" else None
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         attention = dict(attention or {"n_heads": 4})
         self.blocks = nn.ModuleList(
             Block(d_model, d_ff or 4 * d_model, dropout, norm, attention) for _ in range(n_layers)
