@@ -1,5 +1,7 @@
 """MultiHeadAttention against torch's reference implementation and independent computations."""
 
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -187,8 +189,22 @@ def test_gradients_reach_every_parameter(scoring):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mha.parameters())
 
 
+@pytest.fixture(params=["native", "torch"])
+def additive_path(request, monkeypatch):
+    """Run a test with the native additive kernels (headlab.kernels), then with torch ops."""
+    from headlab import kernels
+
+    if request.param == "torch":
+        monkeypatch.setattr(kernels, "ENABLED", False)
+    elif shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the native kernels cannot be built here")
+    else:
+        assert kernels.additive_applies(torch.zeros(1)), "the native kernels did not build: see the warning"
+    return request.param
+
+
 @pytest.mark.parametrize("chunk_elements", [1, 200, 1 << 23])  # one query per chunk, a few, all at once
-def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeypatch, chunk_elements):
+def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeypatch, chunk_elements, additive_path):
     from headlab import attention
     from headlab.attention import additive_scores, additive_scores_naive
 
@@ -208,7 +224,9 @@ def test_memory_lean_additive_scores_match_the_naive_ones_with_gradients(monkeyp
 
 
 @pytest.mark.parametrize("chunk_elements", [1, 200, 1 << 23])
-def test_fused_additive_attention_equals_scores_softmax_values_with_padding_and_gradients(monkeypatch, chunk_elements):
+def test_fused_additive_attention_equals_scores_softmax_values_with_padding_and_gradients(
+    monkeypatch, chunk_elements, additive_path
+):
     from headlab import attention
     from headlab.attention import AdditiveAttention, additive_scores_naive
 
@@ -235,7 +253,7 @@ def test_fused_additive_attention_equals_scores_softmax_values_with_padding_and_
 
 
 @pytest.mark.parametrize("fused_above", [0, 1 << 22])  # the fused path, the stored-weights path
-def test_additive_attention_without_weights_agrees_with_the_explicit_path(monkeypatch, fused_above):
+def test_additive_attention_without_weights_agrees_with_the_explicit_path(monkeypatch, fused_above, additive_path):
     from headlab import attention
 
     monkeypatch.setattr(attention, "FUSED_ABOVE", fused_above)
@@ -245,3 +263,52 @@ def test_additive_attention_without_weights_agrees_with_the_explicit_path(monkey
     explicit, weights = mha(x, key_padding_mask=padded, need_weights=True)
     assert none is None and weights.shape == (B, 4, N, N)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_native_kernels_equal_the_naive_scores_on_a_long_sequence_and_saturated_tanh(additive_path):
+    from headlab.attention import additive_scores, additive_scores_naive
+
+    torch.manual_seed(0)
+    q, k, w = torch.randn(2, 3, 200, 16) * 4, torch.randn(2, 3, 150, 16) * 4, torch.randn(3, 16)  # |q + k| up to ~20
+    q[..., 0] += 30  # far beyond the keys: clamped in the exponential form, tanh = 1
+    k[..., :3] *= 10  # keys spread over more than 34: these dimensions take the rational tanh
+    grad = torch.randn(2, 3, 200, 150)
+    results = []
+    for fn, dtype in ((additive_scores, torch.float32), (additive_scores_naive, torch.float64)):
+        leaves = [t.to(dtype).detach().requires_grad_() for t in (q, k, w)]
+        scores = fn(*leaves)
+        scores.backward(grad.to(dtype))
+        results.append([scores.detach(), *(t.grad for t in leaves)])
+    for lean, exact in zip(*results, strict=True):  # grad_w sums 60,000 terms in float32
+        torch.testing.assert_close(lean, exact.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_without_a_compiler_the_kernels_step_aside_with_one_warning(monkeypatch, tmp_path):
+    from headlab import kernels
+
+    monkeypatch.setenv("CC", "false")  # a "compiler" that fails
+    monkeypatch.setenv("HEADLAB_CACHE_DIR", str(tmp_path))
+    kernels._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="native additive kernels unavailable, using torch ops"):
+            assert not kernels.additive_applies(torch.zeros(1))
+        mha = MultiHeadAttention(D, 4, scoring="additive")
+        out, weights = mha(torch.randn(B, N, D))
+        assert weights.shape == (B, 4, N, N) and torch.isfinite(out).all()
+        monkeypatch.setenv("CC", "cc")
+        kernels._library.cache_clear()
+        if shutil.which("cc"):  # a real build lands whole in the cache, with no temporary files beside it
+            assert kernels.additive_applies(torch.zeros(1))
+            assert [p.name.startswith("additive-") and p.suffix == ".so" for p in (tmp_path / "kernels").iterdir()] == [
+                True
+            ]
+    finally:
+        kernels._library.cache_clear()
+
+
+def test_loading_the_kernels_leaves_floating_point_modes_alone(additive_path):
+    """A library linked with -ffast-math by GCC 12 would flush denormals to zero in the whole process."""
+    from headlab import kernels
+
+    kernels.additive_applies(torch.zeros(1))  # builds and loads them (native) or not (torch)
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0

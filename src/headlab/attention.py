@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headlab import kernels
 from headlab.dropout import dropout
 
 SCORINGS = ("dot", "additive")
@@ -54,9 +55,12 @@ FUSED_ABOVE = 1 << 22  # additive attention without weights is fused once (B, H,
 CHUNK_ELEMENTS = 1 << 20  # elements of the (B, H, chunk, m, d_k) hidden tensor per chunk of queries: 4 MiB fp32
 
 
-def _query_chunks(q: torch.Tensor, k: torch.Tensor) -> int:
-    """Queries per chunk, so that one chunk of tanh(q_i + k_j) stays within CHUNK_ELEMENTS (and in cache)."""
-    B, H, _, d = q.shape
+def _query_chunks(q: torch.Tensor, k: torch.Tensor, fused: bool) -> int:
+    """Queries per chunk, so that one chunk of tanh(q_i + k_j), (B, H, c, m, d_k), stays within CHUNK_ELEMENTS (and
+    in cache). The native kernels never store it: one chunk, or in the fused path chunks of (B, H, c, m) scores."""
+    B, H, n, d = q.shape
+    if kernels.additive_applies(q):
+        return max(1, CHUNK_ELEMENTS // max(1, B * H * k.shape[2])) if fused else n
     return max(1, CHUNK_ELEMENTS // max(1, B * H * k.shape[2] * d))
 
 
@@ -71,17 +75,33 @@ def _scores(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (hidden.view(B, H, c * m, d) @ w.view(1, H, d, 1)).view(B, H, c, m)
 
 
-def _grads(hidden: torch.Tensor, w: torch.Tensor, grad: torch.Tensor, grad_k, grad_w) -> torch.Tensor:
-    """Backward of _scores(_hidden(qc, k), w) for grad (B, H, c, m): returns d qc, adds d k and d w in place.
-    Overwrites hidden. With t = tanh(q_i + k_j): d q_i = w * sum_j grad_ij (1 - t_ij^2), and d k_j alike over i."""
+def _grads(hidden: torch.Tensor, w: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Backward of _scores(_hidden(qc, k), w) for grad (B, H, c, m): grads of (qc, k, w). Overwrites hidden.
+    With t = tanh(q_i + k_j): d q_i = w * sum_j grad_ij (1 - t_ij^2), and d k_j alike over i."""
     B, H, c, m, d = hidden.shape
-    grad_w += (grad.reshape(B, H, 1, c * m) @ hidden.view(B, H, c * m, d)).sum(0).view(H, d)
+    grad_w = (grad.reshape(B, H, 1, c * m) @ hidden.view(B, H, c * m, d)).sum(0).view(H, d)
     squared = hidden.square_()  # (B, H, c, m, d_k)
     g_t2_q = grad.reshape(B * H * c, 1, m) @ squared.view(B * H * c, m, d)  # sum_j grad_ij t_ij^2: one bmm
     g_t2_k = squared.mul_(grad.unsqueeze(-1)).sum(2)  # sum_i grad_ij t_ij^2: (B, H, m, d_k)
     w_ = w.view(1, H, 1, d)
-    grad_k += (grad.sum(2).unsqueeze(-1) - g_t2_k) * w_
-    return (grad.sum(3).unsqueeze(-1) - g_t2_q.view(B, H, c, d)) * w_  # (B, H, c, d_k)
+    grad_k = (grad.sum(2).unsqueeze(-1) - g_t2_k) * w_
+    return (grad.sum(3).unsqueeze(-1) - g_t2_q.view(B, H, c, d)) * w_, grad_k, grad_w  # grad_q (B, H, c, d_k)
+
+
+def _chunk_scores(qc: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores of a chunk of queries, (B, H, c, m), and the chunk's hidden tensor where torch ops made one (the
+    native kernels, headlab.kernels, never do)."""
+    if kernels.additive_applies(qc):
+        return kernels.additive_scores(qc, k, w), None
+    hidden = _hidden(qc, k)  # (B, H, c, m, d_k)
+    return _scores(hidden, w), hidden
+
+
+def _chunk_grads(qc, k, w, grad, hidden=None) -> tuple[torch.Tensor, ...]:
+    """Grads of (qc, k, w) for the gradient (B, H, c, m) of _chunk_scores(qc, k, w), reusing its hidden if any."""
+    if kernels.additive_applies(qc):
+        return kernels.additive_grads(qc, k, w, grad)
+    return _grads(_hidden(qc, k) if hidden is None else hidden, w, grad)
 
 
 class AdditiveScores(torch.autograd.Function):
@@ -92,17 +112,18 @@ class AdditiveScores(torch.autograd.Function):
     def forward(ctx, q, k, w):  # q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)
         q, k = q.contiguous(), k.contiguous()  # chunks of the hidden tensor then come out contiguous
         ctx.save_for_backward(q, k, w)
-        return torch.cat([_scores(_hidden(qc, k), w) for qc in q.split(_query_chunks(q, k), dim=2)], dim=2)
+        return torch.cat([_chunk_scores(qc, k, w)[0] for qc in q.split(_query_chunks(q, k, fused=False), dim=2)], dim=2)
 
     @staticmethod
     def backward(ctx, grad):  # grad (B, H, n, m)
         q, k, w = ctx.saved_tensors
-        step = _query_chunks(q, k)
-        grad_k, grad_w = torch.zeros_like(k), torch.zeros_like(w)
-        grad_q = [
-            _grads(_hidden(qc, k), w, gc, grad_k, grad_w)
-            for qc, gc in zip(q.split(step, dim=2), grad.split(step, dim=2), strict=True)
-        ]
+        step = _query_chunks(q, k, fused=False)
+        grad_k, grad_w, grad_q = torch.zeros_like(k), torch.zeros_like(w), []
+        for qc, gc in zip(q.split(step, dim=2), grad.split(step, dim=2), strict=True):
+            gq, gk, gw = _chunk_grads(qc, k, w, gc)
+            grad_q.append(gq)
+            grad_k += gk
+            grad_w += gw
         return torch.cat(grad_q, dim=2), grad_k, grad_w
 
 
@@ -120,8 +141,8 @@ class AdditiveAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, w, bias):  # v (B, H, m, d_v); bias (B, 1, 1, m): 0, or -inf on padded keys
         q, k = q.contiguous(), k.contiguous()  # chunks of the hidden tensor then come out contiguous
         outs, lses = [], []
-        for qc in q.split(_query_chunks(q, k), dim=2):
-            scores = _scores(_hidden(qc, k), w) + bias  # (B, H, c, m)
+        for qc in q.split(_query_chunks(q, k, fused=True), dim=2):
+            scores = _chunk_scores(qc, k, w)[0] + bias  # (B, H, c, m)
             lse = scores.logsumexp(dim=-1, keepdim=True)  # (B, H, c, 1)
             outs.append(scores.sub_(lse).exp_() @ v)  # (B, H, c, d_v)
             lses.append(lse)
@@ -132,16 +153,20 @@ class AdditiveAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # grad_out (B, H, n, d_v)
         q, k, v, w, bias, out, lse = ctx.saved_tensors
-        step = _query_chunks(q, k)
+        step = _query_chunks(q, k, fused=True)
         delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, n, 1): sum_j p_ij dp_ij
         grad_k, grad_v, grad_w, grad_q = torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(w), []
         for i in range(0, q.shape[2], step):
-            qc, go = q[:, :, i : i + step], grad_out[:, :, i : i + step]
-            hidden = _hidden(qc, k)  # (B, H, c, m, d_k): computed once for the weights and the gradients
-            p = (_scores(hidden, w) + bias).sub_(lse[:, :, i : i + step]).exp_()  # (B, H, c, m)
+            go = grad_out[:, :, i : i + step]
+            qc = q[:, :, i : i + step]
+            scores, hidden = _chunk_scores(qc, k, w)  # (B, H, c, m)
+            p = (scores + bias).sub_(lse[:, :, i : i + step]).exp_()  # (B, H, c, m)
             grad_v += p.transpose(-2, -1) @ go
             grad_scores = p.mul_(go @ v.transpose(-2, -1) - delta[:, :, i : i + step])  # softmax backward
-            grad_q.append(_grads(hidden, w, grad_scores, grad_k, grad_w))
+            gq, gk, gw = _chunk_grads(qc, k, w, grad_scores, hidden)
+            grad_q.append(gq)
+            grad_k += gk
+            grad_w += gw
         return torch.cat(grad_q, dim=2), grad_k, grad_v, grad_w, None
 
 

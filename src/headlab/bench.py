@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headlab import kernels
 from headlab.attention import MultiHeadAttention, additive_scores_naive
 from headlab.encoder import Block
 
@@ -139,18 +140,31 @@ def additive_throughput(args) -> list[dict]:
     def step(module):
         return lambda: module(x, need_weights=False)[0].sum().backward()
 
+    def torch_ops(step):  # the same step with the native kernels switched off (the path on GPUs, or without cc)
+        def run():
+            kernels.ENABLED = False
+            try:
+                step()
+            finally:
+                kernels.ENABLED = True
+
+        return run
+
     layer = interleaved(
         {
             "dot (SDPA)": step(dot),
-            "additive, training path (weights stored at this size)": step(additive),
+            "additive, native kernels": step(additive),
+            "additive, torch ops": torch_ops(step(additive)),
             "additive, naive": step(Naive(d, 4, scoring="additive")),
         },
         args.repeats,
     )
+    encoder_additive = HeadlabStack(d, 4, 4, 0.0, 0.0, scoring="additive")
     encoder = interleaved(
         {
             "dot": train_step(HeadlabStack(d, 4, 4, 0.0, 0.0), x),
-            "additive": train_step(HeadlabStack(d, 4, 4, 0.0, 0.0, scoring="additive"), x),
+            "additive, native kernels": train_step(encoder_additive, x),
+            "additive, torch ops": torch_ops(train_step(encoder_additive, x)),
         },
         args.repeats,
     )
@@ -174,7 +188,7 @@ w = torch.randn(H, d, requires_grad=True)
 def step():
     if "{path}" == "dot":
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    elif "{path}" == "additive, fused":
+    elif "{path}".startswith("additive, fused"):
         y = AdditiveAttention.apply(q, k, v, w, torch.zeros(B, 1, 1, n))
     else:
         fn = additive_scores if "{path}" == "additive, lean scores" else additive_scores_naive
@@ -193,13 +207,15 @@ def attention_memory(n: int) -> list[dict]:
     """Peak memory (MiB above the process's baseline) of one attention op's forward and backward, in a fresh
     process each: B = 8, 4 heads, d_k = 32."""
     rows = []
-    for path in ("dot", "additive, fused", "additive, lean scores", "additive, naive"):
+    for path in ("dot", "additive, fused", "additive, fused, torch ops", "additive, lean scores", "additive, naive"):
+        native = "0" if "torch ops" in path else "1"
         out = subprocess.run(
             [sys.executable, "-c", MEMORY_PROBE.format(n=n, path=path)],
             capture_output=True,
             text=True,
             timeout=600,
-            env=os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536"},  # freed tensors leave the resident size at once
+            env=os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HEADLAB_NATIVE": native},  # MALLOC_...: freed
+            # tensors leave the resident size at once
         )
         rows.append({"path": path, "n": n, "peak_mib": float(out.stdout.strip() or "nan")})
     dot = rows[0]["peak_mib"]
