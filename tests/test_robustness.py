@@ -72,6 +72,16 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_like_the_run_left_alone(run_cli
     assert got["metrics"] == pytest.approx(expected, abs=1e-6)
 
 
+def test_last_checkpoint_follows_every_epoch_even_without_improvement(run_cli, tmp_path):
+    """lr 1e-12: val/acc never improves after the first epoch, and last.ckpt must still hold the last epoch."""
+    quiet = ["logger=csv", "callbacks.attention=null"]
+    run = run_cli(*TINY, *quiet, "trainer.max_epochs=3", "optim.lr=1e-12", "hydra.run.dir=r")
+    assert run.returncode == 0, run.stderr[-2000:]
+    checkpoints = tmp_path / "r" / "checkpoints"
+    assert last_epoch(tmp_path / "r") == 2
+    assert [p.name for p in checkpoints.glob("best-*.ckpt")] == ["best-epoch0-step8.ckpt"]
+
+
 def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
     first = run_cli(*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
     assert first.returncode == 0

@@ -47,7 +47,8 @@ def _best_score(checkpoint) -> float:
     if checkpoint.best_model_score is not None:
         return float(checkpoint.best_model_score)
     state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
-    saved = next(v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    states = state["callbacks"].items()  # the last-checkpoint callback's state is there too
+    saved = next(v for k, v in states if k.startswith("ModelCheckpoint") and v["monitor"] == checkpoint.monitor)
     return float(saved["best_model_score"])
 
 
