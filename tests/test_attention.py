@@ -312,3 +312,12 @@ def test_loading_the_kernels_leaves_floating_point_modes_alone(additive_path):
 
     kernels.additive_applies(torch.zeros(1))  # builds and loads them (native) or not (torch)
     assert (torch.tensor([1e-39]) * 1.0).item() > 0
+
+
+def test_empty_batches_give_empty_scores_and_gradients(additive_path):
+    from headlab.attention import additive_scores
+
+    q, k, w = torch.randn(0, 2, 5, 3, requires_grad=True), torch.randn(0, 2, 4, 3), torch.randn(2, 3)
+    scores = additive_scores(q, k, w.requires_grad_())
+    scores.sum().backward()
+    assert scores.shape == (0, 2, 5, 4) and q.grad.shape == q.shape and torch.equal(w.grad, torch.zeros(2, 3))

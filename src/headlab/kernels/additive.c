@@ -172,6 +172,7 @@ static void *run_task(void *p) {
 
 /* Split the slices over up to 64 threads; the caller's thread takes the first share. */
 static int run(Args *a, void (*slice)(Args *, long), long threads) {
+    if (a->bh_count < 1 || a->n < 1 || a->m < 1) return 1; /* empty outputs: nothing to compute */
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     if (threads > a->bh_count) threads = a->bh_count;
