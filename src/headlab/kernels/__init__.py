@@ -50,7 +50,7 @@ def _build(compiler: str) -> Path:
                 [compiler, *FLAGS, "-c", str(SOURCE), "-o", f"{built}.o"],
                 [compiler, "-shared", "-pthread", f"{built}.o", "-lm", "-o", str(built)],
             ):
-                subprocess.run(command, check=True, capture_output=True, text=True)
+                subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
             os.replace(built, library)
     return library
 
@@ -63,7 +63,7 @@ def _library() -> ctypes.CDLL | None:
         if compiler is None:
             raise OSError("no C compiler found (set CC)")
         library = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as error:
+    except (OSError, subprocess.SubprocessError) as error:  # no compiler, a failed or hung build, no cache dir
         detail = getattr(error, "stderr", None) or error
         warnings.warn(f"headlab: native additive kernels unavailable, using torch ops (slower): {detail}", stacklevel=3)
         return None
