@@ -105,8 +105,8 @@ def _chunk_grads(qc, k, w, grad, hidden=None) -> tuple[torch.Tensor, ...]:
 
 
 class AdditiveScores(torch.autograd.Function):
-    """Bahdanau scores in chunks of queries, recomputing tanh in the backward pass instead of storing it: the
-    (B, H, n, m, d_k) hidden tensor never exists, only one chunk of it at a time."""
+    """Bahdanau scores, recomputing tanh in the backward pass instead of storing it: the (B, H, n, m, d_k) hidden
+    tensor never exists whole (torch ops make it one chunk of queries at a time; the native kernels never do)."""
 
     @staticmethod
     def forward(ctx, q, k, w):  # q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)
@@ -180,7 +180,8 @@ class MultiHeadAttention(nn.Module):
     Without weights, dot scoring runs on torch's fused scaled_dot_product_attention, and additive scoring (with
     attention dropout 0) on the fused AdditiveAttention: neither stores the (B, H, n, n) weights. With attention
     dropout on the CPU, where SDPA would fall back to its unfused path and torch's slow dropout mask, dot scoring
-    takes the explicit path with headlab's dropout (headlab.dropout): 1.5x faster, the same memory.
+    takes the explicit path with headlab's dropout (headlab.dropout): the same memory, and one layer's forward
+    and backward 1.2x faster at B 32, n 128, d_model 128.
     """
 
     def __init__(
