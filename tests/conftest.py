@@ -24,10 +24,10 @@ def cli_env() -> dict:
 
 
 def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | None = None):
-    """The real CLI, `python -m headlab.train`, in a subprocess with stdin closed; env: cli_env() by default."""
+    """The real CLI, `python -m headlab.cli.train`, in a subprocess with stdin closed; env: cli_env() by default."""
     env = cli_env() if env is None else env
     return subprocess.run(
-        [sys.executable, "-m", "headlab.train", *overrides],
+        [sys.executable, "-m", "headlab.cli.train", *overrides],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from headlab.bench import main
+from headlab.cli.bench import main
 
 pytestmark = pytest.mark.e2e
 

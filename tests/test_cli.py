@@ -52,7 +52,7 @@ def test_results_mark_a_crashed_run_failed(run_cli, tmp_path):
 
 def test_console_script_help_answers():
     script = subprocess.run(
-        [sys.executable, "-c", "from headlab.train import cli; cli()", "--help"],
+        [sys.executable, "-c", "from headlab.cli.train import cli; cli()", "--help"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,

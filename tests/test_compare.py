@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from conftest import TINY
-from headlab.compare import compare, load_dirs, main
+from headlab.cli.compare import compare, load_dirs, main
 
 
 def write_run(path, heads, scoring, seed, acc, status="completed"):
@@ -98,7 +98,10 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
     records = load_dirs([tmp_path / "sweep"]).completed
     assert len(records) == 4
     cli = subprocess.run(
-        [sys.executable, "-m", "headlab.compare", str(tmp_path / "sweep")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "headlab.cli.compare", str(tmp_path / "sweep")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert cli.returncode == 0, cli.stderr
     table = list(csv.DictReader((tmp_path / "sweep" / "compare.csv").open()))

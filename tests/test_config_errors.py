@@ -10,8 +10,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from headlab.config_check import check_config
-from headlab.encoder import Encoder
+from headlab.model.encoder import Encoder
+from headlab.training.config_check import check_config
 
 
 @dataclass

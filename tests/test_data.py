@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from headlab.data.datamodule import IGNORE, TaskDataModule, collate
+from headlab.conventions import IGNORE_INDEX as IGNORE
+from headlab.data.datamodule import TaskDataModule, collate
 from headlab.data.listops import OPERATORS, VOCAB, ListOps, evaluate, evaluate_string, to_string, tokens
 from headlab.data.recall import AssociativeRecall
 

@@ -54,7 +54,9 @@ def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):
 
 
 def compose_job(*overrides):
-    import headlab.sweep  # noqa: F401  (resolvers)
+    from headlab.cli import runtime
+
+    runtime.configure()  # the resolvers the launcher configs use
 
     with initialize_config_module("headlab.conf", version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=True)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from headlab.dropout import LEVELS, Dropout, dropout
-from headlab.encoder import Encoder
+from headlab.model.dropout import LEVELS, Dropout, dropout
+from headlab.model.encoder import Encoder
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from headlab.encoder import Encoder, count_parameters, flops_per_token, sinusoidal_positions
+from headlab.model.encoder import Encoder, count_parameters, flops_per_token, sinusoidal_positions
 
 torch.manual_seed(0)
 

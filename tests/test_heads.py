@@ -5,15 +5,9 @@ import math
 import pytest
 import torch
 
-from headlab.encoder import Encoder
-from headlab.heads import (
-    accuracy,
-    head_importance,
-    head_similarity,
-    head_statistics,
-    js_divergence,
-    pruning_curve,
-)
+from headlab.analysis.importance import accuracy, head_importance, pruning_curve
+from headlab.analysis.statistics import head_similarity, head_statistics, js_divergence
+from headlab.model.encoder import Encoder
 
 
 def uniform(B, H, n, lengths):

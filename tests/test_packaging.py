@@ -32,12 +32,14 @@ def test_wheel_ships_every_config_group(tmp_path):
     in_repo = {p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml")}
     in_repo |= {f"experiment/{p.name}" for p in (ROOT / "experiments").glob("*.yaml")}  # conf/experiment links there
     assert shipped == in_repo and any(s.startswith("experiment/") for s in shipped)
-    assert (target / "headlab" / "kernels" / "additive.c").is_file()  # the native kernels' source, built on use
+    assert (
+        target / "headlab" / "model" / "kernels" / "additive.c"
+    ).is_file()  # the native kernels' source, built on use
 
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = subprocess.run(
         [sys.executable, "-c", "import headlab, sys; sys.argv[1:] = ['--help']; print(headlab.__file__);"
-         "from headlab.train import cli; cli()"],
+         "from headlab.cli.train import cli; cli()"],
         env=env, cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import TINY, cli_env, headlab_train
-from headlab.attention import MultiHeadAttention
+from headlab.model.attention import MultiHeadAttention
 
 SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle of one
     *TINY,
@@ -28,7 +28,7 @@ SLOW_ENOUGH = [  # epochs of a few seconds, so that a kill lands in the middle o
 
 def start_in_background(run_dir) -> subprocess.Popen:
     """The real CLI on SLOW_ENOUGH, writing into run_dir (its stderr into <run_dir>.stderr), left running."""
-    command = [sys.executable, "-m", "headlab.train", *SLOW_ENOUGH, f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", "headlab.cli.train", *SLOW_ENOUGH, f"hydra.run.dir={run_dir}"]
     stderr = (run_dir.parent / f"{run_dir.name}.stderr").open("w")
     return subprocess.Popen(
         command, cwd=run_dir.parent, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr

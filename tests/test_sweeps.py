@@ -11,10 +11,11 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import headlab.sweep  # noqa: F401  (registers the resolvers the launcher configs use)
 from conftest import TINY
-from headlab.config_check import check_config
+from headlab.cli import runtime
+from headlab.training.config_check import check_config
 
+runtime.configure()  # the resolvers the launcher configs use
 ROOT = Path(__file__).parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 SST2 = ROOT / ".." / "shared" / "data" / "sst2"

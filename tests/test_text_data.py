@@ -223,7 +223,7 @@ def test_no_network_fails_fast_in_one_line(tmp_path):
     env.pop("HF_DATASETS_OFFLINE", None)
     started = time.time()
     result = subprocess.run(
-        [sys.executable, "-m", "headlab.train", "data=sst2", "logger=csv", "hydra.run.dir=run"],
+        [sys.executable, "-m", "headlab.cli.train", "data=sst2", "logger=csv", "hydra.run.dir=run"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -100,7 +100,7 @@ def test_a_wandb_server_that_does_not_answer_falls_back_to_offline_and_the_run_g
 def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_path):
     assert run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run").returncode == 0
     run = tmp_path / "run"
-    cli = [sys.executable, "-m", "headlab.inspect_heads", str(run)]
+    cli = [sys.executable, "-m", "headlab.cli.heads", str(run)]
     result = subprocess.run(cli, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in (run / "heads").iterdir())

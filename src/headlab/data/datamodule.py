@@ -6,19 +6,20 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Sampler
 
-IGNORE = -100  # label of positions that are not scored (token tasks)
+from headlab.conventions import IGNORE_INDEX, PAD_ID
+
 Example = tuple[np.ndarray, np.ndarray | int]  # token ids (n,) or (n, c), and a label or one label per position
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     """Pad to the longest sequence of the batch: tokens (B, n) or (B, n, c), padding_mask (B, n), labels."""
     toks = [torch.from_numpy(t) for t, _ in examples]
-    tokens = pad_sequence(toks, batch_first=True, padding_value=0)
+    tokens = pad_sequence(toks, batch_first=True, padding_value=PAD_ID)
     lengths = torch.tensor([len(t) for t in toks])
     padding_mask = torch.arange(tokens.shape[1])[None, :] >= lengths[:, None]  # (B, n), True = padding
     labels = [y for _, y in examples]
     if isinstance(labels[0], np.ndarray):
-        labels = pad_sequence([torch.from_numpy(y) for y in labels], batch_first=True, padding_value=IGNORE)
+        labels = pad_sequence([torch.from_numpy(y) for y in labels], batch_first=True, padding_value=IGNORE_INDEX)
     else:
         labels = torch.tensor(labels)
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from headlab.data.datamodule import IGNORE
-from headlab.encoder import Encoder
+from headlab.conventions import IGNORE_INDEX
+from headlab.model import Encoder
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
@@ -36,7 +36,7 @@ class HeadLabModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["model"])
         self.acc = torch.nn.ModuleDict(
             {
-                f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE)
+                f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX)
                 for s in ("train", "val", "test")
             }
         )
@@ -47,7 +47,7 @@ class HeadLabModule(pl.LightningModule):
     def _step(self, batch: dict, split: str) -> torch.Tensor:
         logits, _ = self(batch)  # (B, C) or (B, n, C)
         labels = batch["labels"]  # (B,) or (B, n)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
         self.acc[f"{split}_acc"](logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         on_step = split == "train"
         self.log(

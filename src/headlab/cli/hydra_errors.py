@@ -3,12 +3,7 @@ that names the key, the value and what is allowed, like headlab's ConfigError.""
 
 from importlib.resources import files
 
-from hydra.errors import (
-    ConfigCompositionException,
-    InstantiationException,
-    MissingConfigException,
-    OverrideParseException,
-)
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -40,12 +35,6 @@ def _unknown_key(error: ConfigCompositionException) -> str:
         return f"invalid config: {_flat(error)}"
     keys = ", ".join(str(k) for k in parent) if hasattr(parent, "keys") else ""
     return f"invalid config: {key} is not a key of the config: expected one of {keys} (or +{key}=... to add one)"
-
-
-def instantiation_problem(error: InstantiationException, key: str) -> str:
-    """What the config node at key could not be built from, e.g. +model.foo=1: "model: TypeError: ... 'foo'"."""
-    cause = error.__cause__ or error
-    return f"{key}: {type(cause).__name__}: {_flat(cause)}"
 
 
 def one_line(error: BaseException) -> str | None:

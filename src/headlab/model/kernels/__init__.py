@@ -1,8 +1,8 @@
 """Native CPU kernels, compiled with the system's C compiler on first use and cached.
 
-additive.c computes Bahdanau scores and their gradients without storing the (B, H, n, m, d_k) hidden tensor:
-2.7-4.6x faster than the chunked torch ops on the CPU (BENCHMARKS.md). It is built for the CPU it runs on
-(-march=native) into ~/.cache/headlab/kernels (HEADLAB_CACHE_DIR moves it), once per source, compiler and CPU,
+additive.c computes Bahdanau scores and their gradients without storing the (B, H, n, m, d_k) hidden tensor
+(tanh(q + k) = 1 - 2 / (e^2q e^2k + 1): exponentials once per query and once per key). It is built for the CPU
+it runs on (-march=native) into $HEADLAB_CACHE/kernels (~/.cache/headlab/kernels), once per source, compiler and CPU,
 and loaded with ctypes. Without a compiler, or with HEADLAB_NATIVE=0, `additive_applies` is False and callers
 use torch ops instead (with one warning when the build failed). GPU tensors always use torch ops.
 """
@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
+from headlab.conventions import cache_root
 
 SOURCE = Path(__file__).with_name("additive.c")
 ENABLED = os.environ.get("HEADLAB_NATIVE", "1") != "0"  # False: torch ops everywhere (the benchmark compares both)
@@ -40,7 +42,7 @@ def _cpu_identity() -> str:
 def _build(compiler: str) -> Path:
     """Compile additive.c unless this source, compiler and CPU already have a build; returns the .so path."""
     key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, *FLAGS, _cpu_identity()]).encode()).hexdigest()
-    cache_dir = Path(os.environ.get("HEADLAB_CACHE_DIR", Path.home() / ".cache" / "headlab")) / "kernels"
+    cache_dir = cache_root() / "kernels"
     library = cache_dir / f"additive-{key[:16]}.so"
     if not library.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -73,8 +75,9 @@ def _library() -> ctypes.CDLL | None:
 
 
 def additive_applies(q: torch.Tensor) -> bool:
-    """Whether the native kernels take this tensor: float32 on the CPU, and the kernels built."""
-    return ENABLED and q.device.type == "cpu" and q.dtype == torch.float32 and _library() is not None
+    """Whether the native kernels take this tensor: on the CPU, not float64 (they compute in float32), and the
+    kernels built."""
+    return ENABLED and q.device.type == "cpu" and q.dtype != torch.float64 and _library() is not None
 
 
 def _pointer(t: torch.Tensor) -> ctypes.c_void_p:
@@ -109,3 +112,17 @@ def additive_grads(q, k, w, grad) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     if not ok:
         raise MemoryError("headlab.kernels.additive_grads: no memory for its scratch buffers")
     return grad_q, grad_kt.transpose(-2, -1), grad_w.sum(0)
+
+
+class NativeOps:
+    """A chunk of additive scores by the native kernels (the interface of headlab.model.additive.TorchOps)."""
+
+    stores_hidden = False
+
+    @staticmethod
+    def scores(qc, k, w) -> tuple[torch.Tensor, None]:
+        return additive_scores(qc, k, w), None
+
+    @staticmethod
+    def grads(qc, k, w, grad, hidden=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return additive_grads(qc, k, w, grad)

@@ -9,12 +9,9 @@ import math
 import torch
 from torch import nn
 
-from headlab.attention import MultiHeadAttention
-from headlab.dropout import Dropout
-
-NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned")
-READOUTS = ("cls", "mean", "token")
+from headlab.conventions import CHOICES, PAD_ID
+from headlab.model.attention import MultiHeadAttention
+from headlab.model.dropout import Dropout  # headlab's dropout: a cheap CPU mask, F.dropout elsewhere
 
 
 def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
@@ -74,16 +71,13 @@ class Encoder(nn.Module):
         positional: str = "sinusoidal",
     ):
         super().__init__()
-        for name, value, allowed in (
-            ("readout", readout, READOUTS),
-            ("norm", norm, NORMS),
-            ("positional", positional, POSITIONALS),
-        ):
+        for name, value in (("readout", readout), ("norm", norm), ("positional", positional)):
+            allowed = [a for a in CHOICES[f"model.{name}"] if a is not None]
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
         self.readout, self.n_layers = readout, n_layers
         n_pos = max_len + (readout == "cls")
-        self.tok_emb = nn.Embedding(vocab_size, d_model, padding_idx=0)
+        self.tok_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
         if positional == "learned":
             self.pos_emb = nn.Parameter(torch.randn(n_pos, d_model) * 0.02)
         else:
@@ -101,6 +95,19 @@ class Encoder(nn.Module):
     def n_heads(self) -> int:
         return self.blocks[0].attn.n_heads
 
+    @property
+    def attention_offset(self) -> int:
+        """Positions the model puts before the tokens: 1 with the 'cls' readout (its vector at position 0)."""
+        return int(self.cls is not None)
+
+    def attention_padding_mask(self, padding_mask: torch.Tensor) -> torch.Tensor:
+        """The padding mask of the attention matrices: (B, n) -> (B, offset + n), the cls position real."""
+        return nn.functional.pad(padding_mask, (self.attention_offset, 0), value=False)
+
+    def attention_labels(self, tokens: list[str]) -> list[str]:
+        """Labels of the attention matrices' rows and columns for one example's token strings."""
+        return ["[cls]"] * self.attention_offset + list(tokens)
+
     def forward(self, tokens, key_padding_mask=None, need_weights=False, head_mask=None):
         x = self.tok_emb(tokens)  # (B, n, d) or (B, n, c, d)
         if x.dim() == 4:
@@ -108,7 +115,7 @@ class Encoder(nn.Module):
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + n, d)
             if key_padding_mask is not None:
-                key_padding_mask = nn.functional.pad(key_padding_mask, (1, 0), value=False)  # (B, 1 + n)
+                key_padding_mask = self.attention_padding_mask(key_padding_mask)  # (B, 1 + n)
         x = self.drop(x + self.pos_emb[: x.shape[1]])
         weights = []
         for layer, block in enumerate(self.blocks):
@@ -135,13 +142,19 @@ def count_parameters(model: Encoder) -> dict[str, int]:
     return {"total": total, "attention": attention, "non_embedding": total - embedding}
 
 
-def flops_per_token(model: Encoder, seq_len: int) -> int:
+def training_flops_per_token(non_embedding: int, n_layers: int, n: int, n_heads: int, d_k: int, d_v: int) -> int:
     """Training FLOPs per token (forward + backward): 6 N + 6 L n H (d_k + d_v) (Kaplan et al. 2020).
 
-    N counts non-embedding parameters; the second term is the attention score and mixing matmuls,
-    which is 12 L n d for d_k = d_v = d / H. Additive scoring's tanh is not counted.
+    N counts non-embedding parameters; the second term is the attention score and mixing matmuls over n
+    positions, which is 12 L n d for d_k = d_v = d / H. Additive scoring's tanh is not counted.
     """
+    return 6 * non_embedding + 6 * n_layers * n * n_heads * (d_k + d_v)
+
+
+def flops_per_token(model: Encoder, seq_len: int) -> int:
+    """training_flops_per_token of an Encoder on sequences of seq_len tokens (plus its cls position)."""
     attn = model.blocks[0].attn
-    n = seq_len + (model.readout == "cls")
-    matmuls = 6 * model.n_layers * n * attn.n_heads * (attn.d_k + attn.d_v)
-    return 6 * count_parameters(model)["non_embedding"] + matmuls
+    n = seq_len + model.attention_offset
+    return training_flops_per_token(
+        count_parameters(model)["non_embedding"], model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v
+    )

@@ -1,4 +1,4 @@
-"""headlab-train: the Hydra entry point (`python -m headlab.train` is the same).
+"""headlab-train: the Hydra entry point (`python -m headlab.cli.train` is the same).
 
 The composed config is validated before torch, Lightning or the data are imported, so a wrong value is
 reported in one line at once. Every job ends with results.json in its run directory, also when it fails; in a
@@ -21,11 +21,14 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from headlab import sweep
-from headlab.config_check import check_config, check_launch, check_resume
+from headlab.cli import runtime
+from headlab.cli.hydra_errors import one_line
 from headlab.errors import UsageError
-from headlab.hydra_errors import one_line
-from headlab.results import flat_config, git_sha, versions, write_json_atomic
+from headlab.training import sweep
+from headlab.training.config_check import check_config, check_launch, check_resume
+from headlab.training.results import flat_config, git_sha, versions, write_json_atomic
+
+runtime.configure()
 
 log = logging.getLogger("headlab")
 _KIND = {"ConfigError": "invalid config", "DataError": "data error", "UsageError": "error"}
@@ -63,7 +66,7 @@ def main(cfg: DictConfig) -> float | None:
         write_json_atomic(run_dir / "results.json", record)  # "running" until the run ends (or is killed)
         check_config(cfg)
         check_launch(cfg, in_sweep, hydra_cfg.runtime.choices.get("hydra/launcher"))
-        from headlab.training import train  # the heavy imports, only once the config is known to be valid
+        from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
 
         record.update(train(cfg, record["config"], threads=sweep.cpu_threads()), status="completed")
     except UsageError as error:

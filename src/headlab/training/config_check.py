@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.conventions import CHOICES
 from headlab.errors import ConfigError
-from headlab.results import RESUME_KEYS
+from headlab.training.results import RESUME_KEYS
 
 
 def _is_int(v) -> bool:
@@ -46,15 +47,15 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.n_layers": POSITIVE,
     "model.d_ff": OPTIONAL_POSITIVE,
     "model.dropout": PROBABILITY,
-    "model.norm": one_of("post", "pre"),
-    "model.positional": one_of("sinusoidal", "learned"),
-    "model.readout": one_of(None, "cls", "mean", "token"),
+    "model.norm": one_of(*CHOICES["model.norm"]),
+    "model.positional": one_of(*CHOICES["model.positional"]),
+    "model.readout": one_of(*CHOICES["model.readout"]),
     "model.compile": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.n_heads": POSITIVE,
     "model.attention.d_k": OPTIONAL_POSITIVE,
     "model.attention.d_v": OPTIONAL_POSITIVE,
     "model.attention.n_kv_heads": OPTIONAL_POSITIVE,
-    "model.attention.scoring": one_of("dot", "additive"),
+    "model.attention.scoring": one_of(*CHOICES["model.attention.scoring"]),
     "model.attention.scale": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.dropout": PROBABILITY,
     "data.batch_size": POSITIVE,
@@ -66,7 +67,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "data.max_length": POSITIVE,
     "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)"),
     "data.bucketing": (lambda v: isinstance(v, bool), "true or false"),
-    "data.tokenizer.kind": one_of("wordpiece", "bpe"),
+    "data.tokenizer.kind": one_of(*CHOICES["data.tokenizer.kind"]),
     "data.tokenizer.vocab_size": (lambda v: _is_int(v) and v > 3, "an int > 3 (room for [PAD], [UNK], [SEP])"),
     "data.task.max_depth": POSITIVE,
     "data.task.max_args": (lambda v: _is_int(v) and v >= 2, "an int >= 2"),

@@ -1,23 +1,24 @@
-"""Figures of heads: attention maps per layer and head similarity (matplotlib, no display)."""
+"""Figures of heads: attention maps per layer and head similarity.
+
+Built as matplotlib Figure objects, without pyplot: no display, no backend to choose, nothing to close.
+"""
 
 import math
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import torch
+from matplotlib.figure import Figure
 
 MAX_LABELLED = 40  # label the axes with tokens up to this length; beyond it they are unreadable
 
 
-def attention_maps(weights: torch.Tensor, tokens: list[str] | None = None, title: str = "") -> plt.Figure:
+def attention_maps(weights: torch.Tensor, tokens: list[str] | None = None, title: str = "") -> Figure:
     """One panel per head: weights (H, n, n) of one example, queries as rows, keys as columns."""
     H, n, _ = weights.shape
     cols = min(H, 4)
     rows = math.ceil(H / cols)
     size = 2.2 + 0.12 * min(n, MAX_LABELLED)
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, dpi=80)
+    fig = Figure(figsize=(size * cols, size * rows), dpi=80)
+    axes = fig.subplots(rows, cols, squeeze=False)
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
@@ -35,11 +36,12 @@ def attention_maps(weights: torch.Tensor, tokens: list[str] | None = None, title
     return fig
 
 
-def similarity_map(similarity: torch.Tensor, n_heads: int) -> plt.Figure:
+def similarity_map(similarity: torch.Tensor, n_heads: int) -> Figure:
     """Jensen-Shannon divergence between every pair of heads (L*H, L*H); 0 = identical attention."""
     T = similarity.shape[0]
     labels = [f"L{t // n_heads}H{t % n_heads}" for t in range(T)]
-    fig, ax = plt.subplots(figsize=(2 + 0.35 * T, 1.6 + 0.35 * T), layout="constrained")
+    fig = Figure(figsize=(2 + 0.35 * T, 1.6 + 0.35 * T), layout="constrained")
+    ax = fig.subplots()
     image = ax.imshow(similarity.cpu().numpy(), cmap="magma_r", vmin=0, vmax=math.log(2))
     ax.set_xticks(range(T), labels, rotation=90, fontsize=7)
     ax.set_yticks(range(T), labels, fontsize=7)

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headlab.results import RESUME_KEYS
+from headlab.training.results import RESUME_KEYS
 
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
 IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
@@ -209,7 +209,7 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
     numeric = [k for k in keys if all(isinstance(r[k], int | float) and not isinstance(r[k], bool) for r in rows)]
     if not numeric:
         return []
-    from headlab.plots import plt
+    from matplotlib.figure import Figure
 
     x_key = numeric[0]
     series_keys = [k for k in keys if k != x_key]
@@ -217,7 +217,8 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
     for metric in metrics:
         if not any(metric in r for r in rows):
             continue
-        fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+        fig = Figure(figsize=(6, 4), layout="constrained")
+        ax = fig.subplots()
         for label, members in group_runs([{"config": r, **r} for r in rows], series_keys).items():
             members = sorted((m for m in members if metric in m), key=lambda m: m[x_key])
             xs = [m[x_key] for m in members]
@@ -247,7 +248,6 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
             ax.legend(fontsize=7)
         path = out / f"compare_{metric.replace('/', '_')}.png"
         fig.savefig(path, dpi=120)
-        plt.close(fig)
         written.append(path)
     return written
 

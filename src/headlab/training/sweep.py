@@ -11,22 +11,11 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from headlab.results import RESUME_KEYS
+from headlab.training.results import RESUME_KEYS
 
 log = logging.getLogger("headlab")
-
-
-def gpus_per_node(accelerator: str, devices) -> int:
-    """GPUs a SLURM job must ask for: the trainer's devices when it trains on GPUs, else none."""
-    if accelerator not in ("gpu", "cuda"):
-        return 0
-    return len(devices) if isinstance(devices, list | tuple) else int(devices)
-
-
-OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
-OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)
 
 
 def parallel_jobs() -> int:

@@ -1,4 +1,4 @@
-"""One training run: config -> data + model -> Lightning Trainer -> fit, test -> results."""
+"""One training run: config -> data + model -> Lightning Trainer -> fit, test -> the fields of results.json."""
 
 import logging
 import time
@@ -10,17 +10,13 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from headlab import loggers as loggers_
-from headlab import sweep
-from headlab.callbacks import RandomState, SaveOnInterrupt, ThroughputMeter
-from headlab.config_check import check_readout, fail
-from headlab.encoder import Encoder, count_parameters, flops_per_token
 from headlab.errors import ConfigError, UsageError, first_line
-from headlab.hydra_errors import instantiation_problem
-from headlab.module import HeadLabModule
-
-# Hydra already logs to the console and to the run's train.log; Lightning's own console handler doubles each line
-logging.getLogger("lightning").handlers.clear()
+from headlab.model import Encoder, count_parameters, flops_per_token
+from headlab.training import loggers as loggers_
+from headlab.training import sweep
+from headlab.training.callbacks import RandomState, SaveOnInterrupt, ThroughputMeter
+from headlab.training.config_check import check_readout, fail
+from headlab.training.module import HeadLabModule
 
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
@@ -54,13 +50,15 @@ def _best_score(checkpoint) -> float:
 
 def _instantiate(node: DictConfig, key: str, **kwargs):
     """hydra.utils.instantiate of the config at key, with arguments the target cannot take (+model.foo=1) as one
-    ConfigError."""
+    ConfigError: "model: TypeError: ... unexpected keyword argument 'foo'"."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as error:
         if isinstance(error.__cause__, UsageError):
             raise error.__cause__ from None
-        raise ConfigError(instantiation_problem(error, key)) from error
+        cause = error.__cause__ or error
+        flat = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+        raise ConfigError(f"{key}: {type(cause).__name__}: {flat}") from error
 
 
 def _instantiate_all(group: DictConfig | None, name: str) -> list:
@@ -94,6 +92,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep).
     """
+    logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
+    # own console handler would double each line
     ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
     threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
     torch.set_num_threads(threads)

@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from headlab import heads, plots
-    from headlab.training import build
+    from headlab.analysis import figures, statistics
+    from headlab.training.run import build
 
     cfg = OmegaConf.load(config_file)
     datamodule, model = build(cfg)
@@ -54,24 +54,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"headlab-heads: {error}") from None
     with torch.no_grad():
         _, weights = model(probe["tokens"], probe["padding_mask"], need_weights=True)
-    mask = probe["padding_mask"]
-    if model.readout == "cls":
-        mask = torch.nn.functional.pad(mask, (1, 0), value=False)
-    report = heads.head_report(weights, mask)
+    report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
 
     out = args.out or args.run_dir / "heads"
     out.mkdir(parents=True, exist_ok=True)
     length = int((~probe["padding_mask"][0]).sum())
-    tokens = datamodule.token_strings(probe["tokens"][0, :length])
-    tokens = ["[cls]", *tokens] if model.readout == "cls" else tokens
+    tokens = model.attention_labels(datamodule.token_strings(probe["tokens"][0, :length]))
     for layer, w in enumerate(weights):
-        fig = plots.attention_maps(w[0, :, : len(tokens), : len(tokens)], tokens, title=f"layer {layer}")
+        fig = figures.attention_maps(w[0, :, : len(tokens), : len(tokens)], tokens, title=f"layer {layer}")
         fig.savefig(out / f"attention_layer{layer}.png", dpi=120)
-        plots.plt.close(fig)
-    fig = plots.similarity_map(report["similarity"], model.n_heads)
-    fig.savefig(out / "similarity.png", dpi=120)
-    plots.plt.close(fig)
-    columns = ["layer", "head", *heads.STATISTICS]
+    figures.similarity_map(report["similarity"], model.n_heads).savefig(out / "similarity.png", dpi=120)
+    columns = ["layer", "head", *statistics.STATISTICS]
     with (out / "statistics.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()

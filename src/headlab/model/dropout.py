@@ -5,12 +5,14 @@ torch's CPU dropout draws a random number per element from one serial generator:
 64-bit draw gives four 15-bit uniforms u, and an element is kept when u >= round(p * 2^15): the drop probability
 is p rounded to a multiple of 2^-15 (0.1 -> 0.100006; FlashAttention rounds it to 2^-8), and survivors are scaled
 by 1 / (1 - that probability), so the expectation is exact. The mask is one byte per element, as torch's.
-Elsewhere (CUDA, torch.compile) it is F.dropout, whose generators are already fast there.
+Elsewhere (CUDA, torch.compile, torch.func transforms) it is F.dropout, whose generators are fast there.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from headlab.model.dispatch import in_transform
 
 LEVELS = 1 << 15  # a drop probability is rounded to a multiple of 1 / LEVELS
 
@@ -45,7 +47,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """F.dropout with the fast CPU mask; same signature and semantics."""
     if not training or p == 0:
         return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or in_transform(x):
         return F.dropout(x, p, training=True)
     return CpuDropout.apply(x, p)
 

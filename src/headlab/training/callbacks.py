@@ -8,7 +8,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from headlab import heads, plots, results
+from headlab.analysis import figures, importance, statistics
+from headlab.training import results
 
 
 class ThroughputMeter(pl.Callback):
@@ -87,25 +88,17 @@ class AttentionLogger(pl.Callback):
             return
         started = time.perf_counter()
         probe, weights = self._attention(trainer, pl_module)
-        report = heads.head_report(weights, self._key_mask(pl_module, probe))
-        scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in heads.STATISTICS}
+        report = statistics.head_report(weights, pl_module.model.attention_padding_mask(probe["padding_mask"]))
+        scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=trainer.global_step)
         self._log_media(trainer, probe, weights, report)
         self.logging_seconds += time.perf_counter() - started
 
-    @staticmethod
-    def _key_mask(pl_module, probe: dict) -> torch.Tensor:
-        """The padding mask of the attention matrices: with a 'cls' readout, position 0 is the cls vector."""
-        mask = probe["padding_mask"]
-        if pl_module.model.readout == "cls":
-            mask = torch.nn.functional.pad(mask, (1, 0), value=False)
-        return mask
-
     def _tokens(self, trainer, pl_module, probe: dict, example: int) -> list[str]:
         length = int((~probe["padding_mask"][example]).sum())
         tokens = trainer.datamodule.token_strings(probe["tokens"][example, :length].cpu())
-        return ["[cls]", *tokens] if pl_module.model.readout == "cls" else tokens
+        return pl_module.model.attention_labels(tokens)
 
     def _log_media(self, trainer, probe: dict, weights: list, report: dict) -> None:
         from lightning.pytorch.loggers import WandbLogger
@@ -120,13 +113,11 @@ class AttentionLogger(pl.Callback):
         n = len(tokens)
         media = {}
         for layer, w in enumerate(weights):
-            fig = plots.attention_maps(w[0, :, :n, :n], tokens, title=f"layer {layer}, probe example 0")
+            fig = figures.attention_maps(w[0, :, :n, :n], tokens, title=f"layer {layer}, probe example 0")
             media[f"attention/layer_{layer}"] = wandb.Image(fig)
-            plots.plt.close(fig)
-        fig = plots.similarity_map(report["similarity"], pl_module.model.n_heads)
+        fig = figures.similarity_map(report["similarity"], pl_module.model.n_heads)
         media["heads/similarity"] = wandb.Image(fig)
-        plots.plt.close(fig)
-        columns = ["layer", "head", *heads.STATISTICS]
+        columns = ["layer", "head", *statistics.STATISTICS]
         media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in report["rows"]])
         for logger in wandb_loggers:
             logger.experiment.log({**media, "trainer/global_step": trainer.global_step})
@@ -135,7 +126,7 @@ class AttentionLogger(pl.Callback):
         if not trainer.is_global_zero:
             return
         probe, weights = self._attention(trainer, pl_module)
-        report = heads.head_report(weights, self._key_mask(pl_module, probe))
+        report = statistics.head_report(weights, pl_module.model.attention_padding_mask(probe["padding_mask"]))
         result = {
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
@@ -154,11 +145,13 @@ class AttentionLogger(pl.Callback):
         was_training = model.training
         model.eval()
         started = time.perf_counter()
-        importance = heads.head_importance(model, batches)  # (L, H)
-        curve = heads.pruning_curve(importance, lambda mask: heads.accuracy(model, batches, mask), self.pruning_step)
+        scores = importance.head_importance(model, batches)  # (L, H)
+        curve = importance.pruning_curve(
+            scores, lambda mask: importance.accuracy(model, batches, mask), self.pruning_step
+        )
         model.train(was_training)
         for row in rows:
-            row["importance"] = float(importance[row["layer"], row["head"]])
+            row["importance"] = float(scores[row["layer"], row["head"]])
         self._log_pruning(trainer, curve)
         return {
             "pruning_curve": curve,

@@ -1,0 +1,77 @@
+"""Head importance (Michel et al. 2019) and pruning curves. Pure torch.
+
+Importance is measured per example (the gradient of each example's loss with respect to a head mask), never on
+a batch sum, where gradients of opposite sign would cancel. Shapes: B examples, L layers, H heads per layer.
+"""
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from headlab.conventions import IGNORE_INDEX
+
+
+def _per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example: (B, C) or (B, n, C) logits -> (B,), token losses averaged per example."""
+    if logits.dim() == 2:
+        return F.cross_entropy(logits, labels, reduction="none")
+    losses = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=IGNORE_INDEX)  # (B, n)
+    scored = (labels != IGNORE_INDEX).to(losses.dtype)
+    return (losses * scored).sum(-1) / scored.sum(-1).clamp(min=1)
+
+
+def head_importance(model: torch.nn.Module, batches: Iterable[dict], normalise: bool = True) -> torch.Tensor:
+    """Michel et al. 2019: I_h = E_x |dL(x)/d xi_h| at head mask xi = 1, per example, normalised per layer.
+
+    model(tokens, key_padding_mask, head_mask=...) must accept a (B, L, H) head mask. Returns (L, H).
+    """
+    total, count = None, 0
+    for batch in batches:
+        B = batch["tokens"].shape[0]
+        L, H = model.n_layers, model.n_heads
+        xi = torch.ones(B, L, H, device=batch["tokens"].device, requires_grad=True)  # one mask per example
+        logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=xi)
+        (grad,) = torch.autograd.grad(_per_example_loss(logits, batch["labels"]).sum(), xi)  # row b: dL(x_b)/d xi
+        batch_sum = grad.abs().sum(0)  # (L, H)
+        total = batch_sum if total is None else total + batch_sum
+        count += B
+    importance = total / count
+    if normalise:
+        importance = importance / importance.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    return importance
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, batches: Iterable[dict], head_mask: torch.Tensor | None = None) -> float:
+    """Accuracy over scored predictions with heads masked by head_mask (L, H)."""
+    correct, total = 0, 0
+    for batch in batches:
+        logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=head_mask)
+        labels = batch["labels"]
+        scored = labels != IGNORE_INDEX
+        correct += int((logits.argmax(-1) == labels)[scored].sum())
+        total += int(scored.sum())
+    return correct / max(total, 1)
+
+
+def pruning_curve(importance: torch.Tensor, evaluate: Callable[[torch.Tensor], float], step: float = 0.1) -> list[dict]:
+    """Mask the least important heads, ceil(step * total) at a time, re-evaluating after each step.
+
+    evaluate(head_mask (L, H)) -> metric. Returns [{"fraction_pruned", "heads_pruned", "metric", "pruned"}, ...]
+    from 0 heads pruned to all, "pruned" listing the (layer, head) pairs masked so far.
+    """
+    L, H = importance.shape
+    total = L * H
+    order = importance.flatten().argsort().tolist()  # least important first
+    per_step = max(1, math.ceil(round(step * total, 6)))
+    mask = torch.ones(L, H, device=importance.device)
+    curve, pruned = [], []
+    for k in [*range(0, total, per_step), total]:
+        for index in order[len(pruned) : k]:
+            mask[index // H, index % H] = 0
+            pruned.append((index // H, index % H))
+        point = {"fraction_pruned": k / total, "heads_pruned": k, "metric": evaluate(mask.clone())}
+        curve.append({**point, "pruned": list(pruned)})
+    return curve

@@ -1,0 +1,1 @@
+"""The command-line tools: headlab-train, headlab-compare, headlab-heads, headlab-bench."""

@@ -1,0 +1,51 @@
+"""headlab-bench: speed and memory against peers measured in the same run; rewrites BENCHMARKS.md.
+
+Every comparison is interleaved (A, B, A, B, ...) and reported as the median of the repeats, and as a ratio, so
+that a shared, noisy machine slows both sides alike. `--quick` shrinks everything for a smoke test.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from headlab.cli.bench import commands, micro, report, timing
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="headlab-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--memory-seq", type=int, default=512)
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
+    parser.add_argument("--sst2-recipe", action="store_true", help="also train experiment=sst2_recipe (7 min)")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="holds sst2/ (SST-2 rows)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats: a smoke test, not figures")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.batch, args.seq, args.memory_seq, args.compile = 2, 4, 16, 32, False
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"headlab-bench-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    r = {
+        "command": "headlab-bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": timing.machine(),
+    }
+    r["peak"] = args.peak = timing.matmul_peak(repeats=args.repeats)
+    r["encoder"] = [row for d in ((32,) if args.quick else (128, 256)) for row in micro.encoder_throughput(d, args)]
+    r["additive"] = micro.additive_throughput(args)
+    r["memory"] = micro.attention_memory(args.memory_seq)
+    r["capture"] = micro.capture_cost(args)
+    r["startup"] = commands.startup(tmp, 1 if args.quick else 3)
+    r["default_run"] = None if args.quick else commands.default_run(tmp)
+    r["sst2"] = commands.sst2_preparation(tmp, args.data_dir)
+    r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
+    args.out.write_text(report.report(r, args))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Whole commands, start to end: start-up, the default run, SST-2 preparation and the SST-2 recipe.
+
+SST-2 figures need the SST-2 files (train.tsv, dev.tsv, test_labeled_senteval.tsv) in --data-dir/sst2.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from headlab.cli.bench.timing import command_seconds
+
+TRAIN = [sys.executable, "-m", "headlab.cli.train"]
+
+
+def startup(tmp: Path, repeats: int) -> dict:
+    exe = TRAIN
+    first_step = exe + [
+        "+trainer.max_steps=1",
+        "+trainer.limit_val_batches=0",
+        "callbacks.attention=null",
+        "logger=none",
+        "data.n_test=64",
+        f"hydra.run.dir={tmp}/first_step",
+    ]
+    return {
+        "--help": command_seconds(exe + ["--help"], repeats),
+        "config error": command_seconds(exe + ["model.attention.n_heads=0", f"hydra.run.dir={tmp}/err"], repeats, 2),
+        "one-step run (no validation), start to exit": command_seconds(first_step, repeats),
+    }
+
+
+def default_run(tmp: Path) -> dict:
+    """The default run (make train): duration, throughput, attention-logging and analysis overhead."""
+    run = tmp / "default"
+    subprocess.run(
+        [*TRAIN, "callbacks.progress_bar=null", f"hydra.run.dir={run}"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=900,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
+    results = json.loads((run / "results.json").read_text())
+    heads = json.loads((run / "heads.json").read_text())
+    fit = results["throughput"]["fit_s"] - heads["analysis_seconds"]
+    return {
+        "duration_s": results["duration_s"],
+        "test_acc": results["metrics"].get("test/acc"),
+        "train_tokens_per_s": results["throughput"]["train_tokens_per_s"],
+        "logging_s": heads["logging_seconds"],
+        "logging_share": heads["logging_seconds"] / fit,
+        "analysis_s": heads["analysis_seconds"],
+    }
+
+
+def sst2_preparation(tmp: Path, data_dir: Path) -> dict | None:
+    sst2 = data_dir / "sst2"
+    if not (sst2 / "train.tsv").exists():
+        return None
+    from headlab.data.text import TextDataModule
+
+    times = []
+    for _ in range(2):
+        dm = TextDataModule(
+            "sentence",
+            "label",
+            n_classes=2,
+            files={"train": str(sst2 / "train.tsv")},
+            cache_dir=str(tmp / "sst2-cache"),
+        )
+        start = time.perf_counter()
+        dm.setup()
+        times.append(time.perf_counter() - start)
+    loader_s = {}
+    for workers in (0, 2):  # one epoch of training batches, nothing else: what feeding the model costs
+        dm.num_workers = workers
+        start = time.perf_counter()
+        batches = sum(1 for _ in dm.train_dataloader())
+        loader_s[workers] = time.perf_counter() - start
+    sentences = len(dm.splits["train"]) + len(dm.splits["val"])
+    return {"first_s": times[0], "cached_s": times[1], "sentences": sentences, "batches": batches, "loader_s": loader_s}
+
+
+def sst2_recipe(tmp: Path, data_dir: Path) -> dict | None:
+    """experiment=sst2_recipe on the local SST-2 files, start to end, with its data cache cold."""
+    sst2 = (data_dir / "sst2").resolve()
+    if not (sst2 / "train.tsv").exists():
+        return None
+    run_dir = tmp / "sst2-recipe"
+    command = [
+        *TRAIN, "experiment=sst2_recipe", "data=files",
+        f"data.files.train={sst2 / 'train.tsv'}", f"data.files.val={sst2 / 'dev.tsv'}",
+        f"data.files.test={sst2 / 'test_labeled_senteval.tsv'}", "data.column_names={test:[sentence,label]}",
+        "data.text_column=sentence", f"data.cache_dir={tmp / 'sst2-recipe-cache'}", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=os.environ | {"WANDB_MODE": "offline"})
+    record = json.loads((run_dir / "results.json").read_text())
+    metrics = record.get("metrics", {})
+    return {
+        "wall_s": time.perf_counter() - start,
+        "dev": metrics.get("val/acc_best"),
+        "test": metrics.get("test/acc"),
+        "epoch_s": record.get("throughput", {}).get("fit_s", float("nan")) / (record.get("epochs") or 1),
+    }

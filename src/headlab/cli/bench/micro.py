@@ -1,0 +1,174 @@
+"""Micro-benchmarks: headlab's encoder against nn.TransformerEncoder, additive scoring paths, attention memory,
+the cost of capturing attention weights."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from headlab.cli.bench.timing import interleaved
+from headlab.model import Encoder, MultiHeadAttention, kernels, training_flops_per_token
+from headlab.model.additive import additive_scores_naive
+from headlab.model.encoder import Block
+
+MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
+MEMORY_PATHS = ("dot", "additive, fused", "additive, fused, torch ops", "additive, lean scores", "additive, naive")
+
+
+class HeadlabStack(nn.Module):
+    """headlab's blocks on (B, n, d) inputs: the encoder without embeddings and classifier."""
+
+    def __init__(self, d: int, heads: int, layers: int, dropout: float, attention_dropout: float, scoring: str = "dot"):
+        super().__init__()
+        attention = {"n_heads": heads, "dropout": attention_dropout, "scoring": scoring}
+        self.blocks = nn.ModuleList(Block(d, 4 * d, dropout, "post", attention) for _ in range(layers))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x, _ = block(x)
+        return x
+
+
+def torch_stack(d: int, heads: int, layers: int, dropout: float) -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout, batch_first=True)  # post-norm, ReLU, as headlab
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+def train_step(model: nn.Module, x: torch.Tensor):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    return step
+
+
+def encoder_throughput(d: int, args) -> list[dict]:
+    """Training tokens/s of headlab's encoder against nn.TransformerEncoder at the same sizes and dropout."""
+    B, n, heads, layers = args.batch, args.seq, 4, 4
+    x = torch.randn(B, n, d)
+    rows = []
+    for dropout in (0.0, 0.1):
+        torch.manual_seed(0)
+        same = HeadlabStack(d, heads, layers, dropout, attention_dropout=dropout)  # the same dropout everywhere
+        fast = HeadlabStack(d, heads, layers, dropout, attention_dropout=0.0)  # headlab's default: none on attention
+        steps = {"torch": train_step(torch_stack(d, heads, layers, dropout), x), "headlab": train_step(same, x)}
+        if dropout:
+            steps["headlab, attention dropout 0"] = train_step(fast, x)
+        compile_s = None
+        if args.compile:
+            compiled = torch.compile(HeadlabStack(d, heads, layers, dropout, attention_dropout=dropout))
+            step = train_step(compiled, x)
+            start = time.perf_counter()
+            step()  # compiles
+            compile_s = time.perf_counter() - start
+            steps["headlab, compiled"] = step
+        seconds = interleaved(steps, args.repeats)
+        params = sum(p.numel() for p in same.parameters())
+        flops_per_token = training_flops_per_token(params, layers, n, heads, d // heads, d // heads)
+        for name, s in seconds.items():
+            rows.append(
+                {
+                    "d_model": d,
+                    "dropout": dropout,
+                    "model": name,
+                    "tokens_per_s": B * n / s,
+                    "ratio_to_torch": seconds["torch"] / s,
+                    "mfu": flops_per_token * B * n / s / (args.peak * 1e9),
+                    "compile_s": compile_s if "compiled" in name else None,
+                }
+            )
+    return rows
+
+
+def additive_throughput(args) -> list[dict]:
+    """Forward + backward at n = seq, d_model 128, 4 heads: one attention layer (dot on SDPA; additive on the
+    native kernels, on torch ops, and naive) and a 4-layer encoder step (dot; additive native and on torch ops)."""
+    B, n, d = args.batch, args.seq, 128
+    x = torch.randn(B, n, d)
+    dot = MultiHeadAttention(d, 4)
+    additive = MultiHeadAttention(d, 4, scoring="additive")
+
+    class Naive(MultiHeadAttention):
+        def forward(self, x, need_weights=False):
+            q = self.q_proj(x).view(B, n, 4, -1).transpose(1, 2)
+            k = self.k_proj(x).view(B, n, 4, -1).transpose(1, 2)
+            v = self.v_proj(x).view(B, n, 4, -1).transpose(1, 2)
+            y = additive_scores_naive(q, k, self.score_vector).softmax(-1) @ v
+            return self.out_proj(y.transpose(1, 2).reshape(B, n, -1)), None
+
+    def step(module):
+        return lambda: module(x, need_weights=False)[0].sum().backward()
+
+    def torch_ops(step):  # the same step with the native kernels switched off (the path on GPUs, or without cc)
+        def run():
+            kernels.ENABLED = False
+            try:
+                step()
+            finally:
+                kernels.ENABLED = True
+
+        return run
+
+    layer = interleaved(
+        {
+            "dot (SDPA)": step(dot),
+            "additive, native kernels": step(additive),
+            "additive, torch ops": torch_ops(step(additive)),
+            "additive, naive": step(Naive(d, 4, scoring="additive")),
+        },
+        args.repeats,
+    )
+    encoder_additive = HeadlabStack(d, 4, 4, 0.0, 0.0, scoring="additive")
+    encoder = interleaved(
+        {
+            "dot": train_step(HeadlabStack(d, 4, 4, 0.0, 0.0), x),
+            "additive, native kernels": train_step(encoder_additive, x),
+            "additive, torch ops": torch_ops(train_step(encoder_additive, x)),
+        },
+        args.repeats,
+    )
+    rows = [{"scope": "one layer", "path": k, "seconds": s, "base": layer["dot (SDPA)"]} for k, s in layer.items()]
+    rows += [{"scope": "4-layer encoder", "path": k, "seconds": s, "base": encoder["dot"]} for k, s in encoder.items()]
+    return [
+        {**row, "tokens_per_s": B * n / row["seconds"], "ratio_to_dot": row["base"] / row["seconds"]} for row in rows
+    ]
+
+
+def attention_memory(n: int) -> list[dict]:
+    """Peak memory (MiB above the process's baseline) of one attention op's forward and backward, in a fresh
+    process each: B = 8, 4 heads, d_k = 32."""
+    rows = []
+    for path in MEMORY_PATHS:
+        native = "0" if "torch ops" in path else "1"
+        out = subprocess.run(
+            [sys.executable, str(MEMORY_PROBE), path, str(n)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "HEADLAB_NATIVE": native},  # MALLOC_...: freed
+            # tensors leave the resident size at once
+        )
+        rows.append({"path": path, "n": n, "peak_mib": float(out.stdout.strip() or "nan")})
+    dot = rows[0]["peak_mib"]
+    for row in rows:
+        row["ratio_to_dot"] = row["peak_mib"] / dot if dot > 0 else float("nan")
+    return rows
+
+
+def capture_cost(args) -> dict:
+    """Per-head weights on a probe batch (explicit path) against the same forward without them (SDPA)."""
+    model = Encoder(1000, 2, args.seq, readout="mean", d_model=128, n_layers=4, dropout=0.0).eval()
+    tokens = torch.randint(1, 1000, (16, args.seq))
+    with torch.no_grad():
+        seconds = interleaved(
+            {"without weights": lambda: model(tokens), "with weights": lambda: model(tokens, need_weights=True)},
+            args.repeats,
+        )
+    return {k: s * 1000 for k, s in seconds.items()}

@@ -1,0 +1,116 @@
+"""BENCHMARKS.md from the figures of one headlab-bench run."""
+
+
+def report(r: dict, args) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{r['command']}` on {r['date']}.",
+        f"Machine: {r['machine']}.",
+        f"Matmul peak (fp32, 1024 x 1024): {r['peak']:.0f} GFLOP/s.",
+        "",
+        "Medians of interleaved repeats; ratios compare runs measured side by side in the same process.",
+        "",
+        f"## Encoder training throughput (batch {args.batch}, sequence {args.seq}, 4 layers, 4 heads, d_ff 4d)",
+        "",
+        "Forward + backward + AdamW on (B, n, d) inputs. MFU uses FLOPs per token = 6N + 12 L n d.",
+        "",
+        "| d_model | dropout | model | tokens/s | vs torch | MFU | compile s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in r["encoder"]:
+        compile_s = f"{row['compile_s']:.1f}" if row["compile_s"] else ""
+        lines.append(
+            f"| {row['d_model']} | {row['dropout']} | {row['model']} | {row['tokens_per_s']:,.0f} | "
+            f"{row['ratio_to_torch']:.2f}x | {row['mfu']:.1%} | {compile_s} |"
+        )
+    lines += [
+        "",
+        "`torch` is `nn.TransformerEncoder` (post-norm, ReLU, dropout on attention probabilities and residuals).",
+        "`headlab` uses the same dropout everywhere; on the CPU its dropout mask costs a quarter of a random draw",
+        "per element (`headlab.dropout`), where torch's costs one. `compiled` is `model.compile=true`, the same",
+        "dropout. `attention dropout 0` is headlab's default (`model.attention.dropout=0`, which keeps PyTorch's",
+        "fused SDPA kernels). At dropout 0 most of a step is matmuls on both sides (see MFU): headlab's margin",
+        "there comes from the rest of the step, and moves the most between runs.",
+        "",
+        f"## Additive scoring (batch {args.batch}, sequence {args.seq}, d_model 128, 4 heads, d_k 32)",
+        "",
+        "Training stores the (B, H, n, n) weights while a layer's fit in 16 MiB, and takes the fused path (scores,",
+        "softmax and values chunked over queries, nothing of size n x n stored) above that, as for the memory figure",
+        "below. `native kernels` is the CPU path (`headlab.kernels`: C compiled on first use; tanh(q + k) computed",
+        "from e^2q e^2k with one reciprocal, in registers, never stored); `torch ops` is the path on GPUs and where",
+        "no C compiler is found (chunked over queries, tanh recomputed in the backward pass).",
+        "",
+        "| scope | path | tokens/s (fwd + bwd) | vs dot |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['scope']} | {row['path']} | {row['tokens_per_s']:,.0f} | {row['ratio_to_dot']:.2f}x |"
+        for row in r["additive"]
+    ]
+    lines += [
+        "",
+        f"Peak memory of one attention op's second forward + backward (B 8, 4 heads, d_k 32, n {r['memory'][0]['n']}),",
+        "resident size above the baseline, each in a fresh process (large blocks returned to the system on free):",
+        "",
+        "| path | peak MiB | vs dot |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {row['path']} | {row['peak_mib']:,.0f} | {row['ratio_to_dot']:.1f}x |" for row in r["memory"]]
+    cap = r["capture"]
+    lines += [
+        "",
+        "## Attention capture (probe batch of 16, d_model 128, 4 layers)",
+        "",
+        f"Forward without weights (SDPA): {cap['without weights']:.1f} ms; with every layer's weights "
+        f"(explicit path): {cap['with weights']:.1f} ms ({cap['with weights'] / cap['without weights']:.2f}x). "
+        "Training steps never ask for weights.",
+        "",
+        "## Start-up (median wall seconds of whole commands)",
+        "",
+        "| command | seconds |",
+        "|---|---|",
+    ]
+    lines += [f"| `headlab-train {k}` | {v:.2f} |" for k, v in r["startup"].items()]
+    d = r["default_run"]
+    lines += (
+        []
+        if d is None
+        else [
+            "",
+            "## The default run (`make train`)",
+            "",
+            f"Wall time {d['duration_s']:.1f} s, test accuracy {d['test_acc']:.4f}, {d['train_tokens_per_s']:,.0f} "
+            f"training tokens/s. Attention logging at the default cadence took {d['logging_s']:.2f} s, "
+            f"{d['logging_share']:.1%} of training; end-of-training importance and pruning took "
+            f"{d['analysis_s']:.2f} s.",
+        ]
+    )
+    if r["sst2"]:
+        s = r["sst2"]
+        lines += [
+            "",
+            "## Data",
+            "",
+            f"Preparing SST-2 train ({s['sentences']:,} sentences: load, tokenizer training, "
+            f"tokenization, cache): {s['first_s']:.1f} s the first time, {s['cached_s']:.2f} s from the cache.",
+            "",
+            f"Feeding the model: one epoch of its training batches ({s['batches']:,} batches, DataLoader alone) takes "
+            f"{s['loader_s'][0]:.2f} s in the main process (`data.num_workers=0`, the default) and "
+            f"{s['loader_s'][2]:.2f} s with 2 workers (their start included)"
+            + (
+                f"; a training epoch of the SST-2 recipe takes {r['sst2_recipe']['epoch_s']:.0f} s."
+                if r.get("sst2_recipe")
+                else "."
+            ),
+        ]
+    if r.get("sst2_recipe"):
+        s = r["sst2_recipe"]
+        lines += [
+            "",
+            "## SST-2 recipe (`experiment=sst2_recipe`, all of SST-2 train, offline W&B, data cache cold)",
+            "",
+            f"Start to end {s['wall_s']:.0f} s ({s['wall_s'] / 60:.1f} min): best dev accuracy {s['dev']:.3f}, "
+            f"labelled SentEval test accuracy {s['test']:.3f}.",
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,64 @@
+"""Timing helpers: medians of interleaved repeats, the machine's matmul peak, whole commands."""
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+
+def median_time(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(n: int = 1024, repeats: int = 10) -> float:
+    """fp32 GFLOP/s of a square matmul: the machine's practical peak."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+
+
+def interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median seconds per call of each step, timed in turn (A, B, A, B, ...)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def command_seconds(argv: list[str], repeats: int, expect: int = 0) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        times.append(time.perf_counter() - start)
+        if done.returncode != expect:
+            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
+    return statistics.median(times)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    models = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
+    cpu = models[0] if models else cpu
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"

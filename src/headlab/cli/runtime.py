@@ -1,0 +1,19 @@
+"""What headlab's command-line tools set up in the process before Hydra composes a config: made in one place.
+
+configure() registers the OmegaConf resolvers that headlab's configs use (run directories, SLURM resources).
+Called when headlab.cli.train is imported, so that a SLURM job unpickling its task has them too.
+"""
+
+from omegaconf import OmegaConf
+
+
+def gpus_per_node(accelerator: str, devices) -> int:
+    """GPUs a SLURM job must ask for: the trainer's devices when it trains on GPUs, else none."""
+    if accelerator not in ("gpu", "cuda"):
+        return 0
+    return len(devices) if isinstance(devices, list | tuple) else int(devices)
+
+
+def configure() -> None:
+    OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
+    OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

@@ -1,0 +1,297 @@
+"""The steps of preparing a text classification dataset, as pure functions with explicit arguments.
+
+read (local files or the hub) -> check columns -> label vocabulary -> carve a validation split -> tokenizer
+-> tokenize -> cache. TextDataModule.setup() runs them in that order. Datasets are 🤗 `datasets.Dataset`s keyed
+by role (train, val, test); arrays are numpy.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from headlab.conventions import PAD_ID
+from headlab.errors import DataError, first_line
+
+log = logging.getLogger("headlab")
+FORMATS = {  # extension -> (datasets builder, its options)
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}),  # quoting 3: quotes are text (SST-2 has them)
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+ROLES = ("train", "val", "test")
+SPECIAL = ["[PAD]", "[UNK]", "[SEP]"]  # [PAD] first: its id is PAD_ID
+CACHE_VERSION = 2
+CACHE_FILES = ("arrays.npz", "tokenizer.json", "labels.json")
+COMPLETE = "complete.json"  # written last into a cache entry: the sha256 of every file above
+assert SPECIAL.index("[PAD]") == PAD_ID
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# reading
+def local_paths(files: dict) -> dict[str, Path]:
+    """The data files of each role, checked to exist and to have a known format."""
+    if not files.get("train"):
+        raise DataError("data.files.train is not set: give the training file (csv, tsv, json, jsonl, parquet)")
+    paths = {}
+    for role, path in files.items():
+        if not path:
+            continue
+        path = Path(path).expanduser()
+        if path.is_dir():
+            raise DataError(f"data.files.{role}: {path} is a directory: give a file (csv, tsv, json, jsonl, parquet)")
+        if not path.is_file():
+            raise DataError(f"data.files.{role}: cannot read {path}: no such file")
+        if path.suffix.lower() not in FORMATS:
+            raise DataError(f"data.files.{role}: {path} has an unknown format; use one of {', '.join(FORMATS)}")
+        paths[role] = path
+    return paths
+
+
+def read_files(paths: dict[str, Path], column_names) -> dict:
+    """Each file as a Dataset; column_names names the columns of headerless csv/tsv files (all, or per role)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file that fails is reported below, once
+    data = {}
+    for role, path in paths.items():
+        builder, options = FORMATS[path.suffix.lower()]
+        names = column_names.get(role) if isinstance(column_names, dict) else column_names
+        if names and builder == "csv":
+            options = {**options, "column_names": list(names)}
+        try:
+            data[role] = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
+        except Exception as error:  # datasets raises many types for unreadable files
+            if "corresponds to no data" in str(error):  # what datasets says of a file with no rows
+                raise DataError(f"the {role} split of {path} is empty") from None
+            cause = error.__cause__ or error  # DatasetGenerationError wraps what the parser said
+            raise DataError(f"data.files.{role}: cannot read {path}: {first_line(cause)}") from None
+    return data
+
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((endpoint, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def read_hub(name: str, config: str | None, splits: dict) -> dict:
+    """The hub dataset's splits by role (splits: role -> the hub's split name or None); without network, a cached
+    copy or one line saying how to go on offline."""
+    offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    if not offline and not Path(name).exists() and not _hub_reachable():
+        offline = True  # a cached copy may still serve; no minute of retries against an unreachable hub
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"  # read when they are imported
+    import datasets
+    import huggingface_hub.constants
+
+    if offline:  # and for when they were imported already
+        datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.disable_progress_bars()
+    try:
+        loaded = datasets.load_dataset(name, config)
+    except Exception as error:
+        why = "the Hugging Face hub cannot be reached and it is not cached" if offline else str(error).split("\n")[0]
+        raise DataError(
+            f"cannot load {name!r}: {why}. Offline, use data=files with data.files.train=... (and "
+            "data.files.val, data.files.test), or pre-fill the datasets cache and set HF_DATASETS_OFFLINE=1"
+        ) from None
+    data = {}
+    for role, split in splits.items():
+        if split is None:
+            continue
+        if split not in loaded:
+            raise DataError(f"{name} has no split {split!r} (data.hub_splits.{role}); it has {', '.join(loaded)}")
+        data[role] = loaded[split]
+    return data
+
+
+# checking and labels
+def check_columns(data: dict, columns: dict, where: dict) -> None:
+    """Every configured column exists in every split, text columns hold text, no split is empty.
+    columns: config key -> column name (or None); where: role -> file or hub name, for the message."""
+    for role, ds in data.items():
+        for key, column in columns.items():
+            if column is not None and column not in ds.column_names:
+                raise DataError(
+                    f"column {column!r} (data.{key}) is not in {where[role]} ({role}); "
+                    f"available columns: {', '.join(ds.column_names)}"
+                )
+        if len(ds) == 0:
+            raise DataError(f"the {role} split of {where[role]} is empty")
+        for key, column in columns.items():
+            if key == "label_column" or column is None:
+                continue
+            dtype = getattr(ds.features[column], "dtype", None)
+            if dtype not in ("string", "large_string"):
+                raise DataError(f"column {column!r} (data.{key}) of {where[role]} holds {dtype}, not text")
+
+
+def _is_integer(y) -> bool:
+    return isinstance(y, int | np.integer) and not isinstance(y, bool)
+
+
+def label_key(y, labels: list):
+    """A raw label as it appears in the label vocabulary: an int for integer classes, else its string."""
+    return y if labels and isinstance(labels[0], int) else str(y)
+
+
+def label_vocabulary(data: dict, column: str, declared: int | None, where: dict) -> list:
+    """The class of each id: 0..C-1 for integer labels (C = declared, or the largest + 1), or the sorted set of
+    string labels. Every split's labels must be present and among them."""
+    for role, ds in data.items():
+        for row, y in enumerate(ds[column]):
+            if y is None or (isinstance(y, str) and not y.strip()):
+                raise DataError(f"the {role} split of {where[role]} has no label in row {row} (column {column!r})")
+    train = list(data["train"][column])
+    if all(_is_integer(y) for y in train):
+        labels = list(range(declared or int(max(train)) + 1))
+    else:
+        labels = sorted({str(y) for y in train})
+        if declared and len(labels) != declared:
+            raise DataError(
+                f"the training labels have {len(labels)} classes, data.n_classes says {declared}: "
+                f"{', '.join(labels[:10])}"
+            )
+    known = set(labels)
+    for role, ds in data.items():
+        for row, y in enumerate(ds[column]):
+            if label_key(y, labels) not in known:
+                classes = f"{len(labels)} declared classes (data.n_classes)" if declared else "training labels"
+                raise DataError(f"label {y!r} in row {row} of the {role} split is outside the {classes}")
+    return labels
+
+
+def carve_validation(data: dict, label_column: str, fraction: float, seed: int) -> dict:
+    """A deterministic, stratified validation split from train when the data has none."""
+    if "val" in data:
+        return data
+    train = data["train"]
+    labels = np.asarray(list(train[label_column]))
+    rng = np.random.default_rng([seed, 17])
+    val_index = []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        val_index += members[: max(1, round(fraction * len(members)))].tolist()
+    val_set = set(val_index)
+    if len(val_set) >= len(train):
+        raise DataError(f"the training split has {len(train)} rows: too few to carve a validation split from")
+    return {
+        **data,
+        "train": train.select([i for i in range(len(train)) if i not in val_set]),
+        "val": train.select(sorted(val_index)),
+    }
+
+
+# tokens
+def make_tokenizer(config: dict, texts: list[str]):
+    """A tokenizer.json (config path), one from the hub (config hub), or a WordPiece / BPE tokenizer trained on
+    texts with config vocab_size and lowercase."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    if config["path"]:
+        return Tokenizer.from_file(str(config["path"]))
+    if config["hub"]:
+        return Tokenizer.from_pretrained(config["hub"])
+    wordpiece = config["kind"] == "wordpiece"
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]") if wordpiece else models.BPE(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=config["lowercase"])
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece() if wordpiece else decoders.BPEDecoder()
+    trainer = (trainers.WordPieceTrainer if wordpiece else trainers.BpeTrainer)(
+        vocab_size=config["vocab_size"], special_tokens=SPECIAL, show_progress=False
+    )
+    tok.train_from_iterator(texts, trainer)
+    sep = tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A [SEP] $B", special_tokens=[("[SEP]", sep)])
+    return tok
+
+
+def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, raw_labels: list, labels: list, max_length: int):
+    """Token ids of a split as one flat array with offsets (truncated at max_length), and label ids."""
+    tokenizer.enable_truncation(max_length)
+    encoded = tokenizer.encode_batch(list(zip(texts, pairs, strict=True)) if pairs else texts)
+    lengths = np.array([max(1, len(e.ids)) for e in encoded])
+    ids = np.concatenate([np.asarray(e.ids or [1], dtype=np.int32) for e in encoded])  # empty text -> [UNK]
+    index = {y: i for i, y in enumerate(labels)}
+    label_ids = np.array([index[label_key(y, labels)] for y in raw_labels])
+    return {"ids": ids, "offsets": np.concatenate([[0], np.cumsum(lengths)]), "labels": label_ids}
+
+
+# cache
+def cache_key(settings: dict) -> str:
+    """The name of a cache entry: a hash of everything that shapes the prepared data."""
+    return hashlib.sha256(
+        json.dumps({"version": CACHE_VERSION, **settings}, sort_keys=True, default=str).encode()
+    ).hexdigest()[:20]
+
+
+def cache_state(entry: Path) -> str:
+    """'missing', 'complete' (every file there with the checksum recorded last), or 'corrupt: <why>'."""
+    if not entry.exists():
+        return "missing"
+    try:
+        recorded = json.loads((entry / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return f"corrupt: no readable {COMPLETE} (an interrupted or older write)"
+    for name in CACHE_FILES:
+        path = entry / name
+        if not path.is_file() or sha256(path) != recorded.get(name):
+            return f"corrupt: {name} is missing or does not match its checksum"
+    return "complete"
+
+
+def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
+    """Write into a temporary directory, then rename: a crash leaves no half-written cache entry; the checksums
+    are written last, so an entry damaged later is detected on reading."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+    try:
+        np.savez(tmp / "arrays.npz", **{f"{role}_{k}": v for role, a in arrays.items() for k, v in a.items()})
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        (tmp / "labels.json").write_text(json.dumps(labels))
+        (tmp / COMPLETE).write_text(json.dumps({name: sha256(tmp / name) for name in CACHE_FILES}))
+        if entry.exists():  # a corrupt entry being rebuilt
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if cache_state(entry) != "complete":  # not merely a concurrent writer that won the race
+            raise
+
+
+def read_cache(entry: Path, max_length: int) -> tuple:
+    """(tokenizer, labels, splits) of a complete cache entry; splits: role -> [(ids (n,), label id)]."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(entry / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length)
+    labels = json.loads((entry / "labels.json").read_text())
+    splits = {}
+    with np.load(entry / "arrays.npz") as arrays:
+        for role in ROLES:
+            if f"{role}_ids" not in arrays:
+                continue
+            ids, offsets = arrays[f"{role}_ids"].astype(np.int64), arrays[f"{role}_offsets"]
+            label_ids = arrays[f"{role}_labels"].tolist()
+            splits[role] = [(ids[a:b], y) for a, b, y in zip(offsets[:-1], offsets[1:], label_ids, strict=True)]
+    return tokenizer, labels, splits

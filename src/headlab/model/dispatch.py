@@ -1,0 +1,91 @@
+"""Which implementation computes attention: every path choice of headlab's attention, in one place.
+
+MultiHeadAttention is written as the definition (scores, softmax, values); these functions substitute an
+equivalent implementation where one applies:
+- dot scoring without weights asked for: torch's fused scaled_dot_product_attention, except with attention
+  dropout on the CPU, where SDPA would fall back to its unfused path and torch's slow dropout mask (the explicit
+  path with headlab's dropout is faster there);
+- additive scoring without weights, without attention dropout, once the (B, H, n, n) weights would be large
+  (FUSED_ABOVE): AdditiveAttention, fused and chunked over queries;
+- additive scores otherwise: AdditiveScores, chunked, recomputing tanh in the backward pass;
+- chunks of additive scores: the native CPU kernels (headlab.model.kernels) where they are built, torch ops
+  elsewhere; chunks sized to the device (a CPU cache, a share of a GPU's memory);
+- inside torch.func transforms (vmap, in packed training): the explicit path with the naive additive scores,
+  because autograd functions and SDPA's backward do not batch there.
+"""
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from headlab.model import kernels
+from headlab.model.additive import AdditiveAttention, AdditiveScores, TorchOps, additive_scores_naive
+
+FUSED_ABOVE = 1 << 22  # additive attention without weights is fused once (B, H, n, n) weights exceed 16 MiB fp32;
+# below, storing them is cheaper than recomputing the scores in the backward pass
+CPU_CHUNK_ELEMENTS = 1 << 20  # fp32 elements of a chunk's (B, H, c, m, d_k) hidden tensor on a CPU: 4 MiB, in cache
+GPU_MEMORY_SHARE = 16  # on a GPU a chunk's hidden tensor may take 1/16 of the device's memory
+
+
+def in_transform(x: torch.Tensor) -> bool:
+    """Whether x is a batched tensor of torch.func.vmap (one member of a packed model)."""
+    return torch._C._functorch.is_batchedtensor(x)
+
+
+@cache
+def _gpu_chunk_elements(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory // GPU_MEMORY_SHARE // 4
+
+
+def chunk_elements(device: torch.device) -> int:
+    """fp32 elements one chunk of additive attention may hold on this device."""
+    return _gpu_chunk_elements(device) if device.type == "cuda" else CPU_CHUNK_ELEMENTS
+
+
+def additive_ops(q: torch.Tensor):
+    """The backend of a chunk of additive scores: the native CPU kernels where they apply, else torch ops."""
+    return kernels.NativeOps if kernels.additive_applies(q) else TorchOps
+
+
+def queries_per_chunk(q: torch.Tensor, k: torch.Tensor, ops, fused: bool) -> int:
+    """Queries per chunk, so that a chunk's tensors stay within the device's chunk budget: the (B, H, c, m, d_k)
+    hidden tensor with torch ops; the native kernels store none (one chunk), or (B, H, c, m) scores when fused."""
+    B, H, n, d = q.shape
+    per_query = B * H * k.shape[2] * (d if ops.stores_hidden else 1)
+    if not ops.stores_hidden and not fused:
+        return n
+    return max(1, chunk_elements(q.device) // max(1, per_query))
+
+
+def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """w_h^T tanh(q_i + k_j): q (B, H, n, d_k), k (B, H, m, d_k), w (H, d_k) -> (B, H, n, m)."""
+    if in_transform(q):
+        return additive_scores_naive(q, k, w)
+    ops = additive_ops(q)
+    return AdditiveScores.apply(q, k, w, ops, queries_per_chunk(q, k, ops, fused=False))
+
+
+def fused_attention(attn, q, k, v, key_padding_mask, p_drop: float) -> torch.Tensor | None:
+    """softmax(scores) @ v, (B, H, n, d_v), by a fused path that stores no (B, H, n, n) weights; None where
+    the explicit path must run. q (B, H, n, d_k), k (B, G, n, d_k), v (B, G, n, d_v); attn: the module."""
+    B, H, n, _ = q.shape
+    G = k.shape[1]
+    if in_transform(q):
+        return None
+    if attn.scoring == "dot":
+        if p_drop and q.device.type == "cpu":
+            return None
+        keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, n)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, dropout_p=p_drop, scale=attn.scale, enable_gqa=G < H
+        )
+    if p_drop or B * H * n * n <= FUSED_ABOVE:
+        return None
+    if G < H:
+        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k), (B, H, n, d_v)
+    bias = torch.zeros(B, 1, 1, n, dtype=torch.float32, device=q.device)
+    if key_padding_mask is not None:
+        bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    ops = additive_ops(q)
+    return AdditiveAttention.apply(q, k, v, attn.score_vector, bias, ops, queries_per_chunk(q, k, ops, fused=True))
