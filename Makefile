@@ -5,9 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: install train sweep test test-fast bench lint format clean
+.PHONY: help install train sweep test test-fast bench lint format clean
 
-install: $(STAMP)
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
+
+install: $(STAMP)  ## create .venv: torch 2.13.0 (CPU) first, then headlab with dev and optuna extras
 
 # torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build
 $(STAMP): pyproject.toml
@@ -17,31 +20,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,optuna]'
 	touch $(STAMP)
 
-train: $(STAMP)
+train: $(STAMP)  ## train the default model (ARGS='key=value ...' overrides)
 	$(BIN)/headlab-train $(ARGS)
 
-sweep: $(STAMP)
+sweep: $(STAMP)  ## a small sweep: 1 and 4 heads, 3 seeds
 	$(BIN)/headlab-train -m model.attention.n_heads=1,4 seed=0,1,2 $(ARGS)
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code
 
-test: $(STAMP)
+test: $(STAMP)  ## the whole test suite (what CI runs)
 	$(call PYTEST,)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP)  ## the tests without end-to-end CLI runs
 	$(call PYTEST,-m "not e2e")
 
-bench: $(STAMP)  # about 10-15 minutes on 2 cores; rewrites BENCHMARKS.md
+bench: $(STAMP)  ## rewrite BENCHMARKS.md (about 15 minutes on 2 cores)
 	$(BIN)/headlab-bench --sst2-recipe $(ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff check and format check
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
-format: $(STAMP)
+format: $(STAMP)  ## ruff fix and format
 	$(BIN)/ruff check --fix src tests
 	$(BIN)/ruff format src tests
 
-clean:
+clean:  ## remove .venv, build outputs and run directories
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache outputs multirun lightning_logs

@@ -1,4 +1,4 @@
-"""The real CLI end to end: what a run writes (DESIGN.md section 3)."""
+"""The real CLI end to end: what a run writes (docs/runs.md)."""
 
 import json
 import subprocess

@@ -13,11 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headlab.training.results import RESUME_KEYS
+from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS
 
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
 IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
-IGNORED_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir")
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 
 
@@ -74,7 +73,7 @@ def varying_keys(records: list[dict]) -> list[str]:
     keys = sorted({k for r in records for k in r["config"]})
     varying = []
     for key in keys:
-        if key in IGNORED_KEYS or key.endswith(IGNORED_SUFFIXES):
+        if key in IGNORED_KEYS or key.endswith(PATH_SUFFIXES):
             continue
         if len({_hashable(r["config"].get(key)) for r in records}) > 1:
             varying.append(key)

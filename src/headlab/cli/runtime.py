@@ -1,7 +1,8 @@
 """What headlab's command-line tools set up in the process before Hydra composes a config: made in one place.
 
-configure() registers the OmegaConf resolvers that headlab's configs use (run directories, SLURM resources).
-Called when headlab.cli.train is imported, so that a SLURM job unpickling its task has them too.
+configure() registers the OmegaConf resolvers that headlab's configs use (run directories, SLURM resources) and
+headlab's packed launcher with Hydra (Hydra's own scan of the hydra_plugins namespace misses it in an editable
+install). Called when headlab.cli.train is imported, so that a SLURM job unpickling its task has them too.
 """
 
 from omegaconf import OmegaConf
@@ -15,5 +16,9 @@ def gpus_per_node(accelerator: str, devices) -> int:
 
 
 def configure() -> None:
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
+
+    Plugins.instance().register(PackedLauncher)
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

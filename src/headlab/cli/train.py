@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,13 +37,25 @@ _DEBUG = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for whole t
 _job_started = False  # False while Hydra parses, composes and creates the output directory
 
 
-@hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+@dataclass
+class Job:
+    """One job of headlab-train: its config, run directory and results.json record."""
+
+    cfg: DictConfig
+    run_dir: Path
+    record: dict
+    in_sweep: bool
+    started: float = field(default_factory=time.time)
+    previous: str | None = None  # results.json of the run being resumed, restored if the resume is refused
+
+
+def open_job(cfg: DictConfig) -> Job | float:
+    """The job Hydra is running, checked before anything heavy is imported; the objective of its earlier result
+    when sweep.resume skips it. A refused resume leaves the run it refused as it was."""
     global _job_started
     _job_started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     if not cfg.resume and sweep.requeued(run_dir):
         log.info("requeued by SLURM: resuming %s from its checkpoints/last.ckpt", run_dir)
         with open_dict(cfg):
@@ -59,54 +72,85 @@ def main(cfg: DictConfig) -> float | None:
     if cfg.sweep.resume and sweep.completed_before(run_dir, record["config"]):
         log.info("skipping %s: completed before with the same config (sweep.resume=true)", run_dir)
         return sweep.objective(cfg, _read_results(run_dir))
-    started = time.time()
-    try:
-        if cfg.resume:
-            check_resume(cfg, run_dir, record["config"])
-        write_json_atomic(run_dir / "results.json", record)  # "running" until the run ends (or is killed)
-        check_config(cfg)
-        check_launch(cfg, in_sweep, hydra_cfg.runtime.choices.get("hydra/launcher"))
-        from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
+    job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN)
+    if cfg.resume and (run_dir / "results.json").is_file():
+        job.previous = (run_dir / "results.json").read_text()
+    return job
 
-        record.update(train(cfg, record["config"], threads=sweep.cpu_threads()), status="completed")
-    except UsageError as error:
-        _finish(run_dir, record, started, error)
+
+def check_job(job: Job) -> None:
+    """Every check that needs no data or model; then results.json says "running"."""
+    cfg = job.cfg
+    if cfg.resume:
+        check_resume(cfg, job.run_dir, job.record["config"])
+    check_config(cfg)
+    check_launch(cfg, job.in_sweep, HydraConfig.get().runtime.choices.get("hydra/launcher"))
+    write_json_atomic(job.run_dir / "results.json", job.record)  # "running" until the run ends (or is killed)
+
+
+def close_job(job: Job, fields: dict | None = None, error: BaseException | None = None) -> float:
+    """Write the job's final record and return its objective; report an error in one line (exit 2 for the
+    user's mistakes outside a sweep); re-raise interrupts after recording them."""
+    cfg = job.cfg
+    if isinstance(error, UsageError):
+        if job.previous is not None:  # a refused resume: the run keeps the record it had
+            (job.run_dir / "results.json").write_text(job.previous)
+        else:
+            _finish(job, error)
         print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
         if _DEBUG:
-            raise
-        if not in_sweep:
+            raise error
+        if not job.in_sweep:
             sys.exit(2)
-        return sweep.objective(cfg, record)  # a sweep records the failure and goes on with the next job
-    except Exception as error:
-        _finish(run_dir, record, started, error)
-        if not in_sweep:
-            raise
+        return sweep.objective(cfg, job.record)  # a sweep records the failure and goes on with the next job
+    if isinstance(error, Exception):
+        _finish(job, error)
+        if not job.in_sweep:
+            raise error
         print(
-            f"headlab-train: job {run_dir} failed: {record['error']} (traceback in its results.json)", file=sys.stderr
+            f"headlab-train: job {job.run_dir} failed: {job.record['error']} (traceback in its results.json)",
+            file=sys.stderr,
         )
-        return sweep.objective(cfg, record)
-    except BaseException as error:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
-        _finish(run_dir, record, started, error)
+        return sweep.objective(cfg, job.record)
+    if error is not None:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
+        _finish(job, error)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
             sys.exit(128 + signal.SIGTERM)
-        raise
-    _finish(run_dir, record, started)
-    log.info("results: %s", run_dir / "results.json")
-    return sweep.objective(cfg, record)
+        raise error
+    job.record.update(fields or {}, status="completed")
+    _finish(job)
+    log.info("results: %s", job.run_dir / "results.json")
+    return sweep.objective(cfg, job.record)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    job = open_job(cfg)
+    if not isinstance(job, Job):
+        return job
+    try:
+        check_job(job)
+        from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
+
+        fields = train(cfg, job.record["config"], threads=sweep.cpu_threads())
+    except BaseException as error:
+        return close_job(job, error=error)
+    return close_job(job, fields)
 
 
 def _read_results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
-def _finish(run_dir: Path, record: dict, started: float, error: BaseException | None = None) -> None:
+def _finish(job: Job, error: BaseException | None = None) -> None:
+    record = job.record
     if isinstance(error, KeyboardInterrupt | SystemExit):
         record.update(status="interrupted", error=type(error).__name__)
     elif error is not None:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
-        record["traceback"] = traceback.format_exc()
-    record["duration_s"] = round(time.time() - started, 3)
-    write_json_atomic(run_dir / "results.json", record)
+        record["traceback"] = "".join(traceback.format_exception(error))
+    record["duration_s"] = round(time.time() - job.started, 3)
+    write_json_atomic(job.run_dir / "results.json", record)
 
 
 def cli() -> None:

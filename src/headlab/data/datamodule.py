@@ -25,20 +25,17 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}
 
 
-class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar length (less padding): shuffle, sort within windows of 50 batches, shuffle the batches.
+class SeededBatchSampler(Sampler[list[int]]):
+    """Shuffled batches drawn from the seed and the epoch alone (Lightning calls set_epoch), never from the global
+    random state: a run's data order is the same alone, inside a pack, and after a resume.
 
-    Deterministic for a given seed and epoch (Lightning calls set_epoch).
+    bucket=True batches examples of similar length (less padding): shuffle, sort within windows of 50 batches,
+    shuffle the batches.
     """
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, window: int = 50):
-        self.lengths, self.batch_size, self.seed, self.window, self.epoch = (
-            np.asarray(lengths),
-            batch_size,
-            seed,
-            window,
-            0,
-        )
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, bucket: bool = False, window: int = 50):
+        self.lengths, self.batch_size, self.seed = np.asarray(lengths), batch_size, seed
+        self.bucket, self.window, self.epoch = bucket, window, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -46,6 +43,8 @@ class BucketBatchSampler(Sampler[list[int]]):
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
+        if not self.bucket:
+            return iter([order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)])
         span = self.batch_size * self.window
         batches = []
         for start in range(0, len(order), span):
@@ -95,10 +94,11 @@ class ExampleDataModule(pl.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         examples = self.splits[split]
         common = {"collate_fn": collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
-        if shuffle and self.bucketing:
-            sampler = BucketBatchSampler([len(t) for t, _ in examples], self.batch_size, self.seed)
+        if shuffle:
+            lengths = [len(t) for t, _ in examples]
+            sampler = SeededBatchSampler(lengths, self.batch_size, self.seed, bucket=self.bucketing)
             return DataLoader(examples, batch_sampler=sampler, **common)
-        return DataLoader(examples, batch_size=self.batch_size, shuffle=shuffle, **common)
+        return DataLoader(examples, batch_size=self.batch_size, **common)
 
     def train_dataloader(self):
         return self._loader("train", shuffle=True)

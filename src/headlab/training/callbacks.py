@@ -65,68 +65,52 @@ class AttentionLogger(pl.Callback):
         self.probe: dict | None = None
         self.logging_seconds = 0.0  # time spent logging during training, reported in heads.json
 
-    def _probe_batch(self, trainer) -> dict:
+    # the work, on any model, datamodule and loggers (a packed run calls it for each member)
+    def _attention(self, model, datamodule, device) -> tuple[dict, list]:
         if self.probe is None:
-            self.probe = trainer.datamodule.probe_batch(self.n_probe, self.sentences)
-        return {k: v.to(trainer.lightning_module.device) for k, v in self.probe.items()}
-
-    def _attention(self, trainer, pl_module) -> tuple[dict, list]:
-        probe = self._probe_batch(trainer)
-        was_training = pl_module.training
-        pl_module.eval()
+            self.probe = datamodule.probe_batch(self.n_probe, self.sentences)
+        probe = {k: v.to(device) for k, v in self.probe.items()}
+        was_training = model.training
+        model.eval()
         with torch.no_grad():
-            _, weights = pl_module.model(probe["tokens"], probe["padding_mask"], need_weights=True)
-        pl_module.train(was_training)
+            _, weights = model(probe["tokens"], probe["padding_mask"], need_weights=True)
+        model.train(was_training)
         return probe, weights
 
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        self.val_epochs += 1
-        last = trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
-        if self.val_epochs % self.every and not last:
-            return
+    def log_heads(self, model, datamodule, loggers: list, step: int, device) -> None:
+        """Statistics of every head on the probe batch to every logger; maps, similarity and the table to W&B."""
         started = time.perf_counter()
-        probe, weights = self._attention(trainer, pl_module)
-        report = statistics.head_report(weights, pl_module.model.attention_padding_mask(probe["padding_mask"]))
+        probe, weights = self._attention(model, datamodule, device)
+        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
         scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
-        for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=trainer.global_step)
-        self._log_media(trainer, probe, weights, report)
+        for logger in loggers:
+            logger.log_metrics(scalars, step=step)
+        self._log_media(model, datamodule, loggers, probe, weights, report, step)
         self.logging_seconds += time.perf_counter() - started
 
-    def _tokens(self, trainer, pl_module, probe: dict, example: int) -> list[str]:
-        length = int((~probe["padding_mask"][example]).sum())
-        tokens = trainer.datamodule.token_strings(probe["tokens"][example, :length].cpu())
-        return pl_module.model.attention_labels(tokens)
-
-    def _log_media(self, trainer, probe: dict, weights: list, report: dict) -> None:
-        from lightning.pytorch.loggers import WandbLogger
-
-        wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+    def _log_media(self, model, datamodule, loggers, probe: dict, weights: list, report: dict, step: int) -> None:
+        wandb_loggers = _wandb_loggers(loggers)
         if not wandb_loggers:
             return
         import wandb
 
-        pl_module = trainer.lightning_module
-        tokens = self._tokens(trainer, pl_module, probe, 0)
+        length = int((~probe["padding_mask"][0]).sum())
+        tokens = model.attention_labels(datamodule.token_strings(probe["tokens"][0, :length].cpu()))
         n = len(tokens)
         media = {}
         for layer, w in enumerate(weights):
             fig = figures.attention_maps(w[0, :, :n, :n], tokens, title=f"layer {layer}, probe example 0")
             media[f"attention/layer_{layer}"] = wandb.Image(fig)
-        fig = figures.similarity_map(report["similarity"], pl_module.model.n_heads)
-        media["heads/similarity"] = wandb.Image(fig)
+        media["heads/similarity"] = wandb.Image(figures.similarity_map(report["similarity"], model.n_heads))
         columns = ["layer", "head", *statistics.STATISTICS]
         media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in report["rows"]])
         for logger in wandb_loggers:
-            logger.experiment.log({**media, "trainer/global_step": trainer.global_step})
+            logger.experiment.log({**media, "trainer/global_step": step})
 
-    def on_fit_end(self, trainer, pl_module):
-        if not trainer.is_global_zero:
-            return
-        probe, weights = self._attention(trainer, pl_module)
-        report = statistics.head_report(weights, pl_module.model.attention_padding_mask(probe["padding_mask"]))
+    def write_report(self, model, datamodule, loggers: list, device) -> None:
+        """heads.json: every head's statistics on the probe batch, and its importance and the pruning curve."""
+        probe, weights = self._attention(model, datamodule, device)
+        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
         result = {
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
@@ -134,14 +118,12 @@ class AttentionLogger(pl.Callback):
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
         if self.importance:
-            result.update(self._importance_and_pruning(trainer, pl_module, report["rows"]))
+            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device))
         results.write_json_atomic(self.out_dir / "heads.json", result)
 
-    def _importance_and_pruning(self, trainer, pl_module, rows: list[dict]) -> dict:
-        device = pl_module.device
-        batches = [{k: v.to(device) for k, v in b.items()} for b in trainer.datamodule.val_dataloader()]
+    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device) -> dict:
+        batches = [{k: v.to(device) for k, v in b.items()} for b in datamodule.val_dataloader()]
         batches = batches[: self.analysis_batches]
-        model = pl_module.model
         was_training = model.training
         model.eval()
         started = time.perf_counter()
@@ -152,7 +134,7 @@ class AttentionLogger(pl.Callback):
         model.train(was_training)
         for row in rows:
             row["importance"] = float(scores[row["layer"], row["head"]])
-        self._log_pruning(trainer, curve)
+        self._log_pruning(loggers, curve)
         return {
             "pruning_curve": curve,
             "analysis_seconds": round(time.perf_counter() - started, 3),
@@ -160,19 +142,38 @@ class AttentionLogger(pl.Callback):
         }
 
     @staticmethod
-    def _log_pruning(trainer, curve: list[dict]) -> None:
-        from lightning.pytorch.loggers import WandbLogger
+    def _log_pruning(loggers, curve: list[dict]) -> None:
+        for logger in _wandb_loggers(loggers):
+            import wandb
 
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                import wandb
+            table = wandb.Table(
+                columns=["fraction_pruned", "heads_pruned", "val_acc"],
+                data=[[p["fraction_pruned"], p["heads_pruned"], p["metric"]] for p in curve],
+            )
+            plot = wandb.plot.line(table, "fraction_pruned", "val_acc", title="pruning curve (Michel et al.)")
+            logger.experiment.log({"heads/pruning_table": table, "heads/pruning_curve": plot})
 
-                table = wandb.Table(
-                    columns=["fraction_pruned", "heads_pruned", "val_acc"],
-                    data=[[p["fraction_pruned"], p["heads_pruned"], p["metric"]] for p in curve],
-                )
-                plot = wandb.plot.line(table, "fraction_pruned", "val_acc", title="pruning curve (Michel et al.)")
-                logger.experiment.log({"heads/pruning_table": table, "heads/pruning_curve": plot})
+    def is_due(self, epoch: int, max_epochs: int | None) -> bool:
+        """Count a validation epoch; True at every n-th and after the last epoch."""
+        self.val_epochs += 1
+        return self.val_epochs % self.every == 0 or epoch + 1 >= (max_epochs or 0)
+
+    # the hooks of a single run
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if self.is_due(trainer.current_epoch, trainer.max_epochs):
+            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, trainer.global_step, pl_module.device)
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            self.write_report(pl_module.model, trainer.datamodule, trainer.loggers, pl_module.device)
+
+
+def _wandb_loggers(loggers: list) -> list:
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [logger for logger in loggers if isinstance(logger, WandbLogger)]
 
 
 class RandomState(pl.Callback):

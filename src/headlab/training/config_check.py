@@ -117,8 +117,14 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
-    """Strategies that re-launch the command line in every rank cannot run inside a local multirun."""
+    """Strategies that re-launch the command line in every rank cannot run inside a local multirun; a pack trains
+    on one device and starts its members from scratch."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
+    if in_sweep and launcher == "packed":
+        if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
+            fail("trainer.devices", cfg.trainer.get("devices"), "1 with hydra/launcher=packed (one device per pack)")
+        if cfg.get("resume"):
+            fail("resume", cfg.resume, "null with hydra/launcher=packed (resume one run with the default launcher)")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",

@@ -49,7 +49,7 @@ def wandb_mode() -> tuple[str, str | None]:
     return "online", None
 
 
-def _run_identity(name: str | None, group: str | None) -> tuple[str | None, str | None]:
+def run_identity(name: str | None, group: str | None) -> tuple[str | None, str | None]:
     """Run name from the job's overrides; group from the experiment, or the sweep, a multirun belongs to."""
     hydra = HydraConfig.get()
     if name is None:
@@ -87,10 +87,10 @@ def wandb_logger(
     mode, reason = wandb_mode()
     if reason:
         log.warning("W&B logs offline: %s. Upload later with `wandb sync %s/wandb/offline-run-*`", reason, save_dir)
-    name, group = _run_identity(name, group)
+    name, group = run_identity(name, group)
     os.environ["WANDB_DIR"] = save_dir  # also where forked DDP ranks write the run's media
     timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
-    settings = wandb.Settings(init_timeout=timeout, silent=True)
+    settings = wandb.Settings(init_timeout=timeout, silent=True, reinit="create_new")  # a pack's members log at once
     return WandbLogger(
         project=project,
         entity=entity,

@@ -85,11 +85,14 @@ class HeadLabModule(pl.LightningModule):
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
 
-    def configure_optimizers(self):
-        decay = [p for p in self.parameters() if p.dim() >= 2]  # matrices decay; biases, norms and vectors do not
+    def parameter_groups(self) -> list[dict]:
+        """AdamW's groups: matrices decay; biases, norms and vectors do not."""
+        decay = [p for p in self.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0}]
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas))
+        return [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0}]
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=self.hparams.lr, betas=tuple(self.hparams.betas))
         total = self.trainer.estimated_stepping_batches
         warmup = max(1, int(self.hparams.warmup * total))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total))

@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 RESUME_KEYS = ("resume", "sweep.resume")  # say how a run is started, not what it is: may differ between attempts
+PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")  # where a run writes
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
 
 
@@ -55,12 +56,20 @@ def git_sha() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file, and a full disk
+    leaves the old file (and no temporary one) behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())

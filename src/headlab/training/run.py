@@ -48,7 +48,7 @@ def _best_score(checkpoint) -> float:
     return float(saved["best_model_score"])
 
 
-def _instantiate(node: DictConfig, key: str, **kwargs):
+def instantiate_node(node: DictConfig, key: str, **kwargs):
     """hydra.utils.instantiate of the config at key, with arguments the target cannot take (+model.foo=1) as one
     ConfigError: "model: TypeError: ... unexpected keyword argument 'foo'"."""
     try:
@@ -61,9 +61,9 @@ def _instantiate(node: DictConfig, key: str, **kwargs):
         raise ConfigError(f"{key}: {type(cause).__name__}: {flat}") from error
 
 
-def _instantiate_all(group: DictConfig | None, name: str) -> list:
+def instantiate_all(group: DictConfig | None, name: str) -> list:
     """Every entry of a group such as callbacks or logger; an entry set to null (callbacks.x=null) is left out."""
-    return [_instantiate(c, f"{name}.{key}") for key, c in (group or {}).items() if c is not None]
+    return [instantiate_node(c, f"{name}.{key}") for key, c in (group or {}).items() if c is not None]
 
 
 def _existing(path: Path) -> str | None:
@@ -76,12 +76,12 @@ def _floats(metrics: dict, prefix: str) -> dict:
 
 def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     """The datamodule and the model of a config; the model's sizes come from the data."""
-    datamodule = _instantiate(cfg.data, "data", _convert_="all")
+    datamodule = instantiate_node(cfg.data, "data", _convert_="all")
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = check_readout(cfg.model.readout, datamodule.level)
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
-    model = _instantiate(architecture, "model", **sizes, readout=readout, _convert_="all")
+    model = instantiate_node(architecture, "model", **sizes, readout=readout, _convert_="all")
     if cfg.model.get("compile"):
         model.compile()  # in place: parameter names and checkpoints stay those of the eager model
     return datamodule, model
@@ -103,13 +103,15 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     resume_from = _resume_checkpoint(cfg)
     if resume_from:
         _check_fits(resume_from, module)  # before any logger or checkpoint callback touches the run directory
-    callbacks = _instantiate_all(cfg.get("callbacks"), "callbacks")
+    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     callbacks += [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
-    loggers = _instantiate_all(cfg.get("logger"), "logger")
+    loggers = instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
-    trainer: pl.Trainer = _instantiate(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **devices)
+    trainer: pl.Trainer = instantiate_node(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **devices
+    )
 
     failed = True
     try:

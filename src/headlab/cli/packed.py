@@ -1,0 +1,124 @@
+"""The packed launcher's work: open every job of a sweep, group the jobs that can share one vectorized model into
+packs, train each pack, and close every job as headlab-train closes a single one.
+
+Jobs can share a pack when their configurations differ only in PER_MEMBER keys (and in where they write).
+"""
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import OmegaConf, open_dict
+
+from headlab.cli.train import Job, check_job, close_job, open_job
+from headlab.training.loggers import run_identity
+from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS
+
+log = logging.getLogger("headlab")
+PER_MEMBER = ("seed", "data.seed", "optim.lr", "optim.weight_decay", "optim.warmup", "optim.betas")
+PER_JOB = ("logger.wandb.name", "logger.wandb.group")  # set for each job from Hydra's job information
+
+
+def pack_key(flat_config: dict) -> tuple:
+    """Everything that must be equal within a pack: the configuration without its per-member keys and paths."""
+    skip = set(PER_MEMBER) | set(RESUME_KEYS) | set(PER_JOB)
+    return tuple(
+        sorted((k, repr(v)) for k, v in flat_config.items() if k not in skip and not k.endswith(PATH_SUFFIXES))
+    )
+
+
+def prepare(cfg) -> Job | float:
+    """The task each job runs under Hydra: open and check it, and resolve its config while Hydra's job
+    information (its directory, its overrides) is its own. Returns the job, or its objective when it ends here."""
+    job = open_job(cfg)
+    if not isinstance(job, Job):
+        return job
+    try:
+        check_job(job)
+        wandb = cfg.get("logger", {}).get("wandb")
+        with open_dict(cfg):
+            if wandb is not None:
+                wandb.name, wandb.group = run_identity(wandb.name, wandb.group)
+            OmegaConf.resolve(cfg)
+    except BaseException as error:
+        return close_job(job, error=error)
+    return job
+
+
+def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int):
+    """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher."""
+    from headlab.training import packed
+
+    setup_globals()
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    returns: list[JobReturn] = []
+    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
+        returns.append(
+            run_job(
+                hydra_context=hydra_context,
+                task_function=prepare,
+                config=sweep_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        )
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    ready = [(ret, ret._return_value) for ret in returns if isinstance(ret._return_value, Job)]
+    groups: dict[tuple, list] = {}
+    for ret, job in ready:
+        groups.setdefault(pack_key(job.record["config"]), []).append((ret, job))
+    packs = [group[i : i + max_pack] for group in groups.values() for i in range(0, len(group), max_pack)]
+    log.info("packed launcher: %d jobs to train in %d pack(s) of at most %d", len(ready), len(packs), max_pack)
+    done = set()
+    try:
+        for k, pack in enumerate(packs):
+            train(pack, f"{sweep_dir.name}-pack{k}", packed)
+            done |= {id(job) for _, job in pack}
+    except BaseException as error:  # an interrupt: every job not closed yet records it
+        for _, job in ready:
+            if id(job) not in done and job.record.get("status") == "running":
+                with contextlib.suppress(BaseException):  # close_job re-raises interrupts once recorded
+                    close_job(job, error=error)
+        raise
+    return returns
+
+
+def train(pack: list, pack_id: str, packed) -> None:
+    """Build the members of a pack, split them by shape and by what fits in memory, train each part, and close
+    every job with its fields or its error."""
+    members = {}
+    for ret, job in pack:
+        member = packed.Member(cfg=job.cfg, run_dir=job.run_dir, flat_config=job.record["config"])
+        try:
+            packed.build_member(member)
+        except Exception as error:
+            ret.return_value = close_job(job, error=error)
+            continue
+        members[id(job)] = (ret, job, member)
+    by_shape: dict[tuple, list] = {}
+    for entry in members.values():
+        by_shape.setdefault(packed.shape_key(entry[2]), []).append(entry)
+    parts = []
+    for entries in by_shape.values():
+        step = packed.members_that_fit([m for _, _, m in entries])
+        parts += [entries[i : i + step] for i in range(0, len(entries), step)]
+    for p, part in enumerate(parts):
+        part_id = pack_id if len(parts) == 1 else f"{pack_id}.{p}"
+        log.info("pack %s: %d members", part_id, len(part))
+        try:
+            results = packed.train_pack([m for _, _, m in part], part_id)
+        except Exception as error:  # the pack itself failed: each member records it; the sweep goes on
+            results = [error] * len(part)
+        for (ret, job, _), result in zip(part, results, strict=True):
+            if isinstance(result, BaseException):
+                ret.return_value = close_job(job, error=result)
+            else:
+                ret.return_value = close_job(job, result)

@@ -1,0 +1,468 @@
+"""A pack: many runs of one architecture (seeds, optimizer settings) trained as one vectorized model, one process.
+
+Every member stays a run: it is built exactly as `headlab.training.run` builds a single run (same seed, same
+data, same initialisation), trained by the same AdamW update and schedule with its own hyperparameters, and
+writes what a single run writes into its own run directory (results.json fields, best and last checkpoints in
+the single run's format, heads.json, its own loggers). One Lightning Trainer drives the pack.
+
+Shapes: E members, B batch, n positions, C classes.
+"""
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import CombinedLoader
+from omegaconf import DictConfig, OmegaConf
+
+from headlab.conventions import IGNORE_INDEX, PAD_ID
+from headlab.model import count_parameters, flops_per_token
+from headlab.training import loggers as loggers_
+from headlab.training.callbacks import AttentionLogger, RandomState
+from headlab.training.module import HeadLabModule, warmup_cosine
+from headlab.training.results import write_bytes_atomic
+from headlab.training.run import build, instantiate_all, instantiate_node
+from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
+
+log = logging.getLogger("headlab")
+SPLITS = ("train", "val", "test")
+
+
+def stack_batches(batches: list[dict]) -> dict:
+    """One batch per member -> (E, B, n[, c]) tokens and padding masks, (E, B[, n]) labels, padded to the longest
+    member (padding id, True, and the ignore index)."""
+    n = max(b["tokens"].shape[1] for b in batches)
+
+    def pad(t: torch.Tensor, value) -> torch.Tensor:
+        widths = [0, 0] * (t.dim() - 2) + [0, n - t.shape[1]]  # the position axis is dim 1
+        return F.pad(t, widths, value=value) if n > t.shape[1] else t
+
+    labels = [b["labels"] for b in batches]
+    return {
+        "tokens": torch.stack([pad(b["tokens"], PAD_ID) for b in batches]),
+        "padding_mask": torch.stack([pad(b["padding_mask"], True) for b in batches]),
+        "labels": torch.stack([pad(y, IGNORE_INDEX) if y.dim() > 1 else y for y in labels]),
+    }
+
+
+class PackedData(pl.LightningDataModule):
+    """The members' datamodules side by side: batch i of a split is batch i of every member, stacked."""
+
+    def __init__(self, datamodules: list):
+        super().__init__()
+        self.members = datamodules
+        self.batch_size = datamodules[0].batch_size
+
+    def _combined(self, split: str) -> CombinedLoader:
+        loaders = [getattr(dm, f"{split}_dataloader")() for dm in self.members]
+        return CombinedLoader(loaders, mode="min_size")
+
+    def train_dataloader(self):
+        return self._combined("train")
+
+    def val_dataloader(self):
+        return self._combined("val")
+
+    def test_dataloader(self):
+        return self._combined("test")
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        batches = batch[0] if isinstance(batch, tuple) else batch  # CombinedLoader yields (batches, idx, loader)
+        return stack_batches(list(batches))
+
+
+class PackedModule(pl.LightningModule):
+    """E encoders of one architecture as one model: per-member losses, accuracies and AdamW hyperparameters.
+
+    optim: one dict per member (lr, weight_decay, warmup, betas), as the single run's HeadLabModule takes them.
+    A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
+    """
+
+    def __init__(self, models: list, optim: list[dict]):
+        super().__init__()
+        self.stack = Stacked(models)
+        self.optim = optim
+        E = len(models)
+        self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
+        self.register_buffer("diverged_at", torch.full((E,), -1, dtype=torch.long), persistent=False)
+        self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
+        self.tokens_seen, self.step_seconds, self._step_started = 0, 0.0, 0.0
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.stack(batch["tokens"], batch["padding_mask"])  # (E, B, C) or (E, B, n, C)
+
+    def _measure(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Per-member mean loss (E,) as F.cross_entropy gives a single run, and the epoch sums it adds to."""
+        logits = self(batch)
+        E, C = logits.shape[0], logits.shape[-1]
+        labels = batch["labels"].reshape(E, -1)  # (E, N)
+        logits = logits.reshape(E, -1, C)  # (E, N, C)
+        token_losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+        scored = labels != IGNORE_INDEX  # (E, N)
+        losses = token_losses.sum(1) / scored.sum(1).clamp(min=1)  # (E,)
+        B = batch["labels"].shape[1]
+        sums = {
+            "loss": losses.detach() * B,  # weighted by batch size, as Lightning averages a logged epoch value
+            "examples": torch.full_like(losses, B).detach(),
+            "correct": ((logits.argmax(-1) == labels) & scored).sum(1).float(),
+            "scored": scored.sum(1).float(),
+        }
+        return losses, sums
+
+    def _add(self, split: str, sums: dict) -> None:
+        total = self.sums.setdefault(split, {})
+        for k, v in sums.items():
+            total[k] = total[k] + v if k in total else v
+
+    def epoch_metrics(self, split: str) -> dict[str, torch.Tensor]:
+        """{split}/loss and {split}/acc per member (E,) over the epoch so far; the sums start again."""
+        sums = self.sums.pop(split, {})
+        if not sums:
+            return {}
+        return {f"{split}/loss": sums["loss"] / sums["examples"], f"{split}/acc": sums["correct"] / sums["scored"]}
+
+    def lr_scale(self, step: int) -> torch.Tensor:
+        """The schedule's multiplier of each member's learning rate at a step (warm-up, then cosine decay)."""
+        total = self.trainer.estimated_stepping_batches
+        return torch.tensor([warmup_cosine(step, max(1, int(o["warmup"] * total)), total) for o in self.optim])
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        losses, sums = self._measure(batch)
+        finite = torch.isfinite(losses)
+        self.diverged_at = torch.where(self.alive & ~finite, self.global_step, self.diverged_at)
+        self.alive &= finite
+        self.optimizers().optimizer.alive = self.alive
+        self._add("train", {k: torch.where(self.alive, v, 0) for k, v in sums.items()})
+        self.last_losses = losses.detach()
+        return torch.where(self.alive, losses, 0).sum()  # members' gradients never mix: each sees its own loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if batch_idx:  # the first step pays one-off costs, as in the single run's throughput meter
+            self.step_seconds += time.perf_counter() - self._step_started
+            self.tokens_seen += int((~batch["padding_mask"]).sum())
+
+    def validation_step(self, batch, batch_idx):
+        self._add("val", self._measure(batch)[1])
+
+    def test_step(self, batch, batch_idx):
+        self._add("test", self._measure(batch)[1])
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """trainer.gradient_clip_val clips each member's gradient norm on its own, as its single run would."""
+        if gradient_clip_val:
+            clip_per_member(list(self.stack.parameters()), float(gradient_clip_val))
+
+    def configure_optimizers(self):
+        stacked = self.stack.stacked()
+        decay = [p for p in stacked.values() if p.dim() >= 3]  # (E, ...) matrices decay, as HeadLabModule's
+        no_decay = [p for p in stacked.values() if p.dim() < 3]
+        groups = [{"params": decay, "decay": True}, {"params": no_decay, "decay": False}]
+        return PackedAdamW(
+            groups,
+            lr=[o["lr"] for o in self.optim],
+            weight_decay=[o["weight_decay"] for o in self.optim],
+            betas=[list(o["betas"]) for o in self.optim],
+        )
+
+
+@dataclass
+class Member:
+    """One job of the pack: its config (resolved), run directory, and what its run writes."""
+
+    cfg: DictConfig
+    run_dir: Path
+    flat_config: dict
+    index: int = 0
+    loggers: list = field(default_factory=list)
+    callbacks: list = field(default_factory=list)
+    module: HeadLabModule | None = None
+    datamodule: object = None
+    best: dict = field(default_factory=lambda: {"score": None, "path": None, "state": None})
+    metrics: dict = field(default_factory=dict)
+    wandb: dict | None = None
+
+    def callback(self, kind):
+        return next((c for c in self.callbacks if isinstance(c, kind)), None)
+
+
+class MemberOutputs(pl.Callback):
+    """Writes what each member's single run would: its metrics to its own loggers, best and last checkpoints in
+    the single run's format (loadable by resume= and headlab-heads), attention logging, and on an interrupt its
+    last checkpoint where training stopped."""
+
+    def __init__(self, members: list[Member], pack_id: str):
+        self.members, self.pack_id = members, pack_id
+
+    def _alive(self, pl_module) -> list[bool]:
+        return pl_module.alive.tolist()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("train").items()}
+        metrics["train/loss_epoch"] = metrics.pop("train/loss")  # logged on step and epoch, as Lightning names it
+        rate = pl_module.tokens_seen / pl_module.step_seconds if pl_module.step_seconds else None
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if alive:
+                values = {k: v[member.index] for k, v in metrics.items()}
+                if rate:
+                    values["perf/train_tokens_per_s"] = rate / len(self.members)  # this member's share
+                for logger in member.loggers:
+                    logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % trainer.log_every_n_steps or not any(m.loggers for m in self.members):
+            return
+        losses = pl_module.last_losses.tolist()
+        lrs = (pl_module.optimizers().optimizer.lr * pl_module.optimizers().optimizer.scale).tolist()
+        for member in self.members:
+            for logger in member.loggers:
+                values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
+                logger.log_metrics(values, step=trainer.global_step - 1)
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("val").items()}
+        if trainer.sanity_checking:
+            return
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if not alive:
+                continue
+            values = {k: v[member.index] for k, v in metrics.items()}
+            member.metrics.update(values)
+            for logger in member.loggers:
+                logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+            attention = member.callback(AttentionLogger)
+            if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
+                model = self.member_model(member, pl_module)
+                attention.log_heads(model, member.datamodule, member.loggers, trainer.global_step, pl_module.device)
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if alive:
+                self.save(member, pl_module, trainer, pack_checkpoint)
+            for logger in member.loggers:
+                logger.save()
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, KeyboardInterrupt | SystemExit):  # Ctrl-C, SIGTERM: last.ckpt where it stopped
+            pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+                if alive:
+                    self.save(member, pl_module, trainer, pack_checkpoint, best=False)
+
+    @staticmethod
+    def member_model(member: Member, pl_module: PackedModule):
+        """The member's own Encoder holding its current weights (from the stack)."""
+        model = member.module.model
+        model.load_state_dict(pl_module.stack.member_state(member.index))
+        return model.to(pl_module.device)
+
+    def save(self, member: Member, pl_module, trainer, pack_checkpoint: dict, best: bool = True) -> None:
+        """checkpoints/last.ckpt, and best-epoch{E}-step{S}.ckpt when val/acc improved (the previous best goes)."""
+        state = pl_module.stack.member_state(member.index)
+        directory = member.run_dir / "checkpoints"
+        score = member.metrics.get("val/acc")
+        improved = best and score is not None and (member.best["score"] is None or score > member.best["score"])
+        if improved:
+            old = member.best["path"]
+            path = directory / f"best-epoch{trainer.current_epoch}-step{trainer.global_step}.ckpt"
+            member.best = {"score": score, "path": path, "state": {k: v.cpu() for k, v in state.items()}}
+        self._update_checkpoint_callbacks(member, directory)
+        checkpoint = member_checkpoint(member, pl_module, pack_checkpoint, state)
+        if improved:
+            write_checkpoint(member.best["path"], checkpoint)
+            if old is not None and old != member.best["path"]:
+                old.unlink(missing_ok=True)
+        write_checkpoint(directory / "last.ckpt", checkpoint)
+
+    @staticmethod
+    def _update_checkpoint_callbacks(member: Member, directory: Path) -> None:
+        """Set the member's ModelCheckpoint callbacks as if they had saved these files: their state goes into the
+        checkpoint, so that a resumed single run keeps tracking its best."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        for callback in member.callbacks:
+            if not isinstance(callback, ModelCheckpoint):
+                continue
+            callback.dirpath = str(directory)
+            if callback.monitor is None:
+                callback.best_model_path = callback.last_model_path = str(directory / "last.ckpt")
+            elif member.best["path"] is not None:
+                score = torch.tensor(member.best["score"])
+                callback.best_model_path = callback.kth_best_model_path = str(member.best["path"])
+                callback.best_model_score = callback.kth_value = score
+                callback.best_k_models = {str(member.best["path"]): score}
+                callback.current_score = torch.tensor(member.metrics["val/acc"])
+
+
+def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: dict, state: dict) -> dict:
+    """The checkpoint the member's single run would have written at this point: the pack's loop state, the
+    member's weights, its AdamW state and learning-rate schedule, its callbacks' state."""
+    e, step = member.index, pack_checkpoint["global_step"]
+    skip = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "hyper_parameters", "hparams_name")
+    checkpoint = {k: v for k, v in pack_checkpoint.items() if k not in skip}
+    checkpoint["state_dict"] = {f"model.{name}": tensor.cpu() for name, tensor in state.items()}
+    checkpoint["hyper_parameters"] = dict(member.module.hparams)
+    module = member.module
+    optimizer = torch.optim.AdamW(module.parameter_groups(), lr=module.hparams.lr, betas=tuple(module.hparams.betas))
+    scale = float(pl_module.lr_scale(step)[e])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: scale)
+    solo = optimizer.state_dict()
+    packed_state = pl_module.optimizers().optimizer.state
+    stacked = pl_module.stack.stacked()
+    order = [n for n, p in module.model.named_parameters() if p.dim() >= 2]
+    order += [n for n, p in module.model.named_parameters() if p.dim() < 2]
+    for i, name in enumerate(order):
+        moments = packed_state.get(stacked[name])
+        if moments:
+            solo["state"][i] = {
+                "step": torch.tensor(float(moments["step"])),
+                "exp_avg": moments["exp_avg"][e].detach().cpu().clone(),
+                "exp_avg_sq": moments["exp_avg_sq"][e].detach().cpu().clone(),
+            }
+    schedule_state = schedule.state_dict()
+    schedule_state.update(last_epoch=step, _step_count=step + 1)
+    checkpoint["optimizer_states"] = [solo]
+    checkpoint["lr_schedulers"] = [schedule_state]
+    checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in member.callbacks if c.state_dict()}
+    return checkpoint
+
+
+def write_checkpoint(path: Path, checkpoint: dict) -> None:
+    """torch.save to a temporary file beside path, then rename: a checkpoint is whole or absent."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
+
+
+def pack_fields(member: Member, pl_module: PackedModule, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
+    """The results.json fields a member's single run would own, plus where it was packed."""
+    rate = pl_module.tokens_seen / pl_module.step_seconds if pl_module.step_seconds else None
+    params = count_parameters(member.module.model)
+    datamodule = member.datamodule
+    return {
+        "metrics": dict(member.metrics),
+        "data": datamodule.describe(),
+        "params": {"total": params["total"], "attention": params["attention"]},
+        "flops_per_token": flops_per_token(member.module.model, datamodule.max_len),
+        "throughput": {
+            "train_tokens_per_s": rate / size if rate else None,  # the member's share of the pack's rate
+            "pack_train_tokens_per_s": rate,
+            "fit_s": round(fit_seconds, 3),
+        },
+        "resources": {"threads": torch.get_num_threads(), "devices": 1, "accelerator": member.cfg.trainer.accelerator},
+        "checkpoints": {
+            "best": str(member.best["path"]) if member.best["path"] else None,
+            "last": str(member.run_dir / "checkpoints" / "last.ckpt"),
+        },
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "pack": {"id": pack_id, "size": size, "index": member.index},
+    }
+
+
+def build_member(member: Member) -> None:
+    """The member's data and model exactly as its single run builds them: seeded, then built."""
+    pl.seed_everything(member.cfg.seed, workers=True)
+    member.datamodule, model = build(member.cfg)
+    member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
+    member.callbacks = instantiate_all(member.cfg.get("callbacks"), "callbacks")
+
+
+def shape_key(member: Member) -> tuple:
+    """What must be equal for members to share a vectorized model: every parameter's name and shape."""
+    return tuple((n, tuple(p.shape)) for n, p in member.module.model.named_parameters())
+
+
+def members_that_fit(members: list[Member]) -> int:
+    """How many members of this architecture fit in the memory of the device they train on, by an estimate:
+    16 bytes a parameter (weights, gradients, AdamW's two moments) and, per layer and position of a batch, about
+    20 fp32 tensors as wide as d_model plus three rows of attention weights per head; 70% of what is free."""
+    model, data = members[0].module.model, members[0].datamodule
+    n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
+    activations = 4 * data.batch_size * model.n_layers * n * (20 * model.head.in_features + 3 * attn.n_heads * n)
+    per_member = 16 * count_parameters(model)["total"] + activations
+    if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
+        free = torch.cuda.mem_get_info()[0]
+    else:
+        import os
+
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, int(0.7 * free // per_member))
+
+
+def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException]:
+    """Train built members (build_member) of one shape as one model; return each member's results.json fields,
+    or the error that ended it."""
+    logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console already
+    for index, member in enumerate(members):
+        member.index = index
+    size = len(members)
+    pl.seed_everything(members[0].cfg.seed, workers=True)
+    models = [copy.deepcopy(m.module.model) for m in members]
+    module = PackedModule(models, [m.module.hparams for m in members])
+    for member in members:
+        member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
+        loggers_.start(member.loggers, {**member.flat_config, "pack.id": pack_id, "pack.size": size})
+    outputs = MemberOutputs(members, pack_id)
+    callbacks = [outputs, RandomState()] + [c for c in members[0].callbacks if type(c).__name__ == "RichProgressBar"]
+    trainer = instantiate_node(
+        members[0].cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False
+    )
+    failed = True
+    try:
+        started = time.perf_counter()
+        trainer.fit(module, datamodule=PackedData([m.datamodule for m in members]))
+        fit_seconds = time.perf_counter() - started
+        final = [module.stack.member_state(m.index) for m in members]  # heads.json describes these, as a single run's
+        for member in members:  # test each member's best checkpoint, as its single run does
+            if member.best["state"] is not None:
+                module.stack.load_member(member.index, member.best["state"])
+        results = []
+        if all(m.datamodule.splits.get("test") for m in members):
+            trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
+            test = {k: v.tolist() for k, v in module.epoch_metrics("test").items()}
+        else:
+            test = {}
+        diverged = module.diverged_at.tolist()
+        for member in members:
+            if diverged[member.index] >= 0:
+                results.append(
+                    FloatingPointError(
+                        f"non-finite training loss at step {diverged[member.index]}; lower optim.lr or keep "
+                        "trainer.gradient_clip_val (the other members of its pack went on)"
+                    )
+                )
+                continue
+            if member.best["score"] is not None:
+                member.metrics["val/acc_best"] = member.best["score"]
+            member.metrics.update({k: v[member.index] for k, v in test.items()})
+            for logger in member.loggers:
+                logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)
+            attention = member.callback(AttentionLogger)
+            if attention:
+                model = member.module.model
+                model.load_state_dict(final[member.index])
+                attention.write_report(model.to(module.device), member.datamodule, member.loggers, module.device)
+            results.append(pack_fields(member, module, trainer, fit_seconds, size, pack_id))
+        failed = False
+    finally:
+        for member in members:
+            wandb = loggers_.finish(member.loggers, failed)
+            member.wandb = wandb
+    for member, result in zip(members, results, strict=True):
+        if isinstance(result, dict):
+            result["wandb"] = member.wandb
+    return results
