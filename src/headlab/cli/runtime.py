@@ -17,6 +17,7 @@ def gpus_per_node(accelerator: str, devices) -> int:
 
 def configure() -> None:
     from hydra.core.plugins import Plugins
+
     from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
 
     Plugins.instance().register(PackedLauncher)
