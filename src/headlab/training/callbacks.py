@@ -13,28 +13,52 @@ from headlab.training import results
 
 
 class ThroughputMeter(pl.Callback):
-    """Real (non-padding) training tokens per second of training step (forward, backward, optimizer).
+    """Real (non-padding) training tokens per second of training.
 
-    Logged as perf/train_tokens_per_s at each epoch's end: rank 0's rate times the number of ranks, so that it
-    also reaches the main process of a forked or spawned DDP run. The first step pays one-off costs: left out.
+    Timed from the second training step of each epoch to its last, with validation left out, and with one device
+    synchronisation at each end of a timed stretch and none per step: the tokens are counted on the device.
+    Logged as perf/train_tokens_per_s at each epoch's end: rank 0's rate times the number of ranks, so that it also
+    reaches the main process of a forked or spawned DDP run.
     """
 
     def __init__(self):
-        self.tokens, self.seconds, self.steps, self._start = 0, 0.0, 0, 0.0
+        self.tokens, self.seconds, self._start = 0, 0.0, None
+
+    @staticmethod
+    def _now(pl_module) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def _pause(self, pl_module) -> None:
+        if self._start is not None:
+            self.seconds += self._now(pl_module) - self._start
+            self._start = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self._start = time.perf_counter()
+        if batch_idx == 1:  # the first step of an epoch pays one-off costs (and the DataLoader's start)
+            self._start = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.steps += 1
-        if self.steps > 1:
-            self.seconds += time.perf_counter() - self._start
-            self.tokens += int((~batch["padding_mask"]).sum())
+        if self._start is not None:
+            self.tokens = self.tokens + (~batch["padding_mask"]).sum()
+        if batch_idx + 1 >= trainer.num_training_batches:
+            self._pause(pl_module)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._pause(pl_module)
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.training and not trainer.sanity_checking:
+            self._start = self._now(pl_module)
+
+    @property
+    def rate(self) -> float | None:
+        return float(self.tokens) / self.seconds if self.seconds else None
 
     def on_train_epoch_end(self, trainer, pl_module):
-        if self.seconds:
-            rate = self.tokens / self.seconds * trainer.world_size
-            pl_module.log("perf/train_tokens_per_s", rate, rank_zero_only=True)
+        if self.rate:
+            pl_module.log("perf/train_tokens_per_s", self.rate * trainer.world_size, rank_zero_only=True)
 
 
 class AttentionLogger(pl.Callback):

@@ -50,7 +50,10 @@ def wandb_mode() -> tuple[str, str | None]:
 
 
 def run_identity(name: str | None, group: str | None) -> tuple[str | None, str | None]:
-    """Run name from the job's overrides; group from the experiment, or the sweep, a multirun belongs to."""
+    """Run name from the job's overrides; group from the experiment, or the sweep, a multirun belongs to (given
+    ones are kept; outside a Hydra job, as in a pack's training, they were set while the job was prepared)."""
+    if not HydraConfig.initialized() or (name is not None and group is not None):
+        return name, group
     hydra = HydraConfig.get()
     if name is None:
         name = hydra.job.override_dirname or None

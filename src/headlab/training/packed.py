@@ -8,7 +8,6 @@ the single run's format, heads.json, its own loggers). One Lightning Trainer dri
 Shapes: E members, B batch, n positions, C classes.
 """
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.conventions import IGNORE_INDEX, PAD_ID
 from headlab.model import count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
-from headlab.training.callbacks import AttentionLogger, RandomState
+from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
 from headlab.training.module import HeadLabModule, warmup_cosine
 from headlab.training.results import write_bytes_atomic
 from headlab.training.run import build, instantiate_all, instantiate_node
@@ -91,7 +90,6 @@ class PackedModule(pl.LightningModule):
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
         self.register_buffer("diverged_at", torch.full((E,), -1, dtype=torch.long), persistent=False)
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
-        self.tokens_seen, self.step_seconds, self._step_started = 0, 0.0, 0.0
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.stack(batch["tokens"], batch["padding_mask"])  # (E, B, C) or (E, B, n, C)
@@ -133,7 +131,6 @@ class PackedModule(pl.LightningModule):
 
     def on_train_batch_start(self, batch, batch_idx):
         self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
-        self._step_started = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
         losses, sums = self._measure(batch)
@@ -144,11 +141,6 @@ class PackedModule(pl.LightningModule):
         self._add("train", {k: torch.where(self.alive, v, 0) for k, v in sums.items()})
         self.last_losses = losses.detach()
         return torch.where(self.alive, losses, 0).sum()  # members' gradients never mix: each sees its own loss
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        if batch_idx:  # the first step pays one-off costs, as in the single run's throughput meter
-            self.step_seconds += time.perf_counter() - self._step_started
-            self.tokens_seen += int((~batch["padding_mask"]).sum())
 
     def validation_step(self, batch, batch_idx):
         self._add("val", self._measure(batch)[1])
@@ -199,8 +191,8 @@ class MemberOutputs(pl.Callback):
     the single run's format (loadable by resume= and headlab-heads), attention logging, and on an interrupt its
     last checkpoint where training stopped."""
 
-    def __init__(self, members: list[Member], pack_id: str):
-        self.members, self.pack_id = members, pack_id
+    def __init__(self, members: list[Member], pack_id: str, meter: ThroughputMeter):
+        self.members, self.pack_id, self.meter = members, pack_id, meter
 
     def _alive(self, pl_module) -> list[bool]:
         return pl_module.alive.tolist()
@@ -208,7 +200,7 @@ class MemberOutputs(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("train").items()}
         metrics["train/loss_epoch"] = metrics.pop("train/loss")  # logged on step and epoch, as Lightning names it
-        rate = pl_module.tokens_seen / pl_module.step_seconds if pl_module.step_seconds else None
+        rate = self.meter.rate
         for member, alive in zip(self.members, self._alive(pl_module), strict=True):
             if alive:
                 values = {k: v[member.index] for k, v in metrics.items()}
@@ -347,9 +339,9 @@ def write_checkpoint(path: Path, checkpoint: dict) -> None:
     write_bytes_atomic(path, buffer.getvalue())
 
 
-def pack_fields(member: Member, pl_module: PackedModule, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
-    """The results.json fields a member's single run would own, plus where it was packed."""
-    rate = pl_module.tokens_seen / pl_module.step_seconds if pl_module.step_seconds else None
+def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
+    """The results.json fields a member's single run would own, plus where it was packed (rate: the pack's
+    training tokens/s)."""
     params = count_parameters(member.module.model)
     datamodule = member.datamodule
     return {
@@ -411,13 +403,15 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
         member.index = index
     size = len(members)
     pl.seed_everything(members[0].cfg.seed, workers=True)
-    models = [copy.deepcopy(m.module.model) for m in members]
-    module = PackedModule(models, [m.module.hparams for m in members])
+    module = PackedModule([m.module.model for m in members], [m.module.hparams for m in members])
     for member in members:
         member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
         loggers_.start(member.loggers, {**member.flat_config, "pack.id": pack_id, "pack.size": size})
-    outputs = MemberOutputs(members, pack_id)
-    callbacks = [outputs, RandomState()] + [c for c in members[0].callbacks if type(c).__name__ == "RichProgressBar"]
+    meter = ThroughputMeter()
+    outputs = MemberOutputs(members, pack_id, meter)
+    callbacks = [meter, outputs, RandomState()] + [
+        c for c in members[0].callbacks if type(c).__name__ == "RichProgressBar"
+    ]
     trainer = instantiate_node(
         members[0].cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False
     )
@@ -456,7 +450,7 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
                 model = member.module.model
                 model.load_state_dict(final[member.index])
                 attention.write_report(model.to(module.device), member.datamodule, member.loggers, module.device)
-            results.append(pack_fields(member, module, trainer, fit_seconds, size, pack_id))
+            results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
         failed = False
     finally:
         for member in members:

@@ -5,6 +5,8 @@ first dimension. Every member keeps its own hyperparameters (learning rate, weig
 (E,) tensors, so that a grid over them is one pack; what one member computes never reaches another.
 """
 
+import copy
+
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
@@ -13,8 +15,8 @@ from torch.func import functional_call, stack_module_state, vmap
 class Stacked(nn.Module):
     """The parameters of E models of one architecture, stacked: `forward(*inputs)` runs model e on inputs[.][e].
 
-    The first model serves as the code (its forward); its own tensors are not used. Parameters are registered
-    under the model's names with "." written as "__" (module attribute names cannot hold dots).
+    A copy of the first model serves as the code (its forward); the models themselves are left as they were.
+    Parameters are registered under the model's names with "." written as "__" (attribute names hold no dots).
     """
 
     def __init__(self, models: list[nn.Module]):
@@ -25,7 +27,8 @@ class Stacked(nn.Module):
         for name, tensor in buffers.items():
             self.register_buffer("buffer__" + name.replace(".", "__"), tensor, persistent=False)
         self.buffer_names = list(buffers)
-        object.__setattr__(self, "code", models[0].to("meta"))  # not a submodule: holds no state of the pack
+        code = copy.deepcopy(models[0]).to("meta")  # the forward's code only: functional_call supplies all tensors
+        object.__setattr__(self, "code", code)  # not a submodule: no state of the pack
 
     @property
     def size(self) -> int:
@@ -40,12 +43,26 @@ class Stacked(nn.Module):
 
     def forward(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
         """Each input (E, ...) -> the first output of each member's model, (E, ...): member e computed from
-        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.)"""
+        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.)
+
+        On a GPU the members run as one batched computation (torch.func.vmap): one kernel launch serves them all.
+        On a CPU, which is busy with any one member already, they run one after another on views of the stacked
+        parameters, each with the single model's fastest kernels (fused attention, native additive kernels)."""
 
         def member(params, buffers, *member_inputs):
             return functional_call(self.code, (params, buffers), member_inputs, kwargs)[0]
 
-        return vmap(member, randomness="different")(self.stacked(), self.stacked_buffers(), *inputs)
+        params, buffers = self.stacked(), self.stacked_buffers()
+        if inputs[0].device.type == "cpu":  # unbind: one backward stacks the members' gradients at once
+            params, buffers = ({n: t.unbind(0) for n, t in d.items()} for d in (params, buffers))
+            members = [
+                member(
+                    {n: t[e] for n, t in params.items()}, {n: t[e] for n, t in buffers.items()}, *(x[e] for x in inputs)
+                )
+                for e in range(self.size)
+            ]
+            return torch.stack(members)
+        return vmap(member, randomness="different")(params, buffers, *inputs)
 
     def member_state(self, e: int) -> dict[str, torch.Tensor]:
         """Member e's parameters as the model's own state dict entries (persistent buffers have none here)."""
@@ -55,12 +72,6 @@ class Stacked(nn.Module):
     def load_member(self, e: int, state: dict[str, torch.Tensor]) -> None:
         for name, tensor in self.stacked().items():
             tensor[e].copy_(state[name])
-
-
-def per_member(values, like: torch.Tensor) -> torch.Tensor:
-    """(E,) values as a tensor that broadcasts against a stacked tensor like `like` (E, ...)."""
-    column = torch.as_tensor(values, dtype=like.dtype, device=like.device)
-    return column.view(-1, *([1] * (like.dim() - 1)))
 
 
 class PackedAdamW(torch.optim.Optimizer):
@@ -88,7 +99,8 @@ class PackedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        lr = self.lr * self.scale  # (E,) on the CPU: a handful of numbers, no device round trip
+        # (E,) learning rates; a frozen member's is 0. `alive` stays on its device: reading it would wait for the GPU
+        lr = (self.lr * self.scale).to(self.alive.device) * self.alive
         beta1, beta2 = self.betas[:, 0], self.betas[:, 1]
         for group in self.param_groups:
             for p in group["params"]:
@@ -96,23 +108,32 @@ class PackedAdamW(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-                t = state["step"]
-                grad, alive = p.grad, self.alive.view(-1, *([1] * (p.dim() - 1)))
+                t, grad, exp_avg, exp_avg_sq = state["step"], p.grad, state["exp_avg"], state["exp_avg_sq"]
                 if group["decay"]:
-                    p.mul_(torch.where(alive, per_member(1 - lr * self.weight_decay, p), 1))
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, per_member(1 - beta1, p))
-                exp_avg_sq.mul_(per_member(beta2, p)).addcmul_(grad, grad * per_member(1 - beta2, p))
-                bias_correction1 = 1 - beta1**t
-                bias_correction2_sqrt = (1 - beta2**t).sqrt()
-                denom = (exp_avg_sq.sqrt() / per_member(bias_correction2_sqrt, p)).add_(group["eps"])
-                step_size = torch.where(alive, per_member(lr / bias_correction1, p), 0)
-                p.addcdiv_(exp_avg * step_size, denom, value=-1)
+                    p.mul_(_column(1 - lr * self.weight_decay.to(lr.device), p))
+                exp_avg.lerp_(grad, _column(1 - beta1, p))
+                exp_avg_sq.mul_(_column(beta2, p))
+                if (beta2 == beta2[0]).all():
+                    exp_avg_sq.addcmul_(grad, grad, value=float(1 - beta2[0]))
+                else:
+                    exp_avg_sq.addcmul_(grad, grad * _column(1 - beta2, p))
+                step_size = _column(lr / (1 - beta1**t).to(lr.device), p)  # (E,)
+                denom = exp_avg_sq.sqrt().div_(_column((1 - beta2**t).sqrt(), p)).add_(group["eps"])
+                if isinstance(step_size, float):
+                    p.addcdiv_(exp_avg, denom, value=-step_size)
+                else:
+                    p.addcdiv_(exp_avg * step_size, denom, value=-1)
         return loss
+
+
+def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor | float:
+    """(E,) values broadcasting against a stacked tensor like `like` (E, ...); a plain number when they are on the
+    CPU and all equal (cheaper, and exactly torch's arithmetic)."""
+    if values.device.type == "cpu" and (values == values[0]).all():
+        return float(values[0])
+    return values.to(like.device, like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
 
 def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -122,5 +143,5 @@ def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     norms = torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0).sqrt()  # (E,)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for g in grads:
-        g.mul_(per_member(coef, g).to(g.dtype))
+        g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))))
     return norms

@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from headlab.cli.bench import commands, micro, report, timing
+import torch
+
+from headlab.cli.bench import commands, micro, packing, report, timing
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sst2-recipe", action="store_true", help="also train experiment=sst2_recipe (7 min)")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="holds sst2/ (SST-2 rows)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats: a smoke test, not figures")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU section only")
+    parser.add_argument("--sweep-jobs", type=int, default=16, help="jobs of the packed-against-solo seed sweep")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.batch, args.seq, args.memory_seq, args.compile = 2, 4, 16, 32, False
@@ -34,6 +38,14 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": timing.machine(),
     }
+    if args.device == "cuda":
+        from headlab.cli.bench import gpu
+
+        sections = report.sections(args.out)
+        sections["gpu"] = "\n".join(gpu.report({**gpu.figures(tmp, args.repeats), **r}))
+        args.out.write_text(report.join(sections))
+        print(f"wrote the GPU section of {args.out}", file=sys.stderr)
+        return
     r["peak"] = args.peak = timing.matmul_peak(repeats=args.repeats)
     r["encoder"] = [row for d in ((32,) if args.quick else (128, 256)) for row in micro.encoder_throughput(d, args)]
     r["additive"] = micro.additive_throughput(args)
@@ -43,7 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     r["default_run"] = None if args.quick else commands.default_run(tmp)
     r["sst2"] = commands.sst2_preparation(tmp, args.data_dir)
     r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
-    args.out.write_text(report.report(r, args))
+    r["packs"] = packing.pack_throughput(torch.device("cpu"), (1, 4) if args.quick else (1, 4, 16), args.repeats)
+    r["sweep"] = None if args.quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)
+    sections = report.sections(args.out)
+    sections["cpu"] = report.report(r, args)
+    args.out.write_text(report.join(sections))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

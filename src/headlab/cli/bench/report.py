@@ -1,4 +1,26 @@
-"""BENCHMARKS.md from the figures of one headlab-bench run."""
+"""BENCHMARKS.md from the figures of headlab-bench runs: a CPU section and a GPU section, each rewritten by its own
+run (`--device cuda` on a GPU machine) and kept by the other's."""
+
+from pathlib import Path
+
+MARK = "<!-- section: {} -->"
+
+
+def sections(path: Path) -> dict[str, str]:
+    """The sections of an existing BENCHMARKS.md ({"cpu": ..., "gpu": ...}); a file without marks is all CPU."""
+    if not path.exists():
+        return {}
+    text, found = path.read_text(), {}
+    if MARK.format("cpu") not in text:
+        return {"cpu": text.strip()}
+    for part in text.split("<!-- section: ")[1:]:
+        name, body = part.split(" -->", 1)
+        found[name] = body.strip()
+    return found
+
+
+def join(found: dict[str, str]) -> str:
+    return "\n\n".join(f"{MARK.format(name)}\n{found[name]}" for name in ("cpu", "gpu") if name in found) + "\n"
 
 
 def report(r: dict, args) -> str:
@@ -103,6 +125,31 @@ def report(r: dict, args) -> str:
                 if r.get("sst2_recipe")
                 else "."
             ),
+        ]
+    if r.get("packs"):
+        lines += [
+            "",
+            "## Packed training on this CPU",
+            "",
+            "A training step of a pack of E members (forward, backward, per-member clipping and AdamW) against the",
+            "same E models stepped one after another. On a CPU a pack runs its members one after another on views of",
+            "the stacked parameters (the single model's kernels); what it saves is the start-up of every job.",
+            "",
+            "| model | members | packed tokens/s | one at a time tokens/s | ratio |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | {x['solo_tokens_per_s']:,.0f} | "
+            f"{x['ratio']:.2f}x |"
+            for x in r["packs"]
+        ]
+    if r.get("sweep"):
+        s = r["sweep"]
+        lines += [
+            "",
+            f"A {s['jobs']}-seed sweep of the default run, start to end: packed (`-m hydra/launcher=packed "
+            f"seed='range({s['jobs']})'`) {s['packed_s']:.0f} s, one process per job (`-m seed='range({s['jobs']})'`) "
+            f"{s['solo_s']:.0f} s ({s['solo_s'] / s['packed_s']:.2f}x); one run alone {s['one_run_s']:.0f} s.",
         ]
     if r.get("sst2_recipe"):
         s = r["sst2_recipe"]

@@ -1,0 +1,163 @@
+"""GPU figures (`headlab-bench --device cuda`): headlab's encoder against nn.TransformerEncoder in bf16, additive
+against dot scoring, packs of E members, and a packed 64-seed sweep against one run."""
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from headlab.cli.bench import packing
+from headlab.cli.bench.micro import HeadlabStack, torch_stack
+from headlab.model import MultiHeadAttention, training_flops_per_token
+
+ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model / 64
+
+
+def _timed(step, repeats: int) -> float:
+    """Median seconds of a synchronised step."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def bf16_peak(n: int = 8192) -> float:
+    """Dense bf16 matmul FLOP/s measured on this GPU: the practical peak for MFU."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return 2 * n**3 / _timed(lambda: a @ b, 10)
+
+
+def _train_step(model: nn.Module, x: torch.Tensor):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def encoders(repeats: int, peak: float, batch: int = 32, n: int = 128) -> list[dict]:
+    rows = []
+    for d, layers in ENCODERS:
+        heads = d // 64
+        x = torch.randn(batch, n, d, device="cuda")
+        headlab = HeadlabStack(d, heads, layers, 0.1, 0.0).cuda()
+        seconds = {
+            "torch": _timed(_train_step(torch_stack(d, heads, layers, 0.1).cuda(), x), repeats),
+            "headlab": _timed(_train_step(headlab, x), repeats),
+        }
+        params = sum(p.numel() for p in headlab.parameters())
+        flops = training_flops_per_token(params, layers, n, heads, 64, 64) * batch * n
+        rows += [
+            {
+                "d_model": d,
+                "layers": layers,
+                "model": name,
+                "tokens_per_s": batch * n / s,
+                "ratio_to_torch": seconds["torch"] / s,
+                "mfu": flops / s / peak,
+            }
+            for name, s in seconds.items()
+        ]
+    return rows
+
+
+def additive(repeats: int, batch: int = 8, d: int = 128) -> list[dict]:
+    """ms per forward + backward of one attention layer (fp32 and bf16 autocast), and peak memory."""
+    rows = []
+    for n in (128, 512, 2048, 8192):
+        x = torch.randn(batch, n, d, device="cuda", requires_grad=True)
+        for scoring in ("dot", "additive"):
+            layer = MultiHeadAttention(d, 4, scoring=scoring).cuda()
+            for precision in ("fp32", "bf16"):
+                if n == 8192 and precision == "fp32":
+                    continue
+
+                def step(layer=layer, x=x, bf16=precision == "bf16"):
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                        out, _ = layer(x, need_weights=False)
+                    out.float().sum().backward()
+
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                seconds = _timed(step, max(3, repeats // (n // 128)))
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                rows.append({"n": n, "scoring": scoring, "precision": precision, "ms": seconds * 1e3, "peak_mib": peak})
+    return rows
+
+
+def figures(tmp: Path, repeats: int) -> dict:
+    device = torch.device("cuda")
+    peak = bf16_peak()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "peak": peak,
+        "encoders": encoders(repeats, peak),
+        "additive": additive(repeats),
+        "packs": packing.pack_throughput(device, (1, 4, 16, 64), repeats),
+        "sweep": packing.sweep_wall(tmp, 64, "gpu", solo=False),
+    }
+
+
+def report(r: dict) -> list[str]:
+    lines = [
+        f"## GPU: {r['device']} (`headlab-bench --device cuda`)",
+        "",
+        f"Measured bf16 matmul peak {r['peak'] / 1e12:.0f} TFLOP/s (8192 x 8192), the base of MFU.",
+        "",
+        "Encoder training step (batch 32, sequence 128, heads of 64, dropout 0.1, bf16 autocast, fused AdamW):",
+        "",
+        "| d_model | layers | model | tokens/s | vs torch | MFU |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {x['d_model']} | {x['layers']} | {x['model']} | {x['tokens_per_s']:,.0f} | {x['ratio_to_torch']:.2f}x "
+        f"| {x['mfu']:.1%} |"
+        for x in r["encoders"]
+    ]
+    lines += [
+        "",
+        "One attention layer, forward + backward (batch 8, d_model 128, 4 heads), median ms and peak memory:",
+        "",
+        "| n | scoring | precision | ms | peak MiB |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {x['n']} | {x['scoring']} | {x['precision']} | {x['ms']:.2f} | {x['peak_mib']:,.0f} |"
+        for x in r["additive"]
+    ]
+    lines += [
+        "",
+        "Packs of E members against the same E models stepped one after another (forward, backward, clipping and",
+        "AdamW; bf16 autocast; GPU busy: nvidia-smi's utilisation while the packed steps ran):",
+        "",
+        "| model | members | packed tokens/s | one at a time tokens/s | ratio | GPU busy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for x in r["packs"]:
+        busy = f"{x['gpu_busy']:.0f}%" if x.get("gpu_busy") is not None else "n/a"
+        lines.append(
+            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | {x.get('solo_tokens_per_s', 0):,.0f} "
+            f"| {x.get('ratio', float('nan')):.1f}x | {busy} |"
+        )
+    s = r["sweep"]
+    lines += [
+        "",
+        f"A {s['jobs']}-seed sweep of the default run, `headlab-train -m hydra/launcher=packed "
+        f"seed='range({s['jobs']})' trainer=gpu`, start to end: {s['packed_s']:.0f} s for {s['completed']} "
+        "completed runs, against "
+        f"{s['one_run_s']:.0f} s for one run (`headlab-train trainer=gpu`): {s['packed_s'] / s['one_run_s']:.1f}x "
+        "the wall time of one run.",
+    ]
+    return lines

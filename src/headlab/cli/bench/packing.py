@@ -1,0 +1,181 @@
+"""Packed training against one model at a time: training-step throughput of packs of E members, and whole sweeps
+(a packed sweep against one process per job), start to end."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from headlab.cli.bench.commands import TRAIN
+from headlab.cli.bench.timing import interleaved
+from headlab.model import Encoder
+from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
+
+# the default run's model and batches (pair_recall: 32 positions of two fused tokens, 19 classes), and the SST-2
+# recipe's (one layer, d_model 256, sequences up to 64 tokens, 16k vocabulary)
+SHAPES = {
+    "default run": {"vocab": 139, "classes": 19, "n": 32, "batch": 64, "d_model": 64, "readout": "token"},
+    "SST-2 recipe": {"vocab": 16000, "classes": 2, "n": 64, "batch": 64, "d_model": 256, "readout": "mean"},
+}
+
+
+class GpuBusy:
+    """The GPU's utilisation (%) as nvidia-smi samples it every 100 ms while the block runs; None without it."""
+
+    def __enter__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"]
+        try:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            return
+        while not self._stop.is_set():
+            line = process.stdout.readline()
+            if line.strip().isdigit():
+                self.samples.append(int(line))
+        process.terminate()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    @property
+    def percent(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def _models(shape: dict, E: int, device) -> list[Encoder]:
+    kwargs = {"readout": shape["readout"], "d_model": shape["d_model"], "n_layers": 1, "dropout": 0.0}
+    return [Encoder(shape["vocab"], shape["classes"], shape["n"], **kwargs).to(device) for _ in range(E)]
+
+
+def _batch(shape: dict, E: int, device) -> tuple:
+    tokens = torch.randint(1, shape["vocab"], (E, shape["batch"], shape["n"]), device=device)
+    label_shape = (E, shape["batch"], shape["n"]) if shape["readout"] == "token" else (E, shape["batch"])
+    return (
+        tokens,
+        torch.zeros_like(tokens, dtype=torch.bool),
+        torch.randint(0, shape["classes"], label_shape, device=device),
+    )
+
+
+def _autocast(device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def pack_step(shape: dict, E: int, device):
+    """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW."""
+    stack = Stacked(_models(shape, E, device)).to(device)
+    params = list(stack.parameters())
+    optimizer = PackedAdamW(
+        [{"params": params, "decay": True}], lr=[1e-4] * E, weight_decay=[0.01] * E, betas=[(0.9, 0.98)] * E
+    )
+    tokens, mask, labels = _batch(shape, E, device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with _autocast(device):
+            logits = stack(tokens, mask)
+        loss = F.cross_entropy(logits.reshape(-1, shape["classes"]).float(), labels.reshape(-1))
+        loss.backward()
+        clip_per_member(params, 1.0)
+        optimizer.step()
+
+    return step
+
+
+def solo_steps(shape: dict, E: int, device):
+    """E models stepped one after another, each with its own AdamW and clipping: what E separate jobs compute."""
+    models = _models(shape, E, device)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
+    tokens, mask, labels = _batch(shape, E, device)
+
+    def step():
+        for e, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad(set_to_none=True)
+            with _autocast(device):
+                logits, _ = model(tokens[e], mask[e])
+            F.cross_entropy(logits.reshape(-1, shape["classes"]).float(), labels[e].reshape(-1)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+
+    return step
+
+
+def _synchronised(step, device):
+    def run():
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return run
+
+
+def pack_throughput(device: torch.device, sizes: tuple, repeats: int) -> list[dict]:
+    """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%)."""
+    rows = []
+    for name, shape in SHAPES.items():
+        for E in sizes:
+            steps = {"packed": _synchronised(pack_step(shape, E, device), device)}
+            if E <= 16 or device.type == "cuda":
+                steps["one at a time"] = _synchronised(solo_steps(shape, E, device), device)
+            with GpuBusy() as busy:
+                seconds = interleaved({"packed": steps["packed"]}, repeats)
+            seconds.update(interleaved({k: v for k, v in steps.items() if k != "packed"}, repeats))
+            tokens = E * shape["batch"] * shape["n"]
+            row = {
+                "shape": name,
+                "members": E,
+                "packed_tokens_per_s": tokens / seconds["packed"],
+                "gpu_busy": busy.percent,
+            }
+            if "one at a time" in seconds:
+                row["solo_tokens_per_s"] = tokens / seconds["one at a time"]
+                row["ratio"] = seconds["one at a time"] / seconds["packed"]
+            rows.append(row)
+            del steps
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _wall(command: list[str], env: dict) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=3600)
+    return time.perf_counter() - started
+
+
+def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
+    """A seed sweep of the default run: one run, the packed sweep, and (solo) one process per job, start to end."""
+    env = os.environ | {"WANDB_MODE": "offline"}
+    common = [f"trainer={trainer}", "callbacks.progress_bar=null"]
+    one = _wall([*TRAIN, *common, f"hydra.run.dir={tmp}/one"], env)
+    packed_dir = tmp / f"packed-{n_jobs}"
+    seeds = f"seed=range({n_jobs})"
+    packed = _wall([*TRAIN, "-m", "hydra/launcher=packed", seeds, *common, f"hydra.sweep.dir={packed_dir}"], env)
+    completed = sum(json.loads(p.read_text()).get("status") == "completed" for p in packed_dir.glob("*/results.json"))
+    row = {"jobs": n_jobs, "trainer": trainer, "one_run_s": one, "packed_s": packed, "completed": completed}
+    if solo:
+        row["solo_s"] = _wall([*TRAIN, "-m", seeds, *common, f"hydra.sweep.dir={tmp}/solo-{n_jobs}"], env)
+    accuracies = [
+        json.loads(p.read_text()).get("metrics", {}).get("test/acc") for p in packed_dir.glob("*/results.json")
+    ]
+    row["packed_test_acc"] = sorted(a for a in accuracies if a is not None)
+    return row
+
+
+if __name__ == "__main__":  # a quick look: python -m headlab.cli.bench.packing [cuda]
+    device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
+    for row in pack_throughput(device, (1, 4, 16), 3):
+        print(row)

@@ -1,0 +1,55 @@
+"""What only a GPU can show: mixed precision on the fused paths, packs under vmap, a packed sweep on CUDA.
+Marked gpu; skipped without CUDA (CI has none: these run on a lent GPU machine)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY, cli_env
+from headlab.model import Encoder, MultiHeadAttention
+from headlab.training.vectorized import Stacked
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [32, 600])  # stored weights; fused (B H n^2 above FUSED_ABOVE)
+def test_additive_attention_under_autocast_matches_float32(dtype, n):
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(64, 4, scoring="additive").cuda()
+    x = torch.randn(4, n, 64, device="cuda", requires_grad=True)
+    out, _ = layer(x, need_weights=False)
+    (grad_ref,) = torch.autograd.grad(out.square().sum(), x)
+    with torch.autocast("cuda", dtype=dtype):
+        low, _ = layer(x, need_weights=False)
+    (grad_low,) = torch.autograd.grad(low.float().square().sum(), x)
+    eps = torch.finfo(dtype).eps  # q, k, v and the output are rounded to dtype: errors of a few eps relative
+    torch.testing.assert_close(low.float(), out, atol=16 * eps * out.abs().max().item(), rtol=16 * eps)
+    assert torch.isfinite(grad_low).all()
+    assert (grad_low - grad_ref).norm() / grad_ref.norm() < 64 * eps
+
+
+def test_a_pack_under_vmap_computes_what_each_model_computes_alone():
+    torch.manual_seed(0)
+    models = [Encoder(30, 5, 12, readout="mean", d_model=32, n_layers=2).cuda().eval() for _ in range(3)]
+    stack = Stacked(models).cuda().eval()
+    tokens = torch.randint(1, 30, (3, 8, 12), device="cuda")
+    mask = torch.zeros(3, 8, 12, dtype=torch.bool, device="cuda")
+    out = stack(tokens, mask)
+    for e, model in enumerate(models):
+        torch.testing.assert_close(out[e], model(tokens[e], mask[e])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_packed_sweep_trains_on_the_gpu(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", "trainer=gpu",
+         *TINY, "logger=csv", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        env=cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("*/results.json"))]
+    assert [r["status"] for r in records] == ["completed"] * 3
+    assert {r["pack"]["size"] for r in records} == {3} and records[0]["resources"]["accelerator"] == "gpu"

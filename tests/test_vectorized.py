@@ -1,0 +1,86 @@
+"""A stack of E models steps exactly as E models stepped alone: forward, AdamW, gradient clipping."""
+
+import copy
+
+import torch
+from torch import nn
+
+from headlab.model import Encoder
+from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
+
+
+def models(E: int, seed: int = 0) -> list[Encoder]:
+    out = []
+    for e in range(E):
+        torch.manual_seed(seed + e)
+        out.append(Encoder(20, 5, 9, readout="mean", d_model=16, n_layers=2, dropout=0.0).double())
+    return out
+
+
+def test_the_stack_computes_what_each_model_computes_alone():
+    alone = models(3)
+    stack = Stacked([copy.deepcopy(m) for m in alone]).double()
+    tokens = torch.randint(1, 20, (3, 4, 9))
+    mask = torch.zeros(3, 4, 9, dtype=torch.bool)
+    mask[:, 1, 6:] = True
+    out = stack(tokens, mask)  # (E, B, C)
+    for e, model in enumerate(alone):
+        torch.testing.assert_close(out[e], model(tokens[e], mask[e])[0], atol=1e-12, rtol=0)
+
+
+def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
+    """Three members with their own lr, weight decay and betas, five steps with gradient clipping at 1.0 (which
+    bites: the gradients are scaled up), against three torch.optim.AdamW of their own and clip_grad_norm_."""
+    alone = models(3)
+    stack = Stacked([copy.deepcopy(m) for m in alone]).double()
+    hyper = [(1e-2, 0.1, (0.9, 0.98)), (3e-3, 0.0, (0.8, 0.999)), (1e-1, 0.01, (0.95, 0.9))]
+    stacked = stack.stacked()
+    decay = [p for p in stacked.values() if p.dim() >= 3]
+    no_decay = [p for p in stacked.values() if p.dim() < 3]
+    packed = PackedAdamW(
+        [{"params": decay, "decay": True}, {"params": no_decay, "decay": False}],
+        lr=[h[0] for h in hyper],
+        weight_decay=[h[1] for h in hyper],
+        betas=[h[2] for h in hyper],
+    )
+    references = []
+    for model, (lr, wd, betas) in zip(alone, hyper, strict=True):
+        groups = [
+            {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        references.append(torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False))
+    names = [n for n, _ in alone[0].named_parameters()]
+    for step in range(5):
+        packed.scale = torch.tensor([1.0, 0.5, 0.25]) * (step + 1) / 5  # a schedule per member
+        torch.manual_seed(100 + step)
+        grads = {n: torch.randn_like(stacked[n]) * 3 for n in names}
+        for name in names:
+            stacked[name].grad = grads[name].clone()
+        clip_per_member(list(stacked.values()), 1.0)
+        packed.step()
+        for e, (model, optimizer) in enumerate(zip(alone, references, strict=True)):
+            for group in optimizer.param_groups:
+                group["lr"] = hyper[e][0] * float(packed.scale[e])
+            for name, p in model.named_parameters():
+                p.grad = grads[name][e].clone()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    for e, model in enumerate(alone):
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)
+
+
+def test_a_frozen_member_does_not_move_and_the_others_do():
+    stack = Stacked(models(2)).double()
+    params = list(stack.parameters())
+    before = [p.detach().clone() for p in params]
+    optimizer = PackedAdamW(
+        [{"params": params, "decay": True}], lr=[0.1, 0.1], weight_decay=[0.1, 0.1], betas=[(0.9, 0.99)] * 2
+    )
+    optimizer.alive = torch.tensor([True, False])
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    assert all(torch.equal(p[1], b[1]) for p, b in zip(params, before, strict=True))
+    assert all(not torch.equal(p[0], b[0]) for p, b in zip(params, before, strict=True))
