@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from headlab.data.datamodule import SeededBatchSampler
+from headlab.data.datamodule import BucketBatchSampler
 from headlab.data.text import TextDataModule
 from headlab.errors import DataError
 
@@ -242,7 +242,7 @@ def test_no_network_fails_fast_in_one_line(tmp_path):
 
 def test_bucketing_batches_similar_lengths_and_covers_every_example_once():
     lengths = np.random.default_rng(0).integers(1, 100, 1000).tolist()
-    sampler = SeededBatchSampler(lengths, batch_size=10, seed=0, bucket=True)
+    sampler = BucketBatchSampler(lengths, batch_size=10, seed=0)
     batches = list(sampler)
     assert sorted(i for b in batches for i in b) == list(range(1000)) and len(batches) == len(sampler)
     spread = np.mean([np.ptp([lengths[i] for i in b]) for b in batches])

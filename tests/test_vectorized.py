@@ -34,11 +34,8 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
     alone = models(3)
     stack = Stacked([copy.deepcopy(m) for m in alone]).double()
     hyper = [(1e-2, 0.1, (0.9, 0.98)), (3e-3, 0.0, (0.8, 0.999)), (1e-1, 0.01, (0.95, 0.9))]
-    stacked = stack.stacked()
-    decay = [p for p in stacked.values() if p.dim() >= 3]
-    no_decay = [p for p in stacked.values() if p.dim() < 3]
     packed = PackedAdamW(
-        [{"params": decay, "decay": True}, {"params": no_decay, "decay": False}],
+        [{"params": [stack.flat], "decay": stack.decay_mask}],
         lr=[h[0] for h in hyper],
         weight_decay=[h[1] for h in hyper],
         betas=[h[2] for h in hyper],
@@ -50,14 +47,12 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
         ]
         references.append(torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False))
-    names = [n for n, _ in alone[0].named_parameters()]
     for step in range(5):
         packed.scale = torch.tensor([1.0, 0.5, 0.25]) * (step + 1) / 5  # a schedule per member
         torch.manual_seed(100 + step)
-        grads = {n: torch.randn_like(stacked[n]) * 3 for n in names}
-        for name in names:
-            stacked[name].grad = grads[name].clone()
-        clip_per_member(list(stacked.values()), 1.0)
+        stack.flat.grad = torch.randn_like(stack.flat) * 3
+        grads = {n: g.clone() for n, g in stack.views(stack.flat.grad).items()}
+        clip_per_member([stack.flat], 1.0)
         packed.step()
         for e, (model, optimizer) in enumerate(zip(alone, references, strict=True)):
             for group in optimizer.param_groups:
@@ -66,6 +61,7 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
                 p.grad = grads[name][e].clone()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+    stacked = stack.stacked()
     for e, model in enumerate(alone):
         for name, p in model.named_parameters():
             torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)

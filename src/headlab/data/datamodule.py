@@ -25,33 +25,41 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}
 
 
-class SeededBatchSampler(Sampler[list[int]]):
-    """Shuffled batches drawn from the seed and the epoch alone (Lightning calls set_epoch), never from the global
-    random state: a run's data order is the same alone, inside a pack, and after a resume.
+class SeededSampler(Sampler[int]):
+    """A shuffle drawn from the seed and the epoch alone, never from the global random state: a run's data order
+    is the same alone, inside a pack, and after a resume. Lightning calls set_epoch before every epoch."""
 
-    bucket=True batches examples of similar length (less padding): shuffle, sort within windows of 50 batches,
-    shuffle the batches.
-    """
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, bucket: bool = False, window: int = 50):
-        self.lengths, self.batch_size, self.seed = np.asarray(lengths), batch_size, seed
-        self.bucket, self.window, self.epoch = bucket, window, 0
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
-        rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(len(self.lengths))
-        if not self.bucket:
-            return iter([order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)])
+        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar length (less padding): the sampler's shuffle, sorted within windows of 50 batches, the
+    batches shuffled. Lightning sets the epoch of `sampler`, so the order follows the seed and the epoch alone."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, window: int = 50):
+        self.lengths, self.batch_size, self.window = np.asarray(lengths), batch_size, window
+        self.sampler = SeededSampler(len(lengths), seed)
+
+    def __iter__(self):
+        order = np.asarray(list(self.sampler), dtype=np.int64)
         span = self.batch_size * self.window
         batches = []
         for start in range(0, len(order), span):
             chunk = order[start : start + span]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches += [chunk[i : i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
-        return iter([batches[i] for i in rng.permutation(len(batches))])
+        shuffle = np.random.default_rng([self.sampler.seed, self.sampler.epoch, 1]).permutation(len(batches))
+        return iter([batches[i] for i in shuffle])
 
     def __len__(self) -> int:
         return -(-len(self.lengths) // self.batch_size)
@@ -94,11 +102,11 @@ class ExampleDataModule(pl.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         examples = self.splits[split]
         common = {"collate_fn": collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
-        if shuffle:
-            lengths = [len(t) for t, _ in examples]
-            sampler = SeededBatchSampler(lengths, self.batch_size, self.seed, bucket=self.bucketing)
+        if shuffle and self.bucketing:
+            sampler = BucketBatchSampler([len(t) for t, _ in examples], self.batch_size, self.seed)
             return DataLoader(examples, batch_sampler=sampler, **common)
-        return DataLoader(examples, batch_size=self.batch_size, **common)
+        sampler = SeededSampler(len(examples), self.seed) if shuffle else None
+        return DataLoader(examples, batch_size=self.batch_size, sampler=sampler, **common)
 
     def train_dataloader(self):
         return self._loader("train", shuffle=True)

@@ -16,10 +16,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import CombinedLoader
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from headlab.conventions import IGNORE_INDEX, PAD_ID
+from headlab.data.datamodule import BucketBatchSampler, SeededSampler, collate
 from headlab.model import count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
 from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
@@ -32,47 +33,103 @@ log = logging.getLogger("headlab")
 SPLITS = ("train", "val", "test")
 
 
-def stack_batches(batches: list[dict]) -> dict:
-    """One batch per member -> (E, B, n[, c]) tokens and padding masks, (E, B[, n]) labels, padded to the longest
-    member (padding id, True, and the ignore index)."""
-    n = max(b["tokens"].shape[1] for b in batches)
+class PackSampler(Sampler[torch.Tensor]):
+    """Batch i of every member at once, an (E, B) index tensor: row e is what member e's own loader draws (its
+    seeded shuffle or bucketing when shuffled, consecutive batches otherwise)."""
+
+    def __init__(self, n: int, batch_size: int, seeds: list[int] | None, lengths: list | None = None):
+        self.n, self.batch_size = n, batch_size
+        if seeds is None:
+            self.members = None
+        elif lengths is not None:
+            self.members = [BucketBatchSampler(lengths[e], batch_size, seed) for e, seed in enumerate(seeds)]
+        else:
+            self.members = [BatchSampler(SeededSampler(n, seed), batch_size, drop_last=False) for seed in seeds]
+
+    def set_epoch(self, epoch: int) -> None:
+        for batches in self.members or []:
+            batches.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        if self.members is None:
+            for start in range(0, self.n, self.batch_size):
+                yield torch.arange(start, min(self.n, start + self.batch_size))[None, :]  # (1, B): the same for all
+            return
+        for batches in zip(*self.members, strict=True):
+            yield torch.tensor(batches)
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+
+class PackSplit(Dataset):
+    """A split of every member as padded tensors, (E, N, n_max[, c]) tokens, (E, N) lengths, labels: a batch is one
+    gather, cut to its longest example (padded positions are masked, so the values are those of the member's own
+    batch)."""
+
+    def __init__(self, datamodules: list, split: str):
+        padded = [collate(dm.splits[split]) for dm in datamodules]  # each split padded to its longest example
+        n_max = max(p["tokens"].shape[1] for p in padded)
+        self.tensors = stack_batches(padded, n_max)
+        self.lengths = (~self.tensors["padding_mask"]).sum(-1)  # (E, N)
+
+    def __len__(self) -> int:
+        return self.lengths.shape[1]
+
+    def __getitem__(self, index: torch.Tensor) -> dict:  # index (E, B), or (1, B) for every member alike
+        rows = torch.arange(self.lengths.shape[0])[:, None]  # (E, 1)
+        index = index.expand(len(rows), -1)
+        n = int(self.lengths[rows, index].max())
+        return {
+            k: (v[rows, index, :n] if k != "labels" or v.dim() > 2 else v[rows, index]) for k, v in self.tensors.items()
+        }
+
+
+def stack_batches(batches: list[dict], n: int) -> dict:
+    """Batches of the same size, one per member -> (E, B, n[, c]) tokens and padding masks, (E, B[, n]) labels,
+    padded to n positions (the padding id, True, and the ignore index)."""
 
     def pad(t: torch.Tensor, value) -> torch.Tensor:
         widths = [0, 0] * (t.dim() - 2) + [0, n - t.shape[1]]  # the position axis is dim 1
         return F.pad(t, widths, value=value) if n > t.shape[1] else t
 
-    labels = [b["labels"] for b in batches]
     return {
         "tokens": torch.stack([pad(b["tokens"], PAD_ID) for b in batches]),
         "padding_mask": torch.stack([pad(b["padding_mask"], True) for b in batches]),
-        "labels": torch.stack([pad(y, IGNORE_INDEX) if y.dim() > 1 else y for y in labels]),
+        "labels": torch.stack(
+            [pad(b["labels"], IGNORE_INDEX) if b["labels"].dim() > 1 else b["labels"] for b in batches]
+        ),
     }
 
 
 class PackedData(pl.LightningDataModule):
-    """The members' datamodules side by side: batch i of a split is batch i of every member, stacked."""
+    """The members' data side by side: batch i of a split is batch i of every member, stacked, drawn in the
+    order each member's single run would draw it."""
 
     def __init__(self, datamodules: list):
         super().__init__()
         self.members = datamodules
         self.batch_size = datamodules[0].batch_size
+        self.splits = {}
 
-    def _combined(self, split: str) -> CombinedLoader:
-        loaders = [getattr(dm, f"{split}_dataloader")() for dm in self.members]
-        return CombinedLoader(loaders, mode="min_size")
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        if split not in self.splits:
+            self.splits[split] = PackSplit(self.members, split)
+        data = self.splits[split]
+        first = self.members[0]
+        seeds = [dm.seed for dm in self.members] if shuffle else None
+        lengths = data.lengths.tolist() if shuffle and first.bucketing else None
+        sampler = PackSampler(len(data), self.batch_size, seeds, lengths)
+        return DataLoader(data, sampler=sampler, batch_size=None, num_workers=0)
 
     def train_dataloader(self):
-        return self._combined("train")
+        return self._loader("train", shuffle=True)
 
     def val_dataloader(self):
-        return self._combined("val")
+        return self._loader("val")
 
     def test_dataloader(self):
-        return self._combined("test")
-
-    def on_before_batch_transfer(self, batch, dataloader_idx: int):
-        batches = batch[0] if isinstance(batch, tuple) else batch  # CombinedLoader yields (batches, idx, loader)
-        return stack_batches(list(batches))
+        return self._loader("test")
 
 
 class PackedModule(pl.LightningModule):
@@ -151,13 +208,10 @@ class PackedModule(pl.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """trainer.gradient_clip_val clips each member's gradient norm on its own, as its single run would."""
         if gradient_clip_val:
-            clip_per_member(list(self.stack.parameters()), float(gradient_clip_val))
+            clip_per_member([self.stack.flat], float(gradient_clip_val))
 
     def configure_optimizers(self):
-        stacked = self.stack.stacked()
-        decay = [p for p in stacked.values() if p.dim() >= 3]  # (E, ...) matrices decay, as HeadLabModule's
-        no_decay = [p for p in stacked.values() if p.dim() < 3]
-        groups = [{"params": decay, "decay": True}, {"params": no_decay, "decay": False}]
+        groups = [{"params": [self.stack.flat], "decay": self.stack.decay_mask}]  # matrices decay, as in a single run
         return PackedAdamW(
             groups,
             lr=[o["lr"] for o in self.optim],
@@ -310,17 +364,16 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     scale = float(pl_module.lr_scale(step)[e])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: scale)
     solo = optimizer.state_dict()
-    packed_state = pl_module.optimizers().optimizer.state
-    stacked = pl_module.stack.stacked()
-    order = [n for n, p in module.model.named_parameters() if p.dim() >= 2]
-    order += [n for n, p in module.model.named_parameters() if p.dim() < 2]
-    for i, name in enumerate(order):
-        moments = packed_state.get(stacked[name])
-        if moments:
+    moments = pl_module.optimizers().optimizer.state.get(pl_module.stack.flat)
+    if moments:
+        exp_avg, exp_avg_sq = (pl_module.stack.member_state(e, moments[k]) for k in ("exp_avg", "exp_avg_sq"))
+        order = [n for n, p in module.model.named_parameters() if p.dim() >= 2]
+        order += [n for n, p in module.model.named_parameters() if p.dim() < 2]
+        for i, name in enumerate(order):
             solo["state"][i] = {
                 "step": torch.tensor(float(moments["step"])),
-                "exp_avg": moments["exp_avg"][e].detach().cpu().clone(),
-                "exp_avg_sq": moments["exp_avg_sq"][e].detach().cpu().clone(),
+                "exp_avg": exp_avg[name].cpu(),
+                "exp_avg_sq": exp_avg_sq[name].cpu(),
             }
     schedule_state = schedule.state_dict()
     schedule_state.update(last_epoch=step, _step_count=step + 1)

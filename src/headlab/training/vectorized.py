@@ -13,17 +13,23 @@ from torch.func import functional_call, stack_module_state, vmap
 
 
 class Stacked(nn.Module):
-    """The parameters of E models of one architecture, stacked: `forward(*inputs)` runs model e on inputs[.][e].
+    """The parameters of E models of one architecture in one flat (E, P) parameter: `forward(*inputs)` runs
+    model e on inputs[.][e] with row e. One tensor for all parameters of all members makes the optimizer step and
+    gradient clipping a handful of kernels, whatever the number of members and parameter tensors.
 
     A copy of the first model serves as the code (its forward); the models themselves are left as they were.
-    Parameters are registered under the model's names with "." written as "__" (attribute names hold no dots).
+    `decay_mask` (P,) marks the entries of matrices (weight decay applies to them, as in a single run's AdamW).
     """
 
     def __init__(self, models: list[nn.Module]):
         super().__init__()
         params, buffers = stack_module_state(models)  # name -> (E, ...)
-        self.names = list(params)
-        self.params = nn.ParameterDict({n.replace(".", "__"): nn.Parameter(t) for n, t in params.items()})
+        E = len(models)
+        self.names, self.shapes = list(params), [tuple(t.shape[1:]) for t in params.values()]
+        self.sizes = [t[0].numel() for t in params.values()]
+        self.flat = nn.Parameter(torch.cat([t.reshape(E, -1) for t in params.values()], dim=1))  # (E, P)
+        mask = torch.cat([torch.full((n,), len(shape) >= 2) for n, shape in zip(self.sizes, self.shapes, strict=True)])
+        self.register_buffer("decay_mask", mask, persistent=False)
         for name, tensor in buffers.items():
             self.register_buffer("buffer__" + name.replace(".", "__"), tensor, persistent=False)
         self.buffer_names = list(buffers)
@@ -32,11 +38,18 @@ class Stacked(nn.Module):
 
     @property
     def size(self) -> int:
-        return next(iter(self.params.values())).shape[0]
+        return self.flat.shape[0]
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> (E, ...) view of an (E, P) tensor laid out like the parameters (the parameters, their
+        gradients, AdamW's moments). One split: its backward writes every gradient in one pass."""
+        E = flat.shape[0]
+        chunks = flat.split(self.sizes, dim=1)
+        return {n: c.view(E, *shape) for n, c, shape in zip(self.names, chunks, self.shapes, strict=True)}
 
     def stacked(self) -> dict[str, torch.Tensor]:
         """name -> (E, ...) parameter, under the model's own names."""
-        return {n: self.params[n.replace(".", "__")] for n in self.names}
+        return self.views(self.flat)
 
     def stacked_buffers(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, "buffer__" + n.replace(".", "__")) for n in self.buffer_names}
@@ -64,9 +77,10 @@ class Stacked(nn.Module):
             return torch.stack(members)
         return vmap(member, randomness="different")(params, buffers, *inputs)
 
-    def member_state(self, e: int) -> dict[str, torch.Tensor]:
-        """Member e's parameters as the model's own state dict entries (persistent buffers have none here)."""
-        return {n: t[e].detach().clone() for n, t in self.stacked().items()}
+    def member_state(self, e: int, flat: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Member e's parameters (or row e of another tensor laid out like them) as the model's own state dict
+        entries (persistent buffers have none here)."""
+        return {n: t[e].detach().clone() for n, t in self.views(self.flat if flat is None else flat).items()}
 
     @torch.no_grad()
     def load_member(self, e: int, state: dict[str, torch.Tensor]) -> None:
@@ -78,8 +92,9 @@ class PackedAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update on stacked parameters, with an (E,) learning rate, weight decay and betas.
 
     Written as torch's single-tensor AdamW (decoupled weight decay, bias corrections, eps outside the square root)
-    so that member e follows exactly the steps an AdamW of its own would take. Parameters with `decay=False` in
-    their group (biases, norms, vectors: the solo run's no-decay group) get no weight decay. `scale` (E,) multiplies
+    so that member e follows exactly the steps an AdamW of its own would take. A group's `decay` says which
+    entries get weight decay: True, False (biases, norms, vectors: the single run's no-decay group), or a mask
+    along the last dimension (Stacked.decay_mask). `scale` (E,) multiplies
     every member's learning rate (the schedule); `alive` (E,) bool freezes members that diverged.
     """
 
@@ -111,7 +126,10 @@ class PackedAdamW(torch.optim.Optimizer):
                     state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
                 t, grad, exp_avg, exp_avg_sq = state["step"], p.grad, state["exp_avg"], state["exp_avg_sq"]
-                if group["decay"]:
+                decay = group["decay"]
+                if isinstance(decay, torch.Tensor):  # 1 - lr wd on the masked entries, 1 elsewhere
+                    p.sub_(p * decay.to(p.dtype) * _column(lr * self.weight_decay.to(lr.device), p))
+                elif decay:
                     p.mul_(_column(1 - lr * self.weight_decay.to(lr.device), p))
                 exp_avg.lerp_(grad, _column(1 - beta1, p))
                 exp_avg_sq.mul_(_column(beta2, p))

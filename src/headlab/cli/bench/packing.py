@@ -89,7 +89,7 @@ def pack_step(shape: dict, E: int, device):
             logits = stack(tokens, mask)
         loss = F.cross_entropy(logits.reshape(-1, shape["classes"]).float(), labels.reshape(-1))
         loss.backward()
-        clip_per_member(params, 1.0)
+        clip_per_member([stack.flat], 1.0)
         optimizer.step()
 
     return step
@@ -177,5 +177,5 @@ def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
 
 if __name__ == "__main__":  # a quick look: python -m headlab.cli.bench.packing [cuda]
     device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
-    for row in pack_throughput(device, (1, 4, 16), 3):
+    for row in pack_throughput(device, (1, 4, 16, 64) if device.type == "cuda" else (1, 4, 16), 5):
         print(row)
