@@ -101,35 +101,48 @@ class AttentionLogger(pl.Callback):
         model.train(was_training)
         return probe, weights
 
-    def log_heads(self, model, datamodule, loggers: list, step: int, device) -> None:
-        """Statistics of every head on the probe batch to every logger; maps, similarity and the table to W&B."""
+    def log_heads(self, model, datamodule, loggers: list, step: int, device, render=None) -> dict | None:
+        """Statistics of every head on the probe batch to every logger. With a W&B logger, the maps, similarity
+        and table too: rendered here, or (render=False) returned as a snapshot for log_media, so that a pack
+        can render its members' figures in parallel (figures.render_heads)."""
         started = time.perf_counter()
         probe, weights = self._attention(model, datamodule, device)
         report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
         scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
-        self._log_media(model, datamodule, loggers, probe, weights, report, step)
+        snapshot = None
+        if _wandb_loggers(loggers):
+            length = int((~probe["padding_mask"][0]).sum())
+            tokens = model.attention_labels(datamodule.token_strings(probe["tokens"][0, :length].cpu()))
+            n = len(tokens)
+            snapshot = {
+                "weights": [w[0, :, :n, :n].float().cpu().numpy() for w in weights],
+                "tokens": tokens,
+                "similarity": report["similarity"].cpu().numpy(),
+                "n_heads": model.n_heads,
+                "rows": report["rows"],
+                "step": step,
+            }
+            if render is not False:
+                self.log_media(loggers, snapshot, figures.render_heads(snapshot))
+                snapshot = None
         self.logging_seconds += time.perf_counter() - started
+        return snapshot
 
-    def _log_media(self, model, datamodule, loggers, probe: dict, weights: list, report: dict, step: int) -> None:
-        wandb_loggers = _wandb_loggers(loggers)
-        if not wandb_loggers:
-            return
+    @staticmethod
+    def log_media(loggers: list, snapshot: dict, pngs: dict[str, bytes]) -> None:
+        """The rendered figures and the statistics table of a snapshot, to W&B."""
+        import io
+
         import wandb
+        from PIL import Image
 
-        length = int((~probe["padding_mask"][0]).sum())
-        tokens = model.attention_labels(datamodule.token_strings(probe["tokens"][0, :length].cpu()))
-        n = len(tokens)
-        media = {}
-        for layer, w in enumerate(weights):
-            fig = figures.attention_maps(w[0, :, :n, :n], tokens, title=f"layer {layer}, probe example 0")
-            media[f"attention/layer_{layer}"] = wandb.Image(fig)
-        media["heads/similarity"] = wandb.Image(figures.similarity_map(report["similarity"], model.n_heads))
+        media = {name: wandb.Image(Image.open(io.BytesIO(data))) for name, data in pngs.items()}
         columns = ["layer", "head", *statistics.STATISTICS]
-        media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in report["rows"]])
-        for logger in wandb_loggers:
-            logger.experiment.log({**media, "trainer/global_step": step})
+        media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in snapshot["rows"]])
+        for logger in _wandb_loggers(loggers):
+            logger.experiment.log({**media, "trainer/global_step": snapshot["step"]})
 
     def write_report(self, model, datamodule, loggers: list, device) -> None:
         """heads.json: every head's statistics on the probe batch, and its importance and the pruning curve."""

@@ -10,6 +10,7 @@ Shapes: E members, B batch, n positions, C classes.
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+from headlab.analysis.figures import render_heads
 from headlab.conventions import IGNORE_INDEX, PAD_ID
 from headlab.data.datamodule import BucketBatchSampler, SeededSampler, collate
 from headlab.model import count_parameters, flops_per_token
@@ -247,6 +249,7 @@ class MemberOutputs(pl.Callback):
 
     def __init__(self, members: list[Member], pack_id: str, meter: ThroughputMeter):
         self.members, self.pack_id, self.meter = members, pack_id, meter
+        self._pool = None
 
     def _alive(self, pl_module) -> list[bool]:
         return pl_module.alive.tolist()
@@ -277,6 +280,7 @@ class MemberOutputs(pl.Callback):
         metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("val").items()}
         if trainer.sanity_checking:
             return
+        snapshots = []
         for member, alive in zip(self.members, self._alive(pl_module), strict=True):
             if not alive:
                 continue
@@ -287,7 +291,36 @@ class MemberOutputs(pl.Callback):
             attention = member.callback(AttentionLogger)
             if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
                 model = self.member_model(member, pl_module)
-                attention.log_heads(model, member.datamodule, member.loggers, trainer.global_step, pl_module.device)
+                step, device = trainer.global_step, pl_module.device
+                snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, render=False)
+                if snapshot is not None:
+                    snapshots.append((member, snapshot))
+        if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
+            started = time.perf_counter()
+            for (member, snapshot), pngs in zip(
+                snapshots, self.render_pool().map(render_heads, [s for _, s in snapshots]), strict=True
+            ):
+                AttentionLogger.log_media(member.loggers, snapshot, pngs)
+            log.info(
+                "pack %s: figures of %d members in %.1f s", self.pack_id, len(snapshots), time.perf_counter() - started
+            )
+
+    def render_pool(self):
+        """Worker processes for figures, started once per pack (forkserver: clean children, matplotlib preloaded)."""
+        if self._pool is None:
+            import multiprocessing
+            import os
+            from concurrent.futures import ProcessPoolExecutor
+
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["headlab.analysis.figures"])
+            workers = max(1, min(len(self.members), (os.cpu_count() or 2) - 1))
+            self._pool = ProcessPoolExecutor(workers, mp_context=context)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -459,7 +492,13 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
     module = PackedModule([m.module.model for m in members], [m.module.hparams for m in members])
     for member in members:
         member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
-        loggers_.start(member.loggers, {**member.flat_config, "pack.id": pack_id, "pack.size": size})
+    with ThreadPoolExecutor(8) as pool:  # W&B runs start in about 0.3 s each, mostly waiting on its service
+        starts = [
+            pool.submit(loggers_.start, m.loggers, {**m.flat_config, "pack.id": pack_id, "pack.size": size})
+            for m in members
+        ]
+        for started in starts:
+            started.result()
     meter = ThroughputMeter()
     outputs = MemberOutputs(members, pack_id, meter)
     callbacks = [meter, outputs, RandomState()] + [
@@ -506,6 +545,7 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
             results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
         failed = False
     finally:
+        outputs.close()
         for member in members:
             wandb = loggers_.finish(member.loggers, failed)
             member.wandb = wandb
