@@ -6,6 +6,7 @@ Jobs can share a pack when their configurations differ only in PER_MEMBER keys (
 
 import contextlib
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,6 +88,8 @@ def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initia
             if id(job) not in done and job.record.get("status") == "running":
                 with contextlib.suppress(BaseException):  # close_job re-raises interrupts once recorded
                     close_job(job, error=error)
+        if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
+            raise SystemExit(128 + signal.SIGTERM) from error
         raise
     return returns
 

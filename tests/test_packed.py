@@ -1,0 +1,128 @@
+"""Packed sweeps through the real CLI: every member is a run, trains like its single run, and survives faults."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TINY, cli_env, headlab_train
+from headlab.cli.packed import pack_key
+
+pytestmark = pytest.mark.e2e
+FLOAT64 = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.log_every_n_steps=1"]
+
+
+def records(sweep) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"), key=lambda p: int(p.parent.name))]
+
+
+def step_losses(run_dir) -> list[float]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [float(row["train/loss_step"]) for row in csv.DictReader(f) if row.get("train/loss_step")]
+
+
+def test_pack_key_ignores_what_members_may_differ_in():
+    base = {"seed": 0, "optim.lr": 1e-3, "model.attention.n_heads": 4, "logger.csv.save_dir": "/a"}
+    assert pack_key(base) == pack_key({**base, "seed": 5, "optim.lr": 1e-2, "logger.csv.save_dir": "/b"})
+    assert pack_key(base) != pack_key({**base, "model.attention.n_heads": 2})
+
+
+def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path):
+    """float64 on the CPU: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job run alone. The
+    losses agree to rounding (1e-15 at the first step; AdamW's different order of rounding grows to ~1e-9 over
+    16 steps of this size)."""
+    sweep = tmp_path / "sweep"
+    packed = run_cli(
+        "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, f"hydra.sweep.dir={sweep}"
+    )
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, "hydra.run.dir=alone")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+
+    runs = records(sweep)
+    assert [r["status"] for r in runs] == ["completed"] * 4
+    assert {r["pack"]["id"] for r in runs} == {f"{sweep.name}-pack0"} and [r["pack"]["index"] for r in runs] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    member = next(i for i, r in enumerate(runs) if r["seed"] == 1 and r["config"]["optim.lr"] == 1e-2)
+    ours, theirs = step_losses(sweep / str(member)), step_losses(tmp_path / "alone")
+    assert len(ours) == len(theirs) == 16
+    assert abs(ours[0] - theirs[0]) < 1e-12
+    assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-7
+    single = json.loads((tmp_path / "alone" / "results.json").read_text())
+    for key in ("val/acc_best", "test/acc"):
+        assert runs[member]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9)
+    assert set(single) - set(runs[member]) == set()  # the single run's schema, plus "pack"
+
+    # each member is an ordinary run: its files, its checkpoint for headlab-heads, its last.ckpt for resume=
+    run = sweep / str(member)
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "heads.json").is_file()
+    assert len(list((run / "checkpoints").glob("best-*.ckpt"))) == 1 and (run / "checkpoints" / "last.ckpt").is_file()
+    heads = subprocess.run(
+        [sys.executable, "-m", "headlab.cli.heads", str(run)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert heads.returncode == 0, heads.stderr[-2000:]
+    resumed = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, f"resume={run}")  # training done: it tests the best again
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((run / "results.json").read_text())
+    assert again["metrics"]["test/acc"] == pytest.approx(runs[member]["metrics"]["test/acc"], abs=1e-9)
+    assert again["global_step"] == runs[member]["global_step"]
+
+
+def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(run_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = run_cli(
+        "-m", "hydra/launcher=packed", "model.attention.n_heads=1,2", "optim.lr=1e-3,1e30", *TINY, "logger=csv",
+        "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert done.returncode == 1  # some jobs failed: the sweep says so
+    runs = records(sweep)
+    packs = {r["config"]["model.attention.n_heads"]: r["pack"]["id"] for r in runs if "pack" in r}
+    assert len(set(packs.values())) == 2
+    for r in runs:
+        if r["config"]["optim.lr"] == 1e30:
+            assert r["status"] == "failed" and "non-finite training loss" in r["error"]
+        else:
+            assert r["status"] == "completed" and r["pack"]["size"] == 2
+    assert "did not complete" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_pack_stopped_by_sigterm_records_every_member_and_resumes(tmp_path):
+    sweep = tmp_path / "sweep"
+    slow = [*TINY, "data.n_train=8000", "trainer.max_epochs=3", "logger=csv", f"hydra.sweep.dir={sweep}"]
+    command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", *slow]
+    process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not list(sweep.glob("*/checkpoints/last.ckpt")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)  # the first validation wrote the members' checkpoints: training is under way
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    assert process.returncode != 0
+    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 3
+    assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(3))
+
+    again = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "sweep.resume=true", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["status"] for r in records(sweep)] == ["completed"] * 3
+    assert all(r["epochs"] == 3 for r in records(sweep))
+
+
+def test_packs_refuse_what_they_cannot_do(run_cli):
+    for overrides, message in (
+        (["trainer=ddp_cpu"], "trainer.devices=2 is invalid: expected 1 with hydra/launcher=packed"),
+        (["resume=somewhere"], "resume='somewhere' is invalid"),
+    ):
+        done = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=none", *overrides)
+        assert message in done.stderr and "Traceback" not in done.stderr
+        assert done.returncode != 0
