@@ -333,3 +333,21 @@ def test_empty_batches_give_empty_scores_and_gradients(additive_path):
     scores = additive_scores(q, k, w.requires_grad_())
     scores.sum().backward()
     assert scores.shape == (0, 2, 5, 4) and q.grad.shape == q.shape and torch.equal(w.grad, torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("n", [12, 300])  # weights stored; fused (B H n^2 above FUSED_ABOVE)
+def test_additive_attention_under_bf16_autocast_runs_and_matches_float32(n, additive_path):
+    """Mixed precision hands the additive functions bf16 q, k, v and an fp32 w: they compute in fp32 and return
+    each gradient in its input's dtype (this crashed in the backward pass once)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 4, scoring="additive")
+    x = torch.randn(64 if n > 100 else 2, n, 64, requires_grad=True)
+    out, _ = mha(x, need_weights=False)
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _ = mha(x, need_weights=False)
+    (grad_low,) = torch.autograd.grad(low.float().square().sum(), x)
+    eps = torch.finfo(torch.bfloat16).eps  # projections and output rounded to bf16: a few eps relative
+    assert low.dtype == torch.bfloat16 and torch.isfinite(grad_low).all()
+    assert (low.float() - out).norm() / out.norm() < 8 * eps
+    assert (grad_low - grad).norm() / grad.norm() < 16 * eps

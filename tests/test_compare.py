@@ -72,8 +72,11 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
     (root / "0" / "results.json").write_text("{not json")
     (root / "empty").mkdir()
     write_run(root / "failed", 8, "dot", 0, 0.0, status="failed")
+    (root / "bare").mkdir()
+    (root / "bare" / "results.json").write_text('{"status": "completed", "metrics": {"test/acc": 1.0}}')
     main([str(root), str(root / "empty")])
     err = capsys.readouterr().err
+    assert f"skipped {root / 'bare' / 'results.json'}: a completed record without config" in err
     assert f"skipped {root / '0' / 'results.json'}: JSONDecodeError" in err
     assert f"skipped {root / 'empty'}: no results.json below it" in err
     assert f"failed run {root / 'failed'}" in err
@@ -126,3 +129,19 @@ def test_pruning_curves_are_averaged_over_seeds(tmp_path):
     text = (tmp_path / "compare.md").read_text()
     half_width = stats.t.ppf(0.975, 1) * np.std([0.8, 0.6], ddof=1) / np.sqrt(2)
     assert f"| 1 | 0.50 | 0.7000 ± {half_width:.4f} |" in text and "| 2 | 1.00 | 0.4000" in text
+
+
+def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):
+    """What W&B's API returns for a run whose val/acc was defined with summary="max" (headlab's loggers do)."""
+    import wandb
+
+    from headlab.cli.compare import load_wandb
+
+    class Run:
+        summary = {"val/acc": {"max": 0.75}, "test/acc": 0.7, "heads/table": {"_type": "table-file"}, "_step": 9}
+        config = {"model.attention.n_heads": 4, "seed": 1}
+        url, state = "https://wandb.example/run", "finished"
+
+    monkeypatch.setattr(wandb, "Api", lambda timeout: type("Api", (), {"runs": lambda self, path, filters: [Run()]})())
+    runs = load_wandb("entity/project", None)
+    assert runs.completed[0]["metrics"] == {"val/acc_best": 0.75, "val/acc": 0.75, "test/acc": 0.7, "_step": 9}

@@ -174,3 +174,30 @@ def test_random_valid_attention_configurations_run_forward_and_backward(
     assert out.shape == x.shape and torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     if need_weights:
         assert torch.isfinite(weights).all() and torch.all(weights.masked_select(mask[:, None, None, :]) == 0)
+
+
+@pytest.mark.e2e
+def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, tmp_path):
+    first = run_cli(*TINY, "logger=csv", "model.attention.n_heads=2", "seed=3", "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = tmp_path / "run"
+    record = (run / "results.json").read_bytes()
+
+    differs = run_cli(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
+    assert differs.returncode == 2 and "model.attention.n_heads=4 is invalid: expected 2" in differs.stderr
+    assert (run / "results.json").read_bytes() == record
+
+    last = run / "checkpoints" / "last.ckpt"
+    whole = last.read_bytes()
+    last.write_bytes(whole[: len(whole) // 2])  # a checkpoint cut short (a full disk, say)
+    truncated = run_cli(f"resume={run}")
+    assert truncated.returncode == 2 and "resume=" in truncated.stderr and "Traceback" not in truncated.stderr
+    assert (run / "results.json").read_bytes() == record
+    last.write_bytes(whole)
+
+    alone = run_cli(f"resume={run}")  # no overrides: the configuration the run saved
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    after = json.loads((run / "results.json").read_text())
+    before = json.loads(record)
+    assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
+    assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]

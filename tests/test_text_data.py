@@ -250,3 +250,20 @@ def test_bucketing_batches_similar_lengths_and_covers_every_example_once():
     assert batches == list(sampler)
     sampler.set_epoch(1)
     assert batches != list(sampler)
+
+
+def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path, caplog):
+    rows = "text,label\n" + "".join(f"word{i} word{i + 1},{i % 2}\n" for i in range(60))
+    (tmp_path / "train.csv").write_text(rows)
+    dm = datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})
+    dm.setup()
+    arrays = dm.cache_path / "arrays.npz"
+    arrays.write_bytes(arrays.read_bytes()[:100])  # truncated, as a killed copy or a full disk leaves it
+    again = datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})
+    with caplog.at_level("WARNING", logger="headlab"):
+        again.setup()
+    assert not again.loaded_from_cache and "arrays.npz" in caplog.text and "rebuilding" in caplog.text
+    assert [y for _, y in again.splits["train"]] == [y for _, y in dm.splits["train"]]  # (tokenizer ids may differ)
+    third = datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})
+    third.setup()
+    assert third.loaded_from_cache

@@ -40,7 +40,10 @@ def load_dirs(dirs: list[Path]) -> Runs:
             except (OSError, ValueError, KeyError, TypeError) as error:
                 runs.unreadable.append((str(path), f"{type(error).__name__}: {error}"))
                 continue
-            if status == "completed":
+            missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
+            if status == "completed" and missing:
+                runs.unreadable.append((str(path), f"a completed record without {' or '.join(missing)}"))
+            elif status == "completed":
                 runs.completed.append({**record, "where": str(path.parent)})
             else:
                 runs.failed.append((str(path.parent), record.get("error", status)))
@@ -54,14 +57,23 @@ def load_wandb(path: str, group: str | None) -> Runs:
     runs = Runs()
     filters = {"group": group} if group else {}
     for run in wandb.Api(timeout=30).runs(path, filters=filters):
-        summary = dict(run.summary)  # val/acc there is the best epoch's (define_metric summary="max")
-        record = {"config": dict(run.config), "metrics": {**summary, "val/acc_best": summary.get("val/acc")}}
+        summary = {k: _summary_value(v) for k, v in dict(run.summary).items()}
+        summary = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        record = {"config": dict(run.config), "metrics": {"val/acc_best": summary.get("val/acc"), **summary}}
         record["where"] = run.url
         if run.state == "finished":
             runs.completed.append(record)
         else:
             runs.failed.append((run.url, run.state))
     return runs
+
+
+def _summary_value(value):
+    """A W&B summary value as a number: metrics defined with summary="max" (or min, last) come back as
+    {"max": ...}; media and tables stay what they are (and are left out)."""
+    if isinstance(value, dict):
+        return next((value[k] for k in ("max", "min", "last", "mean") if k in value), value)
+    return value
 
 
 def _hashable(value):

@@ -6,6 +6,8 @@ from importlib.resources import files
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from headlab.errors import ConfigError
+
 
 def _flat(text: str) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
@@ -38,7 +40,10 @@ def _unknown_key(error: ConfigCompositionException) -> str:
 
 
 def one_line(error: BaseException) -> str | None:
-    """The one-line message for an error Hydra raised before or while composing a job; None for any other."""
+    """The one-line message for an error Hydra raised before or while composing a job, or headlab's own about a
+    sweep's settings (hydra.launcher.*); None for any other."""
+    if isinstance(error, ConfigError):
+        return f"invalid config: {error}"
     if isinstance(error, MissingConfigException):
         return _unknown_option(error)
     if isinstance(error, OverrideParseException):

@@ -51,7 +51,10 @@ def prepare(cfg) -> Job | float:
 def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int):
     """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher."""
     from headlab.training import packed
+    from headlab.training.config_check import POSITIVE, fail
 
+    if not POSITIVE[0](max_pack):
+        fail("hydra.launcher.max_pack", max_pack, POSITIVE[1])
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -5,6 +5,7 @@ reported in one line at once. Every job ends with results.json in its run direct
 sweep (-m) a failed job is recorded and the others go on.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -75,6 +76,9 @@ def open_job(cfg: DictConfig) -> Job | float:
     job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN)
     if cfg.resume and (run_dir / "results.json").is_file():
         job.previous = (run_dir / "results.json").read_text()
+        with contextlib.suppress(ValueError, KeyError):  # composed from the run's saved config, the choice of each
+            before = json.loads(job.previous)["config"]  # group (data=..., model=...) is known from its record only
+            record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}
     return job
 
 
@@ -153,9 +157,25 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
     write_json_atomic(job.run_dir / "results.json", record)
 
 
+def resume_argv(argv: list[str]) -> list[str]:
+    """`headlab-train resume=<run dir> [overrides]`: composed from the configuration the run saved
+    (<run dir>/.hydra/config.yaml), so the run continues as it was started; overrides given with it must equal
+    the saved values (check_resume refuses the others). Hydra does not rewrite the run's .hydra/ files: a refused
+    resume leaves the run as it was."""
+    run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    if not run_dir or any(a in ("-m", "--multirun") for a in argv):
+        return argv
+    argv = ["hydra.output_subdir=null", *argv]
+    saved = Path(run_dir) / ".hydra" / "config.yaml"
+    if not saved.is_file() or any(a.startswith(("--config", "-c")) for a in argv):
+        return argv
+    return ["--config-dir", str(saved.parent), "--config-name", "config", f"hydra.run.dir={run_dir}", *argv]
+
+
 def cli() -> None:
     """headlab-train: Hydra's own errors, like headlab's, are one line on stderr and exit code 2."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
+    sys.argv[1:] = resume_argv(sys.argv[1:])
     try:
         main()
     except Exception as error:

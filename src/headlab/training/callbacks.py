@@ -214,8 +214,8 @@ def _wandb_loggers(loggers: list) -> list:
 
 
 class RandomState(pl.Callback):
-    """Keeps the random generators' states in every checkpoint and restores them on resume, so that a resumed
-    run draws the same shuffles and dropout masks as the run left alone would have."""
+    """Keeps the random generators' states (torch's CPU and CUDA generators, numpy, python) in every checkpoint
+    and restores them on resume, so that a resumed run draws the same dropout masks as the run left alone."""
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -224,6 +224,8 @@ class RandomState(pl.Callback):
             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
             "python": random.getstate(),
         }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            checkpoint["random_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):
         if "random_state" in checkpoint:
@@ -232,6 +234,8 @@ class RandomState(pl.Callback):
             kind, keys, pos, has_gauss, gauss = state["numpy"]
             np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
             random.setstate(tuple(state["python"]))
+            if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class SaveOnInterrupt(pl.Callback):

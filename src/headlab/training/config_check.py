@@ -5,7 +5,7 @@ Only omegaconf is imported here, so that a wrong value is reported in well under
 
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from headlab.conventions import CHOICES
 from headlab.errors import ConfigError
@@ -80,6 +80,22 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "optim.warmup": PROBABILITY,
     "trainer.max_epochs": POSITIVE,
+    "trainer.log_every_n_steps": POSITIVE,
+    "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
+    "tf32": (lambda v: isinstance(v, bool), "true or false"),
+    "optim.betas": (
+        lambda v: isinstance(v, list | tuple | ListConfig) and len(v) == 2 and all(probability(b) for b in v),
+        "two numbers in [0, 1), e.g. [0.9, 0.98]",
+    ),
+    "callbacks.attention.every_n_val_epochs": POSITIVE,
+    "callbacks.attention.n_probe": POSITIVE,
+    "callbacks.attention.importance": (lambda v: isinstance(v, bool), "true or false"),
+    "callbacks.attention.pruning_step": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "callbacks.attention.analysis_batches": POSITIVE,
+    "callbacks.attention.sentences": (
+        lambda v: isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v),
+        "a list of strings",
+    ),
 }
 
 _ABSENT = object()

@@ -28,7 +28,7 @@ from headlab.training import loggers as loggers_
 from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
 from headlab.training.module import HeadLabModule, warmup_cosine
 from headlab.training.results import write_bytes_atomic
-from headlab.training.run import build, instantiate_all, instantiate_node
+from headlab.training.run import build, configure_torch, instantiate_all, instantiate_node
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 log = logging.getLogger("headlab")
@@ -484,7 +484,7 @@ def members_that_fit(members: list[Member]) -> int:
 def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it."""
-    logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console already
+    configure_torch(members[0].cfg, torch.get_num_threads())
     for index, member in enumerate(members):
         member.index = index
     size = len(members)

@@ -2,6 +2,7 @@
 
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -87,16 +88,25 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     return datamodule, model
 
 
+def configure_torch(cfg: DictConfig, threads: int) -> None:
+    """What the process's torch should do for this run: its CPU threads, TF32 on GPUs, and no warnings that only
+    repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md)."""
+    logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
+    # own console handler would double each line
+    torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision("high" if cfg.get("tf32", True) else "highest")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+
+
 def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns.
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep).
     """
-    logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
-    # own console handler would double each line
     ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
     threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
-    torch.set_num_threads(threads)
+    configure_torch(cfg, threads)
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
