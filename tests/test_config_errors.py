@@ -70,7 +70,7 @@ CASES = [
     ),
     Case(
         "max_pack=0",
-        ["-m", "hydra/launcher=packed", "hydra.launcher.max_pack=0", "seed=0,1"],
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=0", "seed=0,1"],
         "invalid config: hydra.launcher.max_pack=0 is invalid: expected an int >= 1",
     ),
     Case(
@@ -111,7 +111,7 @@ CASES = [
     unknown(
         "experiment", "fixed_head_size, head_pruning, heads_fixed_width, heads_vs_depth, key_size, scoring, sst2_recipe"
     ),
-    unknown("hydra/launcher", "basic, joblib, local, slurm, submitit_local, submitit_slurm"),
+    unknown("hydra/launcher", "basic, joblib, local, packed, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, optuna, search"),
     Case(
         "+scoring=nope",

@@ -248,7 +248,7 @@ def test_bucketing_batches_similar_lengths_and_covers_every_example_once():
     spread = np.mean([np.ptp([lengths[i] for i in b]) for b in batches])
     assert spread < 10  # random batches of 10 would spread over about 80
     assert batches == list(sampler)
-    sampler.set_epoch(1)
+    sampler.sampler.set_epoch(1)  # Lightning sets the epoch of a batch sampler's sampler
     assert batches != list(sampler)
 
 

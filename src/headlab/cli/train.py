@@ -15,6 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib.resources import files
 from pathlib import Path
 
 import hydra
@@ -158,16 +159,19 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
 
 
 def resume_argv(argv: list[str]) -> list[str]:
-    """`headlab-train resume=<run dir> [overrides]`: composed from the configuration the run saved
-    (<run dir>/.hydra/config.yaml), so the run continues as it was started; overrides given with it must equal
-    the saved values (check_resume refuses the others). Hydra does not rewrite the run's .hydra/ files: a refused
+    """`headlab-train resume=<run dir> [key=value ...]`: composed from the configuration the run saved
+    (<run dir>/.hydra/config.yaml), so the run continues as it was started; values given with it must equal the
+    saved ones (check_resume refuses the others). With a config group among the overrides (logger=csv) it is
+    composed as usual, from every override given again. Hydra does not rewrite the run's .hydra/ files: a refused
     resume leaves the run as it was."""
     run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
     if not run_dir or any(a in ("-m", "--multirun") for a in argv):
         return argv
     argv = ["hydra.output_subdir=null", *argv]
     saved = Path(run_dir) / ".hydra" / "config.yaml"
-    if not saved.is_file() or any(a.startswith(("--config", "-c")) for a in argv):
+    group_names = {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
+    keys = [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a]
+    if not saved.is_file() or any("/" in k or k in group_names for k in keys) or any(a.startswith("-") for a in argv):
         return argv
     return ["--config-dir", str(saved.parent), "--config-name", "config", f"hydra.run.dir={run_dir}", *argv]
 

@@ -65,7 +65,23 @@ class BucketBatchSampler(Sampler[list[int]]):
         return -(-len(self.lengths) // self.batch_size)
 
 
-class ExampleDataModule(pl.LightningDataModule):
+class SplitLoaders:
+    """train_dataloader, val_dataloader and test_dataloader from one `_loader(split, shuffle)`: training shuffled."""
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val")
+
+    def test_dataloader(self):
+        return self._loader("test")
+
+
+class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
     """Train / val / test lists of examples, batched with dynamic padding. Subclasses fill self.splits in setup().
 
     They also say what the model needs (level, vocab_size, n_classes, max_len) and how ids read (token_strings).
@@ -107,15 +123,6 @@ class ExampleDataModule(pl.LightningDataModule):
             return DataLoader(examples, batch_sampler=sampler, **common)
         sampler = SeededSampler(len(examples), self.seed) if shuffle else None
         return DataLoader(examples, batch_size=self.batch_size, sampler=sampler, **common)
-
-    def train_dataloader(self):
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self):
-        return self._loader("val")
-
-    def test_dataloader(self):
-        return self._loader("test")
 
 
 class TaskDataModule(ExampleDataModule):

@@ -22,7 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from headlab.analysis.figures import render_heads
 from headlab.conventions import IGNORE_INDEX, PAD_ID
-from headlab.data.datamodule import BucketBatchSampler, SeededSampler, collate
+from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoaders, collate
 from headlab.model import count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
 from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
@@ -104,7 +104,7 @@ def stack_batches(batches: list[dict], n: int) -> dict:
     }
 
 
-class PackedData(pl.LightningDataModule):
+class PackedData(SplitLoaders, pl.LightningDataModule):
     """The members' data side by side: batch i of a split is batch i of every member, stacked, drawn in the
     order each member's single run would draw it."""
 
@@ -123,15 +123,6 @@ class PackedData(pl.LightningDataModule):
         lengths = data.lengths.tolist() if shuffle and first.bucketing else None
         sampler = PackSampler(len(data), self.batch_size, seeds, lengths)
         return DataLoader(data, sampler=sampler, batch_size=None, num_workers=0)
-
-    def train_dataloader(self):
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self):
-        return self._loader("val")
-
-    def test_dataloader(self):
-        return self._loader("test")
 
 
 class PackedModule(pl.LightningModule):
@@ -546,9 +537,10 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
         failed = False
     finally:
         outputs.close()
-        for member in members:
-            wandb = loggers_.finish(member.loggers, failed)
-            member.wandb = wandb
+        with ThreadPoolExecutor(8) as pool:  # W&B runs finish while they flush: in parallel
+            identities = list(pool.map(lambda m: loggers_.finish(m.loggers, failed), members))
+        for member, identity in zip(members, identities, strict=True):
+            member.wandb = identity
     for member, result in zip(members, results, strict=True):
         if isinstance(result, dict):
             result["wandb"] = member.wandb

@@ -19,7 +19,9 @@ class PackedLauncherConf:
     max_pack: int = 64  # members per pack at most; a memory check may split a pack further
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="headlab_packed", node=PackedLauncherConf, provider="headlab")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="_headlab_packed", node=PackedLauncherConf, provider="headlab"
+)
 
 
 class PackedLauncher(Launcher):
