@@ -126,3 +126,24 @@ def test_packs_refuse_what_they_cannot_do(run_cli):
         done = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=none", *overrides)
         assert message in done.stderr and "Traceback" not in done.stderr
         assert done.returncode != 0
+
+
+def test_a_packed_sweep_on_text_files_prepares_the_data_once(run_cli, tmp_path):
+    words = ["good", "bad", "film", "plot", "dull", "great", "story", "actor"]
+    for split, n in (("train", 120), ("val", 30), ("test", 30)):
+        rows = [
+            f"{words[i % 8]} {words[(i * 3) % 8]} {words[(i * 5) % 8]},{int(words[i % 8] in ('good', 'great'))}"
+            for i in range(n)
+        ]
+        (tmp_path / f"{split}.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    data = ["data=files", *(f"data.files.{s}={tmp_path / s}.csv" for s in ("train", "val", "test")), "data.n_classes=2"]
+    sweep = tmp_path / "sweep"
+    done = run_cli(
+        "-m", "hydra/launcher=packed", "seed=0,1,2", *data, "data.batch_size=16", "model.d_model=16",
+        "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null", f"data.cache_dir={tmp_path / 'cache'}",
+        f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = records(sweep)
+    assert [r["status"] for r in runs] == ["completed"] * 3 and {r["pack"]["size"] for r in runs} == {3}
+    assert len({r["data"]["cache"] for r in runs}) == 1 and len(list((tmp_path / "cache").iterdir())) == 1

@@ -44,7 +44,9 @@ class SeededSampler(Sampler[int]):
 
 class BucketBatchSampler(Sampler[list[int]]):
     """Batches of similar length (less padding): the sampler's shuffle, sorted within windows of 50 batches, the
-    batches shuffled. Lightning sets the epoch of `sampler`, so the order follows the seed and the epoch alone."""
+    full batches shuffled and the short one (if any) last, so that runs of any seed have batches of the same size
+    at every step (a pack stacks them). Lightning sets the epoch of `sampler`: the order follows the seed and the
+    epoch alone."""
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, window: int = 50):
         self.lengths, self.batch_size, self.window = np.asarray(lengths), batch_size, window
@@ -58,8 +60,9 @@ class BucketBatchSampler(Sampler[list[int]]):
             chunk = order[start : start + span]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches += [chunk[i : i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
-        shuffle = np.random.default_rng([self.sampler.seed, self.sampler.epoch, 1]).permutation(len(batches))
-        return iter([batches[i] for i in shuffle])
+        full = [b for b in batches if len(b) == self.batch_size]
+        shuffle = np.random.default_rng([self.sampler.seed, self.sampler.epoch, 1]).permutation(len(full))
+        return iter([full[i] for i in shuffle] + [b for b in batches if len(b) < self.batch_size])
 
     def __len__(self) -> int:
         return -(-len(self.lengths) // self.batch_size)

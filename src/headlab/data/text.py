@@ -130,6 +130,9 @@ class TextDataModule(ExampleDataModule):
         }
         pipeline.write_cache(self.cache_path, arrays, tokenizer, labels)
 
+    def _carves_validation(self) -> bool:
+        return not (self.files["val"] if self.hub is None else self.hub_splits.get("val"))
+
     def _settings(self, fingerprint: dict) -> dict:
         return {
             "source": self.hub or "files",
@@ -139,7 +142,8 @@ class TextDataModule(ExampleDataModule):
             "column_names": self.column_names,
             "n_classes": self.declared_classes,
             "val_fraction": self.val_fraction,
-            "seed": self.seed,
+            "seed": self.seed if self._carves_validation() else None,  # the seed shapes the data only by the carve:
+            # runs with other seeds (a pack's members) share the entry otherwise
             "tokenizer": self.tokenizer_config,
             "max_length": self.max_length,
         }
