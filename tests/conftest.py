@@ -20,7 +20,7 @@ TINY = [  # a run of a few seconds: small data, two short epochs
 
 def cli_env() -> dict:
     """This process's environment, without HYDRA_FULL_ERROR (which would turn one-line errors into tracebacks)."""
-    return {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HEADLAB_TRACEBACKS")}
 
 
 def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | None = None):

@@ -142,11 +142,20 @@ def test_a_finished_run_reproduces_exactly_from_its_saved_config_with_dataloader
     assert b["metrics"] == a["metrics"]  # bit for bit: same data, initialisation, worker shuffles and dropout
 
 
-def test_a_non_finite_loss_stops_the_run_with_a_clear_message(run_cli, tmp_path):
+def test_a_non_finite_loss_stops_the_run_with_one_true_line(run_cli, tmp_path):
     result = run_cli(*TINY, "logger=csv", "optim.lr=1e30", "trainer.gradient_clip_val=null", "hydra.run.dir=run")
-    assert result.returncode != 0
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("headlab-train")]
+    assert (
+        lines
+        == [
+            "headlab-train: training stopped: non-finite training loss at step 1; lower optim.lr or keep "
+            "trainer.gradient_clip_val; no checkpoint was written before it"
+        ]
+        and "Traceback" not in result.stderr
+    )
     record = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert record["status"] == "failed" and record["error"].startswith("FloatingPointError: non-finite training loss")
+    assert record["status"] == "failed" and record["error"].startswith("TrainingError: non-finite training loss")
 
 
 @settings(max_examples=40, deadline=None)

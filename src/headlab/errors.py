@@ -13,6 +13,10 @@ class DataError(UsageError):
     """Data that cannot be read or does not fit the configuration."""
 
 
+class TrainingError(UsageError):
+    """Training that cannot go on with these settings (a non-finite loss)."""
+
+
 def first_line(error: BaseException) -> str:
     """An error as "Type: first line of its message", for messages that must stay on one line."""
     lines = str(error).strip().splitlines()

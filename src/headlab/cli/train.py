@@ -26,7 +26,7 @@ from omegaconf import DictConfig, open_dict
 
 from headlab.cli import runtime
 from headlab.cli.hydra_errors import one_line
-from headlab.errors import UsageError
+from headlab.errors import TrainingError, UsageError
 from headlab.training import sweep
 from headlab.training.config_check import check_config, check_launch, check_resume
 from headlab.training.results import flat_config, git_sha, versions, write_json_atomic
@@ -34,8 +34,13 @@ from headlab.training.results import flat_config, git_sha, versions, write_json_
 runtime.configure()
 
 log = logging.getLogger("headlab")
-_KIND = {"ConfigError": "invalid config", "DataError": "data error", "UsageError": "error"}
-_DEBUG = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for whole tracebacks
+_KIND = {
+    "ConfigError": "invalid config",
+    "DataError": "data error",
+    "TrainingError": "training stopped",
+    "UsageError": "error",
+}
+TRACEBACKS = "HEADLAB_TRACEBACKS"  # "1": the user asked for whole tracebacks (HYDRA_FULL_ERROR=1 when started)
 _job_started = False  # False while Hydra parses, composes and creates the output directory
 
 
@@ -98,12 +103,13 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     user's mistakes outside a sweep); re-raise interrupts after recording them."""
     cfg = job.cfg
     if isinstance(error, UsageError):
-        if job.previous is not None:  # a refused resume: the run keeps the record it had
+        if job.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run keeps
+            # the record it had
             (job.run_dir / "results.json").write_text(job.previous)
         else:
             _finish(job, error)
         print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
-        if _DEBUG:
+        if _debug():
             raise error
         if not job.in_sweep:
             sys.exit(2)
@@ -158,6 +164,10 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
     write_json_atomic(job.run_dir / "results.json", record)
 
 
+def _debug() -> bool:
+    return os.environ.get(TRACEBACKS) == "1"
+
+
 def resume_argv(argv: list[str]) -> list[str]:
     """`headlab-train resume=<run dir> [key=value ...]`: composed from the configuration the run saved
     (<run dir>/.hydra/config.yaml), so the run continues as it was started; values given with it must equal the
@@ -178,17 +188,20 @@ def resume_argv(argv: list[str]) -> list[str]:
 
 def cli() -> None:
     """headlab-train: Hydra's own errors, like headlab's, are one line on stderr and exit code 2."""
+    os.environ.setdefault(TRACEBACKS, os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     sys.argv[1:] = resume_argv(sys.argv[1:])
     try:
         main()
     except Exception as error:
-        message = None if _DEBUG else one_line(error)
+        message = None if _debug() else one_line(error)
         if message is None or (_job_started and not isinstance(error, HydraException)):
             raise
         print(f"headlab-train: {message}", file=sys.stderr)
         sys.exit(2)
 
 
-if __name__ == "__main__":
-    cli()
+if __name__ == "__main__":  # python -m headlab.cli.train: run the imported module, the one the launchers use too
+    from headlab.cli.train import cli as imported_cli
+
+    imported_cli()

@@ -1,6 +1,7 @@
 """LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay."""
 
 import math
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from headlab.conventions import IGNORE_INDEX
+from headlab.errors import TrainingError
 from headlab.model import Encoder
 
 
@@ -17,6 +19,12 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def non_finite_loss(step: int, last: Path | None) -> str:
+    """What a run that stopped on a non-finite training loss says, truthfully about its checkpoints."""
+    saved = f"{last} holds the last validated epoch" if last else "no checkpoint was written before it"
+    return f"non-finite training loss at step {step}; lower optim.lr or keep trainer.gradient_clip_val; {saved}"
 
 
 class HeadLabModule(pl.LightningModule):
@@ -73,11 +81,14 @@ class HeadLabModule(pl.LightningModule):
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
         loss = self._step(batch, "train")
         if not torch.isfinite(loss):  # stop before the weights are spoilt; checkpoints so far stay as they are
-            raise FloatingPointError(
-                f"non-finite training loss ({loss.item()}) at step {self.global_step}; lower optim.lr or keep "
-                "trainer.gradient_clip_val; checkpoints/last.ckpt holds the last good epoch"
-            )
+            raise TrainingError(non_finite_loss(self.global_step, self._last_checkpoint()))
         return loss
+
+    def _last_checkpoint(self) -> Path | None:
+        for callback in self.trainer.checkpoint_callbacks:
+            if callback.dirpath and (Path(callback.dirpath) / "last.ckpt").is_file():
+                return Path(callback.dirpath) / "last.ckpt"
+        return None
 
     def validation_step(self, batch, batch_idx):
         self._step(batch, "val")

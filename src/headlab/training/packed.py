@@ -23,10 +23,11 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 from headlab.analysis.figures import render_heads
 from headlab.conventions import IGNORE_INDEX, PAD_ID
 from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoaders, collate
+from headlab.errors import TrainingError
 from headlab.model import count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
 from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
-from headlab.training.module import HeadLabModule, warmup_cosine
+from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
 from headlab.training.results import write_bytes_atomic
 from headlab.training.run import build, configure_torch, instantiate_all, instantiate_node
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
@@ -516,12 +517,9 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
         diverged = module.diverged_at.tolist()
         for member in members:
             if diverged[member.index] >= 0:
-                results.append(
-                    FloatingPointError(
-                        f"non-finite training loss at step {diverged[member.index]}; lower optim.lr or keep "
-                        "trainer.gradient_clip_val (the other members of its pack went on)"
-                    )
-                )
+                last = member.run_dir / "checkpoints" / "last.ckpt"
+                message = non_finite_loss(diverged[member.index], last if last.is_file() else None)
+                results.append(TrainingError(f"{message} (the other members of its pack went on)"))
                 continue
             if member.best["score"] is not None:
                 member.metrics["val/acc_best"] = member.best["score"]
