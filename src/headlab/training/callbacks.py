@@ -101,9 +101,9 @@ class AttentionLogger(pl.Callback):
         model.train(was_training)
         return probe, weights
 
-    def log_heads(self, model, datamodule, loggers: list, step: int, device, render=None) -> dict | None:
+    def log_heads(self, model, datamodule, loggers: list, step: int, device, media: bool = True) -> dict | None:
         """Statistics of every head on the probe batch to every logger. With a W&B logger, the maps, similarity
-        and table too: rendered here, or (render=False) returned as a snapshot for log_media, so that a pack
+        and table too: rendered here, or (media=False) returned as a snapshot for log_media, so that a pack
         can render its members' figures in parallel (figures.render_heads)."""
         started = time.perf_counter()
         probe, weights = self._attention(model, datamodule, device)
@@ -124,7 +124,7 @@ class AttentionLogger(pl.Callback):
                 "rows": report["rows"],
                 "step": step,
             }
-            if render is not False:
+            if media:
                 self.log_media(loggers, snapshot, figures.render_heads(snapshot))
                 snapshot = None
         self.logging_seconds += time.perf_counter() - started

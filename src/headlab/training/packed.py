@@ -177,8 +177,8 @@ class PackedModule(pl.LightningModule):
 
     def lr_scale(self, step: int) -> torch.Tensor:
         """The schedule's multiplier of each member's learning rate at a step (warm-up, then cosine decay)."""
-        total = self.trainer.estimated_stepping_batches
-        return torch.tensor([warmup_cosine(step, max(1, int(o["warmup"] * total)), total) for o in self.optim])
+        total, warmups = self.schedule
+        return torch.tensor([warmup_cosine(step, warmup, total) for warmup in warmups])
 
     def on_train_batch_start(self, batch, batch_idx):
         self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
@@ -205,6 +205,8 @@ class PackedModule(pl.LightningModule):
             clip_per_member([self.stack.flat], float(gradient_clip_val))
 
     def configure_optimizers(self):
+        total = self.trainer.estimated_stepping_batches  # once: Lightning computes it anew on every access
+        self.schedule = (total, [max(1, int(o["warmup"] * total)) for o in self.optim])
         groups = [{"params": [self.stack.flat], "decay": self.stack.decay_mask}]  # matrices decay, as in a single run
         return PackedAdamW(
             groups,
@@ -284,7 +286,7 @@ class MemberOutputs(pl.Callback):
             if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
                 model = self.member_model(member, pl_module)
                 step, device = trainer.global_step, pl_module.device
-                snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, render=False)
+                snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, media=False)
                 if snapshot is not None:
                     snapshots.append((member, snapshot))
         if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
