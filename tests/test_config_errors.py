@@ -213,6 +213,18 @@ CASES = [
         files={"train.csv": "text,label\nonly one,1\n"},
         fast=False,
     ),
+    Case(
+        "probe sentences on a generated task",
+        ["callbacks.attention.sentences=[a dog]"],
+        "invalid config: callbacks.attention.sentences=['a dog'] is invalid: expected [] for a task generated from "
+        "token ids (headlab.data.recall.AssociativeRecall)",
+    ),
+    Case(
+        "an overlong added key",
+        ["+model." + "x" * 300 + "=1"],
+        "invalid config: model." + "x" * 34 + "..." + "x" * 40 + " is 306 characters long: expected a key of at "
+        "most 255",
+    ),
     # checkpoints that do not fit
     Case(
         "resume from nothing",

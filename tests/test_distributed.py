@@ -36,6 +36,19 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_cli, tmp_path
 
 
 @pytest.mark.e2e
+def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(run_cli, tmp_path):
+    """trainer.devices=3 on the plain CPU trainer: Lightning starts ranks 1 and 2 by running the command again;
+    they train, and only rank 0 writes results.json and metrics.csv."""
+    result = run_cli(*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", "hydra.run.dir=run")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "completed" and results["resources"]["devices"] == 3
+    assert {"val/acc", "val/acc_best", "test/acc"} <= results["metrics"].keys()
+    assert "test/acc" in (run / "metrics.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.e2e
 def test_ddp_cpu_inside_a_multirun_gives_one_directory_per_job(run_cli, tmp_path):
     result = run_cli("-m", *DDP, "logger=csv", "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

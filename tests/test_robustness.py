@@ -1,10 +1,13 @@
 """Resume after SIGKILL, interrupts, non-finite losses, and random valid attention configurations."""
 
+import csv
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,6 +73,78 @@ def test_a_run_killed_mid_epoch_and_resumed_ends_like_the_run_left_alone(run_cli
     got = json.loads((killed / "results.json").read_text())
     assert got["status"] == "completed" and got["global_step"] == 4 * 188
     assert got["metrics"] == pytest.approx(expected, abs=1e-6)
+
+
+FAULTED = [  # 32 training, 8 validation and 2 test batches an epoch, dropout on: a resume must continue exactly
+    *TINY,
+    "data.n_train=1024",
+    "data.n_val=256",
+    "model.dropout=0.1",
+    "trainer.max_epochs=3",
+    "trainer.deterministic=true",
+    "logger=csv",
+    "callbacks.attention.analysis_batches=4",
+]
+
+
+@pytest.fixture(scope="module")
+def left_alone(tmp_path_factory) -> Path:
+    """The run every interrupted one is compared with."""
+    where = tmp_path_factory.mktemp("alone")
+    alone = headlab_train(*FAULTED, "hydra.run.dir=run", cwd=where)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    return where / "run"
+
+
+def metric_rows(run_dir) -> list[tuple]:
+    """metrics.csv without the timing columns (perf/...), which no two runs share, and the training metrics
+    averaged over an epoch (train/*_epoch, train/acc), which a resumed epoch averages over its steps after the
+    resume only."""
+    epoch_means = ("perf/", "train/loss_epoch", "train/acc")
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [tuple((k, v) for k, v in row.items() if not k.startswith(epoch_means)) for row in csv.DictReader(f)]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("moment", "epoch", "batch", "last_step"),
+    [
+        ("train_batch", 1, 10, 32 + 11),  # saved where training stopped, between two steps
+        ("validation_batch", 1, 2, 32),  # mid-validation: last.ckpt stays the one after epoch 0's validation
+        ("train_end", 0, 0, 96),  # in the head analysis, after training
+        ("test_batch", 0, 0, 96),  # in the test
+    ],
+)
+def test_sigterm_at_any_moment_then_resume_ends_like_the_run_left_alone(
+    left_alone, tmp_path, moment, epoch, batch, last_step
+):
+    fault = [
+        "+callbacks.fault._target_=faults.SignalAt",
+        f"+callbacks.fault.moment={moment}",
+        f"+callbacks.fault.epoch={epoch}",
+        f"+callbacks.fault.batch={batch}",
+        f"+callbacks.fault.once_file={tmp_path / 'signalled'}",
+    ]
+    env = cli_env() | {"PYTHONPATH": str(Path(__file__).parent)}
+    killed = headlab_train(*FAULTED, *fault, "hydra.run.dir=run", cwd=tmp_path, env=env)
+    run = tmp_path / "run"
+    assert killed.returncode == 128 + signal.SIGTERM, killed.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["status"] == "interrupted"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == last_step
+
+    resumed = headlab_train(f"resume={run}", cwd=tmp_path, env=env)  # the saved config, fault callback included
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, expected = (json.loads((d / "results.json").read_text()) for d in (run, left_alone))
+    assert got["status"] == "completed" and got["global_step"] == expected["global_step"] == 96
+    assert set(got["metrics"]) == set(expected["metrics"]) >= {"val/acc", "val/acc_best", "test/acc"}
+    assert got["metrics"] == pytest.approx(expected["metrics"], abs=1e-6)
+    assert Path(got["checkpoints"]["best"]).name == Path(expected["checkpoints"]["best"]).name
+    heads, heads_alone = (json.loads((d / "heads.json").read_text()) for d in (run, left_alone))
+    curve, curve_alone = heads["pruning_curve"], heads_alone["pruning_curve"]
+    assert [p["pruned"] for p in curve] == [p["pruned"] for p in curve_alone]
+    assert [p["metric"] for p in curve] == pytest.approx([p["metric"] for p in curve_alone], abs=1e-6)
+    if moment in ("train_batch", "validation_batch"):  # the rows logged before the signal are kept, none twice
+        assert metric_rows(run) == metric_rows(left_alone)
 
 
 def test_last_checkpoint_follows_every_epoch_even_without_improvement(run_cli, tmp_path):
@@ -210,3 +285,39 @@ def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(ru
     before = json.loads(record)
     assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
     assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs (skipped where this process cannot mount one)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.e2e
+def test_a_full_disk_stops_the_run_in_one_line_and_leaves_whole_checkpoints(run_cli, tmp_path, small_disk):
+    quiet = [*TINY, "logger=csv", "callbacks.attention=null", "trainer.max_epochs=3", "optim.lr=1e-2"]
+    sized = run_cli(*quiet, "trainer.max_epochs=1", "hydra.run.dir=sized")
+    assert sized.returncode == 0, sized.stderr[-2000:]
+    size = (tmp_path / "sized" / "checkpoints" / "last.ckpt").stat().st_size
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * (free - int(2.5 * size) - 64 * 1024))  # room for epoch 0's two
+
+    full = run_cli(*quiet, f"hydra.run.dir={small_disk / 'run'}")
+    run = small_disk / "run"
+    errors = [line for line in full.stderr.splitlines() if line.startswith("headlab-train")]
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith("headlab-train: training stopped: no space left on the device")
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"
+    assert not list(run.rglob("*.tmp"))  # no half-written temporary file left behind
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 0  # whole, loadable
+
+    (small_disk / "filler").unlink()  # space again: the run resumes from its last whole checkpoint
+    resumed = run_cli(f"resume={run}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["status"] == "completed"

@@ -1,5 +1,6 @@
 """A real W&B run in offline mode, read back from its files; no prompt and no hang without credentials."""
 
+import http.server
 import json
 import os
 import socket
@@ -76,25 +77,65 @@ def test_no_credentials_goes_offline_without_prompting_or_hanging(tmp_path):
     assert time.time() - started < 120
 
 
-def test_a_wandb_server_that_does_not_answer_falls_back_to_offline_and_the_run_goes_on(tmp_path):
+def wandb_env(tmp_path, url: str) -> dict:
+    """Credentials for the W&B server at url, and nothing of this machine's W&B settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {
+        "HOME": str(tmp_path),
+        "WANDB_API_KEY": "x" * 40,
+        "WANDB_BASE_URL": url,
+        "WANDB_INIT_TIMEOUT": "3",
+    }
+
+
+def test_a_wandb_server_that_does_not_answer_costs_one_probe_per_sweep_and_the_runs_go_on(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
     connections = []
     threading.Thread(target=lambda: [connections.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {
-        "HOME": str(tmp_path),
-        "WANDB_API_KEY": "x" * 40,
-        "WANDB_BASE_URL": f"http://127.0.0.1:{server.getsockname()[1]}",
-        "WANDB_INIT_TIMEOUT": "3",
-    }
+    env = wandb_env(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}")
     result = headlab_train(
-        *TINY, "trainer.max_epochs=1", "logger=wandb", "hydra.run.dir=run", cwd=tmp_path, env=env, timeout=240
+        "-m", *TINY, "trainer.max_epochs=1", "seed=0,1", "hydra.sweep.dir=sweep", cwd=tmp_path, env=env, timeout=240
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert connections  # it did try the server
+    assert len(connections) == 1  # one probe for the whole sweep; W&B itself never waits on the server
+    assert result.stdout.count("does not answer. Upload later with `wandb sync") == 2
+    for job in "01":
+        record = json.loads((tmp_path / "sweep" / job / "results.json").read_text())
+        assert record["status"] == "completed" and record["metrics"]["test/acc"] >= 0
+        assert list((tmp_path / "sweep" / job / "wandb").glob(f"offline-run-*-{record['wandb']['id']}"))
+
+
+class AnswersOnlyProbes(http.server.BaseHTTPRequestHandler):
+    """A W&B server that answers HEAD / and never answers W&B's own requests."""
+
+    posts: list[str] = []
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self):
+        AnswersOnlyProbes.posts.append(self.path)
+        time.sleep(120)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_wandb_server_that_fails_a_run_is_not_tried_again_by_the_later_runs_of_the_sweep(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AnswersOnlyProbes)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = wandb_env(tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    result = headlab_train(
+        "-m", *TINY, "trainer.max_epochs=1", "seed=0,1", "hydra.sweep.dir=sweep", cwd=tmp_path, env=env, timeout=240
+    )
+    server.shutdown()
+    assert result.returncode == 0, result.stderr[-3000:]
     assert "W&B init failed" in result.stdout and "logging offline instead" in result.stdout
-    record = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert record["status"] == "completed" and record["metrics"]["test/acc"] >= 0
-    assert list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{record['wandb']['id']}"))
+    assert "failed an earlier run of this process" in result.stdout  # the second job went offline at once
+    assert AnswersOnlyProbes.posts  # the first job did try the server
+    for job in "01":
+        assert json.loads((tmp_path / "sweep" / job / "results.json").read_text())["status"] == "completed"
 
 
 def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_path):

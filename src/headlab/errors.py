@@ -17,6 +17,10 @@ class TrainingError(UsageError):
     """Training that cannot go on with these settings (a non-finite loss)."""
 
 
+class DiskFull(TrainingError):
+    """No space left on the device for a run's files (the previous version of the file is left whole)."""
+
+
 def first_line(error: BaseException) -> str:
     """An error as "Type: first line of its message", for messages that must stay on one line."""
     lines = str(error).strip().splitlines()

@@ -1,7 +1,10 @@
 """Hydra's own errors (unknown group option or key, unparsable override, unwritable output directory) as one line
 that names the key, the value and what is allowed, like headlab's ConfigError."""
 
+import errno
+import sys
 from importlib.resources import files
+from pathlib import Path
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
@@ -39,6 +42,17 @@ def _unknown_key(error: ConfigCompositionException) -> str:
     return f"invalid config: {key} is not a key of the config: expected one of {keys} (or +{key}=... to add one)"
 
 
+def _long_key(filename) -> str | None:
+    """The key of a command-line override that Hydra took for a config file name too long for the file system."""
+    name = Path(str(filename)).name
+    keys = [a.split("=", 1)[0].lstrip("+~") for a in sys.argv[1:] if "=" in a]
+    return next((k for k in keys if len(k) > 255 and (name.startswith(k) or k.endswith(name))), None)
+
+
+def _shorten(text: str, keep: int = 40) -> str:
+    return text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-keep:]}"
+
+
 def one_line(error: BaseException) -> str | None:
     """The one-line message for an error Hydra raised before or while composing a job, or headlab's own about a
     sweep's settings (hydra.launcher.*); None for any other."""
@@ -50,6 +64,8 @@ def one_line(error: BaseException) -> str | None:
         return f"invalid override {error.override!r}: {_flat(error.message)}"
     if isinstance(error, ConfigCompositionException):
         return _unknown_key(error)
+    if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG and (key := _long_key(error.filename)):
+        return f"invalid config: {_shorten(key)} is {len(key)} characters long: expected a key of at most 255"
     if isinstance(error, OSError) and error.filename:  # Hydra creating the run or sweep directory
         return (
             f"cannot write the output directory {error.filename}: {error.strerror}; "

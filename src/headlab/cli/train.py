@@ -26,7 +26,7 @@ from omegaconf import DictConfig, open_dict
 
 from headlab.cli import runtime
 from headlab.cli.hydra_errors import one_line
-from headlab.errors import TrainingError, UsageError
+from headlab.errors import DiskFull, TrainingError, UsageError
 from headlab.training import sweep
 from headlab.training.config_check import check_config, check_launch, check_resume
 from headlab.training.results import flat_config, git_sha, versions, write_json_atomic
@@ -37,6 +37,7 @@ log = logging.getLogger("headlab")
 _KIND = {
     "ConfigError": "invalid config",
     "DataError": "data error",
+    "DiskFull": "training stopped",
     "TrainingError": "training stopped",
     "UsageError": "error",
 }
@@ -95,7 +96,7 @@ def check_job(job: Job) -> None:
         check_resume(cfg, job.run_dir, job.record["config"])
     check_config(cfg)
     check_launch(cfg, job.in_sweep, HydraConfig.get().runtime.choices.get("hydra/launcher"))
-    write_json_atomic(job.run_dir / "results.json", job.record)  # "running" until the run ends (or is killed)
+    _write(job, job.record)  # "running" until the run ends (or is killed)
 
 
 def close_job(job: Job, fields: dict | None = None, error: BaseException | None = None) -> float:
@@ -105,7 +106,8 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     if isinstance(error, UsageError):
         if job.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run keeps
             # the record it had
-            (job.run_dir / "results.json").write_text(job.previous)
+            if sweep.process_rank() == 0:
+                (job.run_dir / "results.json").write_text(job.previous)
         else:
             _finish(job, error)
         print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
@@ -134,11 +136,20 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     return sweep.objective(cfg, job.record)
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM outside Lightning's loops (data preparation, between fit and test): stop at once, recorded as an
+    interrupt. Inside them Lightning's own handler, which notes the signal and stops at its next step or batch,
+    calls this one too: then it leaves the stopping to Lightning."""
+    if signal.getsignal(signal.SIGTERM) is _terminate:
+        raise SystemExit(128 + signum)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     job = open_job(cfg)
     if not isinstance(job, Job):
         return job
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         check_job(job)
         from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
@@ -161,7 +172,16 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         record["traceback"] = "".join(traceback.format_exception(error))
     record["duration_s"] = round(time.time() - job.started, 3)
-    write_json_atomic(job.run_dir / "results.json", record)
+    try:
+        _write(job, record)
+    except DiskFull as full:  # results.json keeps its "running" record
+        print(f"headlab-train: the run's final status ({record['status']}) is not recorded: {full}", file=sys.stderr)
+
+
+def _write(job: Job, record: dict) -> None:
+    """results.json, from rank 0 only (the other ranks of a run that re-runs the command run this code too)."""
+    if sweep.process_rank() == 0:
+        write_json_atomic(job.run_dir / "results.json", record)
 
 
 def _debug() -> bool:

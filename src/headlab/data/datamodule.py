@@ -68,6 +68,43 @@ class BucketBatchSampler(Sampler[list[int]]):
         return -(-len(self.lengths) // self.batch_size)
 
 
+class EpochLoader(DataLoader):
+    """A DataLoader that a run can resume in the middle of an epoch, exactly.
+
+    Lightning saves its state_dict with each checkpoint: the batches of the current epoch already trained on (read
+    from the trainer's progress, not counted here: the trainer fetches a batch ahead). load_state_dict makes the
+    next epoch start after them; the order of the batches follows the seed and the epoch alone, so the rest of the
+    epoch is the rest a run left alone would see. Its workers' seeds come from its own generator: iterating it
+    never draws from the global random state, which holds the dropout stream a resumed run must continue.
+    (Lightning itself loads the state too late, once the loader was iterated for the estimate of the training
+    steps; the ExactResume callback hands it to the datamodule, which loads it into the loader it builds.)
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("generator", torch.Generator().manual_seed(0))  # Lightning may build it again with these
+        super().__init__(*args, **kwargs)
+        self.position = lambda: (0, 0)  # (epoch, batches trained on in it): set by the datamodule for a trainer
+        self.skip = 0
+
+    def state_dict(self) -> dict:
+        epoch, batches = self.position()
+        return {"epoch": epoch, "trained_batches": batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        if 0 < state["trained_batches"] < len(self):  # else the checkpoint ended an epoch: the next starts afresh
+            self.skip = state["trained_batches"]
+            for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+                if hasattr(sampler, "set_epoch"):  # Lightning sets it only after it has drawn the first batch
+                    sampler.set_epoch(state["epoch"])
+
+    def __iter__(self):
+        batches = super().__iter__()
+        for _ in range(self.skip):  # the index lists are cheap; the skipped examples are loaded and dropped
+            next(batches)
+        self.skip = 0
+        return batches
+
+
 class SplitLoaders:
     """train_dataloader, val_dataloader and test_dataloader from one `_loader(split, shuffle)`: training shuffled."""
 
@@ -96,6 +133,7 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         super().__init__()
         self.batch_size, self.num_workers, self.bucketing, self.seed = batch_size, num_workers, bucketing, seed
         self.splits: dict[str, list[Example]] = {}
+        self.train_loader_state: dict | None = None  # a resumed run's EpochLoader state (ExactResume)
 
     def probe_batch(self, n: int, sentences: list[str] | None = None) -> dict[str, torch.Tensor]:
         """The same n validation examples every time (chosen with the seed), then the given sentences."""
@@ -123,9 +161,20 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         common = {"collate_fn": collate, "num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
         if shuffle and self.bucketing:
             sampler = BucketBatchSampler([len(t) for t, _ in examples], self.batch_size, self.seed)
-            return DataLoader(examples, batch_sampler=sampler, **common)
-        sampler = SeededSampler(len(examples), self.seed) if shuffle else None
-        return DataLoader(examples, batch_size=self.batch_size, sampler=sampler, **common)
+            loader = EpochLoader(examples, batch_sampler=sampler, **common)
+        else:
+            sampler = SeededSampler(len(examples), self.seed) if shuffle else None
+            loader = EpochLoader(examples, batch_size=self.batch_size, sampler=sampler, **common)
+        if shuffle and self.trainer is not None:
+            trainer = self.trainer
+            loader.position = lambda: (
+                trainer.current_epoch,
+                trainer.fit_loop.epoch_loop.batch_progress.current.completed,
+            )
+        if shuffle and self.train_loader_state:
+            loader.load_state_dict(self.train_loader_state)
+            self.train_loader_state = None
+        return loader
 
 
 class TaskDataModule(ExampleDataModule):

@@ -1,5 +1,6 @@
 """Lightning callbacks: training throughput, and per-head attention logging and analysis."""
 
+import functools
 import random
 import time
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from headlab.analysis import figures, importance, statistics
 from headlab.training import results
@@ -144,8 +146,10 @@ class AttentionLogger(pl.Callback):
         for logger in _wandb_loggers(loggers):
             logger.experiment.log({**media, "trainer/global_step": snapshot["step"]})
 
-    def write_report(self, model, datamodule, loggers: list, device) -> None:
-        """heads.json: every head's statistics on the probe batch, and its importance and the pruning curve."""
+    def write_report(self, model, datamodule, loggers: list, device, stop=lambda: None) -> None:
+        """heads.json: every head's statistics on the probe batch, and its importance and the pruning curve.
+        stop() is called between steps of the analysis (it raises to stop it)."""
+        stop()
         probe, weights = self._attention(model, datamodule, device)
         report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
         result = {
@@ -155,18 +159,20 @@ class AttentionLogger(pl.Callback):
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
         if self.importance:
-            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device))
+            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device, stop))
+        stop()
         results.write_json_atomic(self.out_dir / "heads.json", result)
 
-    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device) -> dict:
+    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device, stop) -> dict:
         batches = [{k: v.to(device) for k, v in b.items()} for b in datamodule.val_dataloader()]
         batches = batches[: self.analysis_batches]
         was_training = model.training
         model.eval()
         started = time.perf_counter()
         scores = importance.head_importance(model, batches)  # (L, H)
+        stop()
         curve = importance.pruning_curve(
-            scores, lambda mask: importance.accuracy(model, batches, mask), self.pruning_step
+            scores, lambda mask: stop() or importance.accuracy(model, batches, mask), self.pruning_step
         )
         model.train(was_training)
         for row in rows:
@@ -204,7 +210,8 @@ class AttentionLogger(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         if trainer.is_global_zero:
-            self.write_report(pl_module.model, trainer.datamodule, trainer.loggers, pl_module.device)
+            stop = functools.partial(stop_if_signalled, trainer)
+            self.write_report(pl_module.model, trainer.datamodule, trainer.loggers, pl_module.device, stop)
 
 
 def _wandb_loggers(loggers: list) -> list:
@@ -213,9 +220,11 @@ def _wandb_loggers(loggers: list) -> list:
     return [logger for logger in loggers if isinstance(logger, WandbLogger)]
 
 
-class RandomState(pl.Callback):
-    """Keeps the random generators' states (torch's CPU and CUDA generators, numpy, python) in every checkpoint
-    and restores them on resume, so that a resumed run draws the same dropout masks as the run left alone."""
+class ExactResume(pl.Callback):
+    """What a resumed run needs to go on as the run left alone would have: the random generators' states
+    (torch's CPU and CUDA generators, numpy, python), kept in every checkpoint and restored, so that it draws the
+    same dropout masks; and the training loader's position in its epoch (EpochLoader), handed to the datamodule
+    before the loader is built."""
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -228,6 +237,9 @@ class RandomState(pl.Callback):
             checkpoint["random_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        loaders = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader")
+        if loaders and hasattr(trainer.datamodule, "train_loader_state"):
+            trainer.datamodule.train_loader_state = loaders[0]
         if "random_state" in checkpoint:
             state = checkpoint["random_state"]
             torch.set_rng_state(state["torch"])
@@ -239,10 +251,23 @@ class RandomState(pl.Callback):
 
 
 class SaveOnInterrupt(pl.Callback):
-    """Ctrl-C, SIGTERM, or submitit's exit on SLURM's preemption signal: save checkpoints/last.ckpt where training
-    stopped, so that `resume=<run dir>` (or the requeued SLURM job) continues from there."""
+    """SIGTERM (how SLURM preempts) while training: save checkpoints/last.ckpt at the step where Lightning stopped,
+    so that `resume=<run dir>` (or the requeued SLURM job) continues from there, as the run left alone would have
+    (the random states are in the checkpoint; EpochLoader skips the batches trained on).
+
+    Anywhere else (in a validation, the head analysis, the test, a multi-device run) and after Ctrl-C or another
+    exit, which can land inside an optimizer step, last.ckpt stays the one written after the last validation: a
+    resume repeats the work since then, and ends the same."""
 
     def on_exception(self, trainer, pl_module, exception):
-        checkpoint = trainer.checkpoint_callback  # Lightning's SIGTERMException is a SystemExit
-        if isinstance(exception, KeyboardInterrupt | SystemExit) and checkpoint and checkpoint.dirpath:
+        checkpoint = trainer.checkpoint_callback
+        between_steps = trainer.training and trainer.world_size == 1  # not validating, testing or sanity checking
+        if isinstance(exception, SIGTERMException) and between_steps and checkpoint and checkpoint.dirpath:
             trainer.save_checkpoint(Path(checkpoint.dirpath) / "last.ckpt")
+
+
+def stop_if_signalled(trainer) -> None:
+    """Lightning notes a SIGTERM and stops at its next step or batch; work of ours that runs long inside a fit
+    (the head analysis) asks the same question between its own steps."""
+    if trainer.received_sigterm:
+        raise SIGTERMException

@@ -127,9 +127,18 @@ def check_config(cfg: DictConfig) -> None:
         fail("data.task.fused", False, "true when data.task.lookups=2 (a query position holds both keys)")
     if _value(cfg, "data.task.n_pairs") is not _ABSENT and task.n_pairs > task.n_keys:
         fail("data.task.n_pairs", task.n_pairs, f"at most data.task.n_keys={task.n_keys}")
+    sentences = _value(cfg, "callbacks.attention.sentences")
+    if sentences not in (_ABSENT, None) and len(sentences) and not _is_text(cfg):
+        target = cfg.data.get("task", {}).get("_target_", cfg.data.get("_target_"))
+        fail("callbacks.attention.sentences", list(sentences), f"[] for a task generated from token ids ({target})")
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") and cfg.trainer.get("devices") == 1 and cfg.trainer.get("num_nodes", 1) == 1:
         fail("trainer.devices", 1, f"at least 2 with trainer.strategy={strategy} (or trainer=cpu for one process)")
+
+
+def _is_text(cfg: DictConfig) -> bool:
+    """Whether the data is text read from files or the hub (probe sentences can be tokenized), not generated."""
+    return str(cfg.data.get("_target_", "")).startswith("headlab.data.text.")
 
 
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:

@@ -1,10 +1,13 @@
 """Experiment loggers. W&B goes offline by itself when it has no credentials or no network: it never prompts
 and never blocks for long. Every logger gets the whole config as flat dotted keys."""
 
+import functools
 import logging
 import netrc
 import os
-import socket
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,14 +29,28 @@ def _has_credentials(host: str) -> bool:
         return False
 
 
-def _reachable(url: str, timeout: float = 3.0) -> bool:
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
+_server_failed: list[str] = []  # W&B servers that failed a run of this process: its later runs go offline at once
+
+
+@functools.cache
+def _answers(url: str, timeout: float = 3.0) -> bool:
+    """Whether the server at url answers HTTP (any status) within `timeout` seconds in all: name lookup,
+    connection and reply. Asked once per process, so a sweep of many runs pays for it once."""
+    answered = []
+
+    def ask() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+            answered.append(True)
+        except urllib.error.HTTPError:  # an answer, if not a welcome one
+            answered.append(True)
+        except Exception:  # no name, no route, refused, or no answer in time
+            answered.append(False)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(timeout)  # a name lookup cannot be given a timeout of its own
+    return bool(answered and answered[0])
 
 
 def wandb_mode() -> tuple[str, str | None]:
@@ -44,9 +61,18 @@ def wandb_mode() -> tuple[str, str | None]:
     base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
     if not _has_credentials(urlparse(base_url).hostname):
         return "offline", "no W&B credentials (run `wandb login` or set WANDB_API_KEY)"
-    if not _reachable(base_url):
-        return "offline", f"{base_url} cannot be reached"
+    if base_url in _server_failed:
+        return "offline", f"{base_url} failed an earlier run of this process"
+    if not _answers(base_url):
+        _stop_reporting_errors()
+        return "offline", f"{base_url} does not answer"
     return "online", None
+
+
+def _stop_reporting_errors() -> None:
+    """W&B's own error reports would hold the process up at exit, trying the server that failed (~10 s measured
+    with a server that accepts connections and never answers)."""
+    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 
 
 def run_identity(name: str | None, group: str | None) -> tuple[str | None, str | None]:
@@ -115,6 +141,8 @@ def _init_or_go_offline(logger) -> None:
         logger.experiment  # noqa: B018 (the property calls wandb.init)
     except Exception as error:
         log.warning("W&B init failed (%s); logging offline instead", first_line(error))
+        _server_failed.append(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+        _stop_reporting_errors()
         import wandb
 
         wandb.teardown()  # the service still waits on the server for the failed run
@@ -123,18 +151,40 @@ def _init_or_go_offline(logger) -> None:
         logger.experiment  # noqa: B018
 
 
-def start(loggers: list, flat_config: dict) -> None:
-    """Give every logger the flat config; make W&B's summary keep the best validation accuracy."""
-    from lightning.pytorch.loggers import WandbLogger
+def start(loggers: list, flat_config: dict, resumed_step: int | None = None) -> None:
+    """Give every logger the flat config; make W&B's summary keep the best validation accuracy. A run resumed
+    from a checkpoint at resumed_step keeps the metrics.csv rows logged up to it."""
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
 
     for logger in loggers:
+        if isinstance(logger, CSVLogger) and resumed_step is not None and rank_zero_only.rank == 0:
+            _continue_csv(logger, resumed_step)
         if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
             _init_or_go_offline(logger)
         logger.log_hyperparams(flat_config)
         if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
             logger.experiment.define_metric("val/acc", summary="max")
             logger.experiment.define_metric("val/loss", summary="min")
+
+
+def _continue_csv(logger, resumed_step: int) -> None:
+    """Lightning's CSVLogger deletes metrics.csv when it starts in a directory that holds files. Keep the rows of
+    the steps before the checkpoint (the ones after it are logged again as the run repeats them) and append."""
+    import csv
+
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = list(reader.fieldnames or []), [r for r in reader if int(r["step"]) < resumed_step]
+    writer = logger.experiment  # deletes the file
+    with open(path, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=header)
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = header
 
 
 def finish(loggers: list, failed: bool) -> dict:
@@ -157,9 +207,14 @@ def resync_csv(loggers: list) -> None:
     import csv
 
     from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.utilities import rank_zero_only
 
     for logger in loggers:
-        if isinstance(logger, CSVLogger) and Path(logger.experiment.metrics_file_path).is_file():
+        if (
+            isinstance(logger, CSVLogger)
+            and rank_zero_only.rank == 0
+            and Path(logger.experiment.metrics_file_path).is_file()
+        ):
             with open(logger.experiment.metrics_file_path, newline="") as f:
                 header = next(csv.reader(f), [])
             logger.experiment.metrics_keys = sorted(set(logger.experiment.metrics_keys) | set(header))

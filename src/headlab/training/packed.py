@@ -26,9 +26,9 @@ from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoad
 from headlab.errors import TrainingError
 from headlab.model import count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
-from headlab.training.callbacks import AttentionLogger, RandomState, ThroughputMeter
+from headlab.training.callbacks import AttentionLogger, ExactResume, ThroughputMeter
 from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
-from headlab.training.results import write_bytes_atomic
+from headlab.training.results import save_checkpoint_atomic
 from headlab.training.run import build, configure_torch, instantiate_all, instantiate_node
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
@@ -353,10 +353,10 @@ class MemberOutputs(pl.Callback):
         self._update_checkpoint_callbacks(member, directory)
         checkpoint = member_checkpoint(member, pl_module, pack_checkpoint, state)
         if improved:
-            write_checkpoint(member.best["path"], checkpoint)
+            save_checkpoint_atomic(checkpoint, member.best["path"])
             if old is not None and old != member.best["path"]:
                 old.unlink(missing_ok=True)
-        write_checkpoint(directory / "last.ckpt", checkpoint)
+        save_checkpoint_atomic(checkpoint, directory / "last.ckpt")
 
     @staticmethod
     def _update_checkpoint_callbacks(member: Member, directory: Path) -> None:
@@ -408,15 +408,6 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     checkpoint["lr_schedulers"] = [schedule_state]
     checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in member.callbacks if c.state_dict()}
     return checkpoint
-
-
-def write_checkpoint(path: Path, checkpoint: dict) -> None:
-    """torch.save to a temporary file beside path, then rename: a checkpoint is whole or absent."""
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    write_bytes_atomic(path, buffer.getvalue())
 
 
 def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
@@ -495,7 +486,7 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
             started.result()
     meter = ThroughputMeter()
     outputs = MemberOutputs(members, pack_id, meter)
-    callbacks = [meter, outputs, RandomState()] + [
+    callbacks = [meter, outputs, ExactResume()] + [
         c for c in members[0].callbacks if type(c).__name__ == "RichProgressBar"
     ]
     trainer = instantiate_node(

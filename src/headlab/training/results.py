@@ -1,5 +1,6 @@
 """results.json: what a run produced, with everything needed to compare and reproduce it."""
 
+import errno
 import json
 import os
 import platform
@@ -8,7 +9,10 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+
+from headlab.errors import DiskFull
 
 RESUME_KEYS = ("resume", "sweep.resume")  # say how a run is started, not what it is: may differ between attempts
 PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")  # where a run writes
@@ -56,20 +60,35 @@ def git_sha() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file, and a full disk
-    leaves the old file (and no temporary one) behind."""
+def write_atomic(path: Path, write) -> None:
+    """write(file) into a temporary file beside `path`, then rename: readers never see half a file, and a kill or
+    a full disk leaves the previous file (and no temporary one) behind. A full disk is one DiskFull line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise _disk_full(error, path) from error
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise _disk_full(error, path) from error
         raise
 
 
+def _disk_full(error: OSError, path: Path) -> OSError:
+    return DiskFull(f"no space left on the device to write {path}") if error.errno == errno.ENOSPC else error
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+    data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
+    write_atomic(path, lambda f: f.write(data))
+
+
+def save_checkpoint_atomic(checkpoint: dict, path: Path) -> None:
+    """torch.save, atomically: a checkpoint is whole or absent (and a resume never trips on half of one)."""
+    write_atomic(path, lambda f: torch.save(checkpoint, f))

@@ -9,13 +9,14 @@ import lightning.pytorch as pl
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, count_parameters, flops_per_token
 from headlab.training import loggers as loggers_
-from headlab.training import sweep
-from headlab.training.callbacks import RandomState, SaveOnInterrupt, ThroughputMeter
+from headlab.training import results, sweep
+from headlab.training.callbacks import ExactResume, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import check_readout, fail
 from headlab.training.module import HeadLabModule
 
@@ -25,10 +26,12 @@ def _resume_checkpoint(cfg: DictConfig) -> str | None:
     return str(Path(cfg.resume) / "checkpoints" / "last.ckpt") if cfg.get("resume") else None
 
 
-def _check_fits(path: str, module: pl.LightningModule) -> None:
-    """The checkpoint of a resumed run must be loadable without running code from it, and fit this model."""
+def _check_fits(path: str, module: pl.LightningModule) -> int:
+    """The checkpoint of a resumed run must be loadable without running code from it, and fit this model;
+    returns its global step."""
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        saved = checkpoint["state_dict"]
     except Exception as error:  # pickled objects (code could run on loading them), or not a checkpoint at all
         unsafe = [line for line in str(error).splitlines() if "Unsupported global" in line]
         reason = unsafe[0].strip() if unsafe else first_line(error)
@@ -37,6 +40,7 @@ def _check_fits(path: str, module: pl.LightningModule) -> None:
         if name not in saved or saved[name].shape != tensor.shape:
             there = tuple(saved[name].shape) if name in saved else "no such tensor"
             fail("resume", path, f"a checkpoint of this model: {name} is {tuple(tensor.shape)} here, {there} there")
+    return int(checkpoint.get("global_step", 0))
 
 
 def _best_score(checkpoint) -> float:
@@ -65,6 +69,14 @@ def instantiate_node(node: DictConfig, key: str, **kwargs):
 def instantiate_all(group: DictConfig | None, name: str) -> list:
     """Every entry of a group such as callbacks or logger; an entry set to null (callbacks.x=null) is left out."""
     return [instantiate_node(c, f"{name}.{key}") for key, c in (group or {}).items() if c is not None]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, atomic: a kill or a full disk in the middle of a write leaves the previous
+    checkpoint whole, never a truncated last.ckpt that a resume would trip on."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        results.save_checkpoint_atomic(checkpoint, Path(path))
 
 
 def _existing(path: Path) -> str | None:
@@ -111,26 +123,29 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     resume_from = _resume_checkpoint(cfg)
-    if resume_from:
-        _check_fits(resume_from, module)  # before any logger or checkpoint callback touches the run directory
+    resumed_step = _check_fits(resume_from, module) if resume_from else None  # before any logger or checkpoint
+    # callback touches the run directory
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
-    callbacks += [ThroughputMeter(), RandomState(), SaveOnInterrupt()]
+    callbacks += [ThroughputMeter(), ExactResume(), SaveOnInterrupt()]
     loggers = instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
     trainer: pl.Trainer = instantiate_node(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, **devices
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()], **devices
     )
 
     failed = True
     try:
-        loggers_.start(loggers, flat_config)
+        loggers_.start(loggers, flat_config, resumed_step)
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         fit_seconds = time.perf_counter() - fit_started
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
+        if resume_from and "val/acc" not in metrics:  # resumed after its training ended (in the head analysis,
+            trainer.validate(module, datamodule=datamodule, verbose=False)  # the test): the last epoch's numbers
+            metrics = _floats(trainer.callback_metrics, "val/")
         rate = _floats(trainer.callback_metrics, "perf/").get("perf/train_tokens_per_s")  # test() resets them
         checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint else ""

@@ -43,6 +43,16 @@ def objective(cfg: DictConfig, record: dict) -> float:
     return float("nan") if value is None else float(value)
 
 
+def process_rank() -> int:
+    """This process's rank in a multi-process run started by re-running the command (Lightning's DDP
+    subprocesses, srun tasks), read as Lightning reads it; 0 for a job's own process. Only rank 0 writes the
+    run's records."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
 def requeued(run_dir: Path) -> bool:
     """A SLURM job started again (preempted or timed out, then requeued by submitit) in a run directory that
     already holds the checkpoint its first attempt saved when it was signalled."""
