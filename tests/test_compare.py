@@ -1,4 +1,5 @@
-"""headlab-compare: grouping by the keys that vary, means and t confidence intervals over seeds."""
+"""headlab-compare: grouping by the keys that vary; bootstrap, exact and test statistics against independent
+computations; per-arm selection of a key; provenance of every table."""
 
 import csv
 import json
@@ -10,14 +11,15 @@ import pytest
 from scipy import stats
 
 from conftest import TINY
-from headlab.cli.compare import compare, load_dirs, main
+from headlab.analysis import inference
+from headlab.cli.compare import Design, compare, load_dirs, main
 
 
-def write_run(path, heads, scoring, seed, acc, status="completed"):
+def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **config):
     path.mkdir(parents=True)
     record = {
         "status": status,
-        "metrics": {"test/acc": acc, "val/acc_best": acc + 0.01},
+        "metrics": {"test/acc": acc, "val/acc_best": acc + 0.01 if val is None else val},
         "config": {
             "model.attention.n_heads": heads,
             "model.attention.scoring": scoring,
@@ -25,7 +27,10 @@ def write_run(path, heads, scoring, seed, acc, status="completed"):
             "data.seed": seed,
             "model.d_model": 64,
             "trainer.default_root_dir": str(path),
+            **config,
         },
+        "git_sha": "abc123",
+        "resources": {"accelerator": "cpu", "devices": 1, "threads": 2},
         "params": {"total": 1000 * heads, "attention": 10},
         "throughput": {"train_tokens_per_s": 5000.0},
     }
@@ -44,27 +49,93 @@ def sweep(tmp_path):
     return tmp_path / "sweep", accs
 
 
-def test_groups_means_and_confidence_intervals_match_scipy(sweep):
+def test_groups_means_and_bootstrap_intervals_match_an_independent_computation(sweep):
     root, accs = sweep
-    keys, rows = compare(load_dirs([root]).completed, ["test/acc"])
+    keys, rows = compare(load_dirs([root]).completed, Design(["test/acc"]))
     assert keys == ["model.attention.n_heads", "model.attention.scoring"]  # seed and paths do not count
     assert len(rows) == 4
     for row in rows:
         values = accs[(row["model.attention.n_heads"], row["model.attention.scoring"])]
-        low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
         summary = row["test/acc"]
         assert summary["n"] == 3 and summary["mean"] == pytest.approx(np.mean(values))
         assert summary["std"] == pytest.approx(np.std(values, ddof=1))
-        assert summary["ci95"] == pytest.approx((high - low) / 2)
+        scipy_ci = stats.bootstrap((values,), np.mean, method="percentile", n_resamples=10_000, random_state=1)
+        # two bootstraps of 10,000 resamples: their quantiles agree to a few hundredths of the values' range
+        tolerance = 0.03 * (max(values) - min(values))
+        assert summary["low"] == pytest.approx(scipy_ci.confidence_interval.low, abs=tolerance)
+        assert summary["high"] == pytest.approx(scipy_ci.confidence_interval.high, abs=tolerance)
 
 
-def test_baseline_difference_uses_welch_t_test(sweep):
+def test_intervals_of_bimodal_accuracies_stay_inside_what_an_accuracy_can_be():
+    values = [0.098, 0.918, 0.101]  # one seed of three solves the task
+    t_low, _ = stats.t.interval(0.95, 2, loc=np.mean(values), scale=stats.sem(values))
+    assert t_low < 0  # the Student-t interval runs below 0
+    low, high = inference.bootstrap_interval(values)
+    assert min(values) <= low < high <= max(values)
+
+
+def test_solve_rates_get_exact_clopper_pearson_intervals_and_fisher_tests():
+    one_of_three = inference.solve_rate([0.098, 0.918, 0.101], 0.9)
+    assert (one_of_three["k"], one_of_three["n"]) == (1, 3)
+    # the exact interval for 1 of 3, from the beta quantiles that define it
+    assert one_of_three["low"] == pytest.approx(stats.beta.ppf(0.025, 1, 3))
+    assert one_of_three["high"] == pytest.approx(stats.beta.ppf(0.975, 2, 2))
+    assert (round(one_of_three["low"], 4), round(one_of_three["high"], 4)) == (0.0084, 0.9057)
+    all_three = inference.solve_rate([0.95, 0.99, 0.91], 0.9)
+    assert inference.fisher_p(one_of_three, all_three) == pytest.approx(0.4)  # the reviewer's 1/3 vs 3/3
+
+
+def test_holm_adjusts_by_rank_and_keeps_the_order_monotone():
+    assert inference.holm([0.01, 0.04, 0.03, float("nan")])[:3] == pytest.approx([0.03, 0.06, 0.06])
+    assert inference.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_baseline_difference_uses_welch_or_paired_tests_with_holm_over_the_comparisons(sweep):
     root, accs = sweep
-    _, rows = compare(load_dirs([root]).completed, ["test/acc"], ("model.attention.n_heads", "1"))
+    design = Design(["test/acc"], baseline=("model.attention.n_heads", "1"))
+    _, rows = compare(load_dirs([root]).completed, design)
     row = next(r for r in rows if r["model.attention.n_heads"] == 4 and r["model.attention.scoring"] == "dot")
     a, b = accs[(4, "dot")], accs[(1, "dot")]
     assert row["test/acc"]["delta"] == pytest.approx(np.mean(a) - np.mean(b))
-    assert row["test/acc"]["p_value"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    welch = stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert row["test/acc"]["p_value"] == pytest.approx(welch)
+    other = next(r for r in rows if r["model.attention.n_heads"] == 4 and r["model.attention.scoring"] == "additive")
+    p_other = stats.ttest_ind(accs[(4, "additive")], accs[(1, "additive")], equal_var=False).pvalue
+    smaller, larger = sorted([welch, p_other])  # Holm for two tests: 2 x the smaller, then at least that
+    expected = {smaller: min(1, 2 * smaller), larger: max(min(1, 2 * smaller), larger)}
+    assert row["test/acc"]["p_holm"] == pytest.approx(expected[welch])
+    assert other["test/acc"]["p_holm"] >= other["test/acc"]["p_value"]
+    paired = compare(load_dirs([root]).completed, Design(["test/acc"], baseline=design.baseline, paired=True))[1]
+    row = next(r for r in paired if r["model.attention.n_heads"] == 4 and r["model.attention.scoring"] == "dot")
+    assert row["test/acc"]["p_value"] == pytest.approx(stats.ttest_rel(a, b).pvalue)  # seeds 0, 1, 2 in both
+
+
+def test_select_picks_each_arms_learning_rate_on_validation_and_reports_test_there(tmp_path):
+    """Arm h=1 is best on validation at lr 1e-3, arm h=4 at 3e-3; the test accuracies reported are there."""
+    val = {(1, 1e-3): 0.9, (1, 3e-3): 0.5, (4, 1e-3): 0.6, (4, 3e-3): 0.95}
+    test = {(1, 1e-3): 0.8, (1, 3e-3): 0.99, (4, 1e-3): 0.7, (4, 3e-3): 0.85}  # test alone would pick otherwise
+    for i, ((heads, lr), v) in enumerate(val.items()):
+        for seed in range(3):
+            run = tmp_path / f"{i}-{seed}"
+            write_run(run, heads, "dot", seed, test[heads, lr] + seed / 100, val=v, **{"optim.lr": lr})
+    main([str(tmp_path), "--select", "optim.lr", "--metric", "test/acc", "--baseline", "model.attention.n_heads=1"])
+    table = list(csv.DictReader((tmp_path / "compare.csv").open()))
+    assert [(r["model.attention.n_heads"], r["optim.lr"]) for r in table] == [("1", "0.001"), ("4", "0.003")]
+    assert [float(r["test/acc_mean"]) for r in table] == pytest.approx([0.81, 0.86])
+    welch = stats.ttest_ind([0.85, 0.86, 0.87], [0.80, 0.81, 0.82], equal_var=False).pvalue
+    assert float(table[1]["test/acc_p_value"]) == pytest.approx(welch)  # between the selected learning rates
+    text = (tmp_path / "compare.md").read_text()
+    assert "optim.lr (selected on val/acc_best)" in text
+
+
+def test_every_table_records_the_command_the_commits_and_the_hardware(sweep):
+    root, _ = sweep
+    main([str(root), "--solved", "test/acc>=0.75"])
+    text = (root / "compare.md").read_text()
+    assert f"Command: `headlab-compare {root} --solved 'test/acc>=0.75'`" in text
+    assert "headlab commit (compare): " in text and "Runs' commits: abc123 (12 runs)" in text
+    assert "Runs' hardware: cpu x1, 2 threads (12 runs)" in text
+    assert "solved (test/acc >= 0.75; exact 95% CI)" in text
 
 
 def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):
@@ -127,8 +198,8 @@ def test_pruning_curves_are_averaged_over_seeds(tmp_path):
         (tmp_path / str(seed) / "heads.json").write_text(json.dumps({"pruning_curve": points}))
     main([str(tmp_path), "--pruning"])
     text = (tmp_path / "compare.md").read_text()
-    half_width = stats.t.ppf(0.975, 1) * np.std([0.8, 0.6], ddof=1) / np.sqrt(2)
-    assert f"| 1 | 0.50 | 0.7000 ± {half_width:.4f} |" in text and "| 2 | 1.00 | 0.4000" in text
+    low, high = inference.bootstrap_interval([0.8, 0.6])
+    assert f"| 1 | 0.50 | 0.7000 [{low:.4f}, {high:.4f}] |" in text and "| 2 | 1.00 | 0.4000" in text
 
 
 def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):

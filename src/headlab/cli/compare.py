@@ -2,18 +2,21 @@
 
 headlab-compare DIR [DIR ...] reads every results.json below the directories (or, with --wandb ENTITY/PROJECT
 --group G, the runs of a W&B group), finds the configuration keys that vary, groups the runs by them (seeds
-pooled), and writes compare.md, compare.csv and one PNG per metric into the first directory.
+pooled), and writes compare.md, compare.csv and one PNG per metric into the first directory. Intervals, tests,
+solve rates and the correction for many comparisons: headlab.analysis.inference.
 """
 
 import argparse
 import csv
 import json
 import math
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS
+from headlab.analysis import inference
+from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS, git_sha
 
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
 IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
@@ -93,15 +96,12 @@ def varying_keys(records: list[dict]) -> list[str]:
 
 
 def summarise(values: list[float]) -> dict:
-    """n, mean, sample standard deviation and the 95% confidence half-width (Student's t, n - 1 dof)."""
-    from scipy import stats
-
+    """n, mean, sample standard deviation, and the 95% percentile bootstrap interval of the mean (low, high)."""
     n = len(values)
     mean = sum(values) / n
-    if n < 2:
-        return {"n": n, "mean": mean, "std": math.nan, "ci95": math.nan}
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return {"n": n, "mean": mean, "std": std, "ci95": stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)}
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    low, high = inference.bootstrap_interval(values)
+    return {"n": n, "mean": mean, "std": std, "low": low, "high": high}
 
 
 def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
@@ -111,19 +111,39 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
 
 
-def compare(records: list[dict], metrics: list[str], baseline: tuple[str, str] | None = None) -> tuple[list, list]:
+@dataclass
+class Design:
+    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE) and
+    whether by Welch's or a paired test over seeds; what counts as solving the task (metric, threshold); and a
+    key whose best value per arm is chosen on a validation metric (select KEY, ON)."""
+
+    metrics: list[str]
+    baseline: tuple[str, str] | None = None
+    paired: bool = False
+    solved: tuple[str, float] | None = None
+    select: tuple[str, str] | None = None
+
+
+def compare(records: list[dict], design: Design) -> tuple[list, list]:
     """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
+    if design.select:
+        records = select_best(records, *design.select)
     keys = varying_keys(records)
-    groups = group_runs(records, keys)
+    if design.select and design.select[0] not in keys:
+        keys.append(design.select[0])  # every arm chose the same value: still shown
     rows = []
-    for values, runs in groups.items():
+    for values, runs in group_runs(records, keys).items():
         row = dict(zip(keys, values, strict=True))
         row["runs"] = len(runs)
-        for metric in metrics:
-            found = [r["metrics"][metric] for r in runs if r.get("metrics", {}).get(metric) is not None]
+        for metric in design.metrics:
+            found = {_seed(r, i): r["metrics"][metric] for i, r in enumerate(runs) if _metric(r, metric) is not None}
             if found:
-                row[metric] = summarise(found)
-                row[metric]["values"] = found
+                row[metric] = summarise(list(found.values()))
+                row[metric]["values"], row[metric]["by_seed"] = list(found.values()), found
+        if design.solved:
+            metric, threshold = design.solved
+            found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
+            row["solved"] = inference.solve_rate(found, threshold) if found else None
         params = [r["params"]["total"] for r in runs if r.get("params")]
         speed = [
             r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
@@ -131,88 +151,146 @@ def compare(records: list[dict], metrics: list[str], baseline: tuple[str, str] |
         row["params"] = params[0] if params else None
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
         rows.append(row)
-    if baseline:
-        add_baseline(rows, keys, metrics, *baseline)
+    if design.baseline:
+        add_baseline(rows, keys, design)
     return keys, rows
 
 
-def add_baseline(rows: list[dict], keys: list[str], metrics: list[str], key: str, value: str) -> None:
-    """Difference of each group to the group with key=value and the other keys equal; Welch's t-test over seeds."""
-    from scipy import stats
+def _metric(record: dict, metric: str):
+    return (record.get("metrics") or {}).get(metric)
 
+
+def _seed(record: dict, index: int):
+    return record["config"].get("seed", index)
+
+
+def select_best(records: list[dict], key: str, on: str) -> list[dict]:
+    """Per arm (the groups of the other varying keys), the runs at the value of `key` whose mean `on` (a
+    validation metric) is highest over seeds; the other values' runs are dropped."""
+    others = [k for k in varying_keys(records) if k != key]
+    if key not in {k for r in records for k in r["config"]}:
+        raise SystemExit(f"headlab-compare: --select key {key!r} is not in the runs' configs")
+    chosen = []
+    for runs in group_runs(records, others).values():
+        by_value = group_runs(runs, [key])
+        scores = {v: [_metric(r, on) for r in rs if _metric(r, on) is not None] for v, rs in by_value.items()}
+        best = max((v for v in scores if scores[v]), key=lambda v: sum(scores[v]) / len(scores[v]), default=None)
+        chosen += by_value.get(best, [])
+    return chosen
+
+
+def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
+    """Difference of each group to the group with key=value and the other keys equal (a selected key may
+    differ); Welch's t-test or a paired t-test over shared seeds, Fisher's exact test for solve rates, and Holm's
+    correction over all the comparisons of a metric."""
+    key, value = design.baseline
     if key not in keys:
         raise SystemExit(f"headlab-compare: --baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
-    others = [k for k in keys if k != key]
+    others = [k for k in keys if k != key and (not design.select or k != design.select[0])]
     for row in rows:
         base = next((b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)), None)
-        for metric in metrics:
+        for metric in design.metrics:
             if base is None or metric not in row or metric not in base:
                 continue
-            a, b = row[metric]["values"], base[metric]["values"]
+            a, b = row[metric], base[metric]
+            test = inference.paired_p if design.paired else inference.welch_p
             p = (
-                stats.ttest_ind(a, b, equal_var=False).pvalue
-                if len(a) > 1 and len(b) > 1 and row is not base
-                else math.nan
+                math.nan
+                if row is base
+                else test(*((a["by_seed"], b["by_seed"]) if design.paired else (a["values"], b["values"])))
             )
-            row[metric]["delta"] = row[metric]["mean"] - base[metric]["mean"]
-            row[metric]["p_value"] = float(p)
-            row[metric]["is_baseline"] = row is base
+            a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
+        if base is not None and row.get("solved") and base.get("solved"):
+            row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])
+    for metric in [*design.metrics, "solved"]:
+        summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
+        for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
+            summary["p_holm"] = adjusted
+
+
+def _p(summary: dict) -> str:
+    if math.isnan(summary.get("p_value", math.nan)):
+        return ""
+    return f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
 
 
 def _cell(summary: dict | None) -> str:
     if summary is None:
         return ""
     text = f"{summary['mean']:.4f}"
-    if not math.isnan(summary["std"]):
-        text += f" ± {summary['ci95']:.4f} (sd {summary['std']:.4f})"
+    if not math.isnan(summary["low"]):
+        text += f" [{summary['low']:.4f}, {summary['high']:.4f}] (sd {summary['std']:.4f})"
     if summary.get("is_baseline"):
         text += " (baseline)"
     elif "delta" in summary:
-        text += f" Δ {summary['delta']:+.4f}" + (
-            "" if math.isnan(summary["p_value"]) else f" p={summary['p_value']:.3g}"
-        )
+        text += f" Δ {summary['delta']:+.4f}" + _p(summary)
     return text
 
 
-def table_rows(keys: list[str], rows: list[dict], metrics: list[str]) -> tuple[list[str], list[list[str]]]:
-    header = [*keys, "runs", *(f"{m} (mean ± 95% CI)" for m in metrics), "params", "train tokens/s"]
+def _solved_cell(solved: dict | None) -> str:
+    if solved is None:
+        return ""
+    return f"{solved['k']}/{solved['n']} [{solved['low']:.2f}, {solved['high']:.2f}]" + _p(solved)
+
+
+def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[str], list[list[str]]]:
+    names = [f"{k} (selected on {design.select[1]})" if design.select and k == design.select[0] else k for k in keys]
+    header = [*names, "runs", *(f"{m} (mean [95% bootstrap CI])" for m in design.metrics)]
+    if design.solved:
+        header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
+    header += ["params", "train tokens/s"]
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
-        body.append(
-            [
-                *(str(row[k]) for k in keys),
-                str(row["runs"]),
-                *(_cell(row.get(m)) for m in metrics),
-                str(row["params"] or ""),
-                speed,
-            ]
-        )
+        cells = [*(str(row[k]) for k in keys), str(row["runs"]), *(_cell(row.get(m)) for m in design.metrics)]
+        if design.solved:
+            cells.append(_solved_cell(row.get("solved")))
+        body.append([*cells, str(row["params"] or ""), speed])
     return header, body
 
 
-def write_outputs(out: Path, keys: list[str], rows: list[dict], metrics: list[str], runs: Runs) -> list[Path]:
-    header, body = table_rows(keys, rows, metrics)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+def provenance(runs: list[dict], command: list[str]) -> list[str]:
+    """Markdown lines saying how the table was made: the command, headlab's commit now, and the commits and
+    hardware the runs record."""
+    commits: dict[str, int] = {}
+    hardware: dict[str, int] = {}
+    for r in runs:
+        commits[r.get("git_sha") or "unknown"] = commits.get(r.get("git_sha") or "unknown", 0) + 1
+        res = r.get("resources") or {}
+        name = f"{res.get('accelerator', '?')} x{res.get('devices', '?')}, {res.get('threads', '?')} threads"
+        hardware[name] = hardware.get(name, 0) + 1
+    return [
+        f"Command: `{shlex.join(command)}`",
+        f"headlab commit (compare): {git_sha() or 'unknown'}",
+        "Runs' commits: " + ", ".join(f"{c} ({n} runs)" for c, n in commits.items()),
+        "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
+        "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
+        "Clopper-Pearson; p: Welch's t-test (or paired over shared seeds with --paired), Fisher's exact test for "
+        "solve rates, Holm-adjusted over the comparisons of each column.",
+        "",
+    ]
+
+
+def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command) -> list[Path]:
+    header, body = table_rows(keys, rows, design)
+    lines = provenance(runs.completed, command)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     if runs.failed or runs.unreadable:
         lines += ["", "Left out:"] + [f"- {w}: {e}" for w, e in runs.failed + runs.unreadable]
     (out / "compare.md").write_text("\n".join(lines) + "\n")
+    fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm")
     with (out / "compare.csv").open("w", newline="") as f:
         writer = csv.writer(f)
+        solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
         writer.writerow(
-            [
-                *keys,
-                "runs",
-                *(f"{m}_{s}" for m in metrics for s in ("mean", "std", "ci95", "n")),
-                "params",
-                "train_tokens_per_s",
-            ]
+            [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved, "params", "tokens_per_s"]
         )
         for row in rows:
-            stats_ = [row.get(m, {}).get(s, "") for m in metrics for s in ("mean", "std", "ci95", "n")]
-            writer.writerow([*(row[k] for k in keys), row["runs"], *stats_, row["params"], row["tokens_per_s"]])
-    return [out / "compare.md", out / "compare.csv", *plot(out, keys, rows, metrics)]
+            stats_ = [row.get(m, {}).get(s, "") for m in design.metrics for s in fields]
+            rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
+            writer.writerow([*(row[k] for k in keys), row["runs"], *stats_, *rate, row["params"], row["tokens_per_s"]])
+    return [out / "compare.md", out / "compare.csv", *plot(out, keys, rows, design.metrics)]
 
 
 def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> list[Path]:
@@ -233,10 +311,13 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
         for label, members in group_runs([{"config": r, **r} for r in rows], series_keys).items():
             members = sorted((m for m in members if metric in m), key=lambda m: m[x_key])
             xs = [m[x_key] for m in members]
+            means = [m[metric]["mean"] for m in members]
+            below = [0 if math.isnan(m[metric]["low"]) else m[metric]["mean"] - m[metric]["low"] for m in members]
+            above = [0 if math.isnan(m[metric]["high"]) else m[metric]["high"] - m[metric]["mean"] for m in members]
             line = ax.errorbar(
                 xs,
-                [m[metric]["mean"] for m in members],
-                yerr=[0 if math.isnan(m[metric]["ci95"]) else m[metric]["ci95"] for m in members],
+                means,
+                yerr=[below, above],
                 marker="o",
                 capsize=3,
                 label=", ".join(f"{k}={v}" for k, v in zip(series_keys, label, strict=True)) or None,
@@ -264,7 +345,7 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
 
 
 def pruning_table(records: list[dict], keys: list[str]) -> list[str]:
-    """Markdown: accuracy after pruning each fraction of heads (heads.json), mean ± 95% CI over seeds per group."""
+    """Markdown: accuracy after pruning each fraction of heads (heads.json), mean [95% CI] over seeds per group."""
     lines = []
     for values, runs in group_runs(records, keys).items():
         curves = []
@@ -279,18 +360,38 @@ def pruning_table(records: list[dict], keys: list[str]) -> list[str]:
         lines += [
             f"Pruning curve ({title}; {len(curves)} runs; validation accuracy):",
             "",
-            "| heads pruned | fraction | accuracy (mean ± 95% CI) |",
+            "| heads pruned | fraction | accuracy (mean [95% CI]) |",
             "|---|---|---|",
         ]
         for step in range(min(len(c) for c in curves)):
             point = summarise([c[step]["metric"] for c in curves])
-            ci = "" if math.isnan(point["ci95"]) else f" ± {point['ci95']:.4f}"
+            ci = "" if math.isnan(point["low"]) else f" [{point['low']:.4f}, {point['high']:.4f}]"
             lines.append(
                 f"| {curves[0][step]['heads_pruned']} | {curves[0][step]['fraction_pruned']:.2f} | "
                 f"{point['mean']:.4f}{ci} |"
             )
         lines.append("")
     return lines
+
+
+def _design(parser: argparse.ArgumentParser, args) -> Design:
+    def pair(text: str | None, sep: str, flag: str):
+        if text is None:
+            return None
+        parts = text.split(sep, 1)
+        if len(parts) != 2 or not all(parts):
+            parser.error(f"{flag} takes KEY{sep}VALUE, got {text!r}")
+        return parts[0].strip(), parts[1].strip()
+
+    solved = pair(args.solved, ">=", "--solved")
+    if solved:
+        try:
+            solved = (solved[0], float(solved[1]))
+        except ValueError:
+            parser.error(f"--solved takes METRIC>=NUMBER, got {args.solved!r}")
+    baseline = pair(args.baseline, "=", "--baseline")
+    select = (args.select, args.select_on) if args.select else None
+    return Design(args.metric or list(METRICS[:2]), baseline, args.paired, solved, select)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -300,11 +401,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
     parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
+    parser.add_argument("--paired", action="store_true", help="with --baseline: paired t-test over shared seeds")
+    parser.add_argument("--solved", metavar="METRIC>=X", help="solve rate per group with its exact interval")
+    parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
+    parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
+    design = _design(parser, args)
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
         print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
@@ -312,14 +419,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
-    metrics = args.metric or list(METRICS[:2])
-    baseline = tuple(args.baseline.split("=", 1)) if args.baseline else None
-    if baseline is not None and len(baseline) != 2:
-        parser.error("--baseline takes KEY=VALUE")
-    keys, rows = compare(runs.completed, metrics, baseline)
+    keys, rows = compare(runs.completed, design)
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
-    written = write_outputs(out, keys, rows, metrics, runs)
+    written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
     if args.pruning:
         with (out / "compare.md").open("a") as f:
             f.write("\n" + "\n".join(pruning_table(runs.completed, keys)))
@@ -327,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    header, body = table_rows(keys, rows, metrics)
+    header, body = table_rows(keys, rows, design)
     table = Table(title=f"{len(runs.completed)} runs, grouped by {', '.join(keys) or 'nothing (all alike)'}")
     for column in header:
         table.add_column(column)

@@ -1,0 +1,63 @@
+"""Statistics for comparing arms over seeds (numpy and scipy only).
+
+Outcomes here are bounded (accuracies in [0, 1]) and often bimodal (a seed solves the task or does not), so:
+means get percentile bootstrap intervals, which stay inside the range of the values; solve rates get exact
+(Clopper-Pearson) intervals; arms are compared with Welch's t-test, a paired t-test over shared seeds, or
+Fisher's exact test for solve rates; many comparisons at once get Holm's correction.
+"""
+
+import math
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95
+
+
+def bootstrap_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval (LEVEL) of the mean; (nan, nan) for fewer than 2 values."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return math.nan, math.nan
+    means = x[np.random.default_rng(seed).integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def solve_rate(values: list[float], threshold: float) -> dict:
+    """How many values reach the threshold (k of n), with the exact Clopper-Pearson interval of the rate."""
+    k, n = sum(v >= threshold for v in values), len(values)
+    interval = stats.binomtest(k, n).proportion_ci(LEVEL, method="exact")
+    return {"k": k, "n": n, "rate": k / n, "low": float(interval.low), "high": float(interval.high)}
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Two-sided Welch t-test (unequal variances) between two arms' values."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def paired_p(a: dict, b: dict) -> float:
+    """Two-sided paired t-test over the seeds two arms share ({seed: value} each)."""
+    shared = sorted(set(a) & set(b))
+    if len(shared) < 2:
+        return math.nan
+    return float(stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
+
+
+def fisher_p(a: dict, b: dict) -> float:
+    """Two-sided Fisher exact test between two solve rates (solve_rate's dicts)."""
+    table = [[a["k"], a["n"] - a["k"]], [b["k"], b["n"] - b["k"]]]
+    return float(stats.fisher_exact(table).pvalue)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (nan ones are left out of the family and stay nan)."""
+    present = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (len(present) - rank) * p))
+        adjusted[i] = running
+    return adjusted
