@@ -136,10 +136,10 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
         row = dict(zip(keys, values, strict=True))
         row["runs"] = len(runs)
         for metric in design.metrics:
-            found = {_seed(r, i): r["metrics"][metric] for i, r in enumerate(runs) if _metric(r, metric) is not None}
+            found = [(_seed(r, i), _metric(r, metric)) for i, r in enumerate(runs) if _metric(r, metric) is not None]
             if found:
-                row[metric] = summarise(list(found.values()))
-                row[metric]["values"], row[metric]["by_seed"] = list(found.values()), found
+                seeds, values = (list(column) for column in zip(*found, strict=True))
+                row[metric] = {**summarise(values), "values": values, "seeds": seeds}
         if design.solved:
             metric, threshold = design.solved
             found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
@@ -193,12 +193,13 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             if base is None or metric not in row or metric not in base:
                 continue
             a, b = row[metric], base[metric]
-            test = inference.paired_p if design.paired else inference.welch_p
-            p = (
-                math.nan
-                if row is base
-                else test(*((a["by_seed"], b["by_seed"]) if design.paired else (a["values"], b["values"])))
-            )
+            if row is base:
+                p = math.nan
+            elif design.paired:
+                pairs = [dict(zip(s["seeds"], s["values"], strict=True)) for s in (a, b)]
+                p = inference.paired_p(*pairs)
+            else:
+                p = inference.welch_p(a["values"], b["values"])
             a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
         if base is not None and row.get("solved") and base.get("solved"):
             row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])

@@ -29,7 +29,7 @@ def _has_credentials(host: str) -> bool:
         return False
 
 
-_server_failed: list[str] = []  # W&B servers that failed a run of this process: its later runs go offline at once
+_server_failed: set[str] = set()  # W&B servers that failed a run of this process: its later runs go offline at once
 
 
 @functools.cache
@@ -53,12 +53,16 @@ def _answers(url: str, timeout: float = 3.0) -> bool:
     return bool(answered and answered[0])
 
 
+def _base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+
+
 def wandb_mode() -> tuple[str, str | None]:
     """The mode W&B can run in here ('online', 'offline', 'disabled') and, when not online, why."""
     requested = os.environ.get("WANDB_MODE")
     if requested in ("offline", "disabled", "dryrun"):
         return requested, None
-    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    base_url = _base_url()
     if not _has_credentials(urlparse(base_url).hostname):
         return "offline", "no W&B credentials (run `wandb login` or set WANDB_API_KEY)"
     if base_url in _server_failed:
@@ -141,7 +145,7 @@ def _init_or_go_offline(logger) -> None:
         logger.experiment  # noqa: B018 (the property calls wandb.init)
     except Exception as error:
         log.warning("W&B init failed (%s); logging offline instead", first_line(error))
-        _server_failed.append(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+        _server_failed.add(_base_url())
         _stop_reporting_errors()
         import wandb
 

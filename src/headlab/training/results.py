@@ -9,7 +9,6 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import DiskFull
@@ -80,7 +79,7 @@ def write_atomic(path: Path, write) -> None:
         raise
 
 
-def _disk_full(error: OSError, path: Path) -> OSError:
+def _disk_full(error: OSError, path: Path) -> Exception:
     return DiskFull(f"no space left on the device to write {path}") if error.errno == errno.ENOSPC else error
 
 
@@ -91,4 +90,6 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 
 def save_checkpoint_atomic(checkpoint: dict, path: Path) -> None:
     """torch.save, atomically: a checkpoint is whole or absent (and a resume never trips on half of one)."""
+    import torch  # not at the top: headlab-train imports this module before it has checked the config
+
     write_atomic(path, lambda f: torch.save(checkpoint, f))
