@@ -57,7 +57,7 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     assert abs(ours[0] - theirs[0]) < 1e-12
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-7
     single = json.loads((tmp_path / "alone" / "results.json").read_text())
-    for key in ("val/acc_best", "test/acc"):
+    for key in ("val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
         assert runs[member]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9)
     assert set(single) - set(runs[member]) == set()  # the single run's schema, plus "pack"
 

@@ -1,5 +1,6 @@
 """A real W&B run in offline mode, read back from its files; no prompt and no hang without credentials."""
 
+import csv
 import http.server
 import json
 import os
@@ -17,29 +18,6 @@ from wandb_records import read_run
 pytestmark = pytest.mark.e2e
 
 
-def test_offline_run_holds_attention_images_tables_head_scalars_and_flat_config(run_cli, tmp_path):
-    result = run_cli(*TINY, "logger=wandb", "model.n_layers=2", "hydra.run.dir=run")
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "run"
-    logged = read_run(run_dir)
-    keys = set().union(*logged["history"])
-    for layer in (0, 1):  # one attention image per layer
-        assert f"attention/layer_{layer}/_type" in keys
-    image_types = {h["attention/layer_1/_type"] for h in logged["history"] if "attention/layer_1/_type" in h}
-    assert image_types == {"image-file"}
-    assert {"heads/table/_type", "heads/similarity/_type", "heads/pruning_table/_type"} <= keys
-    head_scalars = {k for k in keys if k.startswith("heads/L")}
-    assert len(head_scalars) == 2 * 4 * 8 and "heads/L1/H3/entropy_normalised" in head_scalars
-    assert {"val/acc", "val/loss", "test/acc"} <= keys
-    config = logged["config"]
-    assert config["model.attention.n_heads"] == 4 and config["model.attention.scoring"] == "dot"
-    assert config["data"] == "pair_recall" and config["seed"] == 0 and config["model.attention.d_k"] is None
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["wandb"]["id"] == logged["run"].run_id and results["wandb"]["url"] is None
-    media = list(run_dir.glob("wandb/offline-run-*/files/media/images/attention/*.png"))
-    assert len(media) >= 2
-
-
 def test_heads_json_holds_statistics_importance_and_pruning(run_cli, tmp_path):
     result = run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,6 +30,17 @@ def test_heads_json_holds_statistics_importance_and_pruning(run_cli, tmp_path):
     assert report["logging_seconds"] > 0 and report["analysis_seconds"] > 0
     curve = report["pruning_curve"]
     assert [p["heads_pruned"] for p in curve] == list(range(9)) and len(report["similarity"]) == 8
+    # ranked on training batches, scored on validation, on the best checkpoint's weights (the ones tested)
+    best = json.loads((tmp_path / "run" / "results.json").read_text())["checkpoints"]["best"]
+    assert report["checkpoint"] == best and report["analysis_examples"] == {"train": 256, "val": 64}
+    assert curve[0]["metric"] == pytest.approx(
+        json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["val/acc_best"]
+    )
+    baselines = report["pruning_baselines"]
+    assert set(baselines) == {"reverse", "random"}
+    assert baselines["reverse"][-1]["pruned"] == curve[-1]["pruned"][::-1]
+    assert sorted(map(tuple, baselines["random"][-1]["pruned"])) == [(lay, h) for lay in range(2) for h in range(4)]
+    assert {b[0]["metric"] for b in baselines.values()} == {curve[0]["metric"]}
 
 
 def test_multirun_gives_one_wandb_run_per_job_grouped_by_sweep(run_cli, tmp_path):
@@ -145,10 +134,20 @@ def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_pat
     result = subprocess.run(cli, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in (run / "heads").iterdir())
-    assert written == ["attention_layer0.png", "attention_layer1.png", "similarity.png", "statistics.csv"]
-    assert (run / "heads" / "attention_layer0.png").read_bytes()[:4] == b"\x89PNG"
-    rows = (run / "heads" / "statistics.csv").read_text().splitlines()
-    assert rows[0].startswith("layer,head,entropy,") and len(rows) == 1 + 8
+    assert written == [
+        "attention_layer_0.png",
+        "attention_layer_1.png",
+        "similarity.png",
+        "statistics.csv",
+        "view.html",
+    ]
+    assert (run / "heads" / "attention_layer_0.png").read_bytes()[:4] == b"\x89PNG"
+    rows = list(csv.DictReader((run / "heads" / "statistics.csv").open()))
+    assert list(rows[0])[:3] == ["layer", "head", "entropy"] and len(rows) == 8
+    measured = json.loads((run / "heads.json").read_text())["rows"]  # the same best checkpoint: its importance
+    assert [float(r["importance"]) for r in rows] == pytest.approx([r["importance"] for r in measured])
+    last = subprocess.run([*cli, "--checkpoint", "last", "--out", str(tmp_path / "last")], capture_output=True)
+    assert last.returncode == 0 and "importance" not in (tmp_path / "last" / "statistics.csv").read_text()
 
     text = subprocess.run([*cli, "--text", "a dog"], capture_output=True, text=True, timeout=120)
     assert text.returncode != 0 and text.stderr.strip().splitlines()[-1] == (

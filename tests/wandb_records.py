@@ -38,9 +38,10 @@ def records(path: Path):
 
 
 def read_run(run_dir: Path) -> dict:
-    """{'run': Record.run, 'config': {key: value}, 'history': [{key: value}], 'files': [...]} of one offline run."""
+    """One offline run: {'run': its last Record.run (name, group, tags), 'config': {key: value}, 'history':
+    [{key: value}], 'summary': {key: value}}, the summary as W&B's API returns it (media as nested dicts)."""
     (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
-    out = {"run": None, "config": {}, "history": []}
+    out = {"run": None, "config": {}, "history": [], "summary": {}}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -52,4 +53,11 @@ def read_run(run_dir: Path) -> dict:
             out["history"].append(
                 {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             )
+        elif kind == "summary":
+            for item in record.summary.update:
+                keys = [item.key] if item.key else list(item.nested_key)
+                node = out["summary"]
+                for key in keys[:-1]:
+                    node = node.setdefault(key, {})
+                node[keys[-1]] = json.loads(item.value_json)
     return out

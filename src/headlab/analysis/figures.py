@@ -1,64 +1,128 @@
-"""Figures of heads: attention maps per layer and head similarity.
+"""Figures of heads for a paper or a dashboard: attention maps, head similarity, head importance, pruning curves.
 
-Built as matplotlib Figure objects, without pyplot: no display, no backend to choose, nothing to close.
+Built as matplotlib Figure objects, without pyplot: no display, no backend to choose, nothing to close. Each is
+sized to its content (panels grow with the number of tokens, not the page), with constrained layout (no white
+margins), axis labels and a title that says what is plotted.
 """
 
 import io
 import math
 
 import numpy as np
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 MAX_LABELLED = 40  # label the axes with tokens up to this length; beyond it they are unreadable
+EXAMPLES = 3  # probe examples in an attention-map figure (one row of panels each)
+HEADS_PER_ROW = 8  # more heads wrap onto further rows
+DPI = 100
 
 
 def _array(t) -> np.ndarray:
     return t.float().cpu().numpy() if hasattr(t, "cpu") else np.asarray(t, dtype=np.float32)
 
 
-def attention_maps(weights, tokens: list[str] | None = None, title: str = "") -> Figure:
-    """One panel per head: weights (H, n, n) of one example (a tensor or an array), queries as rows, keys as
-    columns."""
+def _panel_inches(n: int) -> float:
+    """A panel's side: readable tick labels for n tokens at 7 pt, within [1.3, 3.6] inches."""
+    return min(3.6, max(1.3, 0.11 * min(n, MAX_LABELLED) + 0.4))
+
+
+def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = "") -> Figure:
+    """Panels of weights (E, H, n, n) (or (H, n, n) for one example): one row per example (more when it has over
+    HEADS_PER_ROW heads), one panel per head, queries as rows and keys as columns. tokens: each example's token
+    strings (its real length; the panel shows only those). A log colour scale from 1/(10 n) to 1, so that a
+    diffuse head (weights near 1/n) shows its structure instead of a uniform block."""
     weights = _array(weights)
-    H, n, _ = weights.shape
-    cols = min(H, 4)
-    rows = math.ceil(H / cols)
-    size = 2.2 + 0.12 * min(n, MAX_LABELLED)
-    fig = Figure(figsize=(size * cols, size * rows), dpi=80)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for h, ax in enumerate(axes.flat):
-        if h >= H:
+    if weights.ndim == 3:
+        weights = weights[None]
+    E, H, n, _ = weights.shape
+    tokens = tokens or [[str(i) for i in range(n)] for _ in range(E)]
+    side = _panel_inches(max(len(t) for t in tokens))
+    columns = min(H, HEADS_PER_ROW)
+    rows = math.ceil(H / columns)  # per example
+    fig = Figure(figsize=(side * columns + 1.2, side * E * rows + 0.9), dpi=DPI, layout="constrained")
+    axes = fig.subplots(E * rows, columns, squeeze=False)
+    for e in range(E):  # the panels left over in each example's last row
+        for ax in axes[e * rows : (e + 1) * rows].flat[H:]:
             ax.axis("off")
-            continue
-        image = ax.imshow(weights[h], vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(f"head {h}", fontsize=9)
-        if tokens is not None and n <= MAX_LABELLED:  # query labels on each row's first panel only: text is
-            ax.set_xticks(range(n), tokens, rotation=90, fontsize=6)  # most of the rendering time
-            ax.set_yticks(range(n), tokens if h % cols == 0 else [], fontsize=6)
-        else:
-            ax.set_xlabel("key")
-            ax.set_ylabel("query")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
-    fig.suptitle(title)
+    norm = LogNorm(vmin=1 / (10 * n), vmax=1, clip=True)
+    for e in range(E):
+        k = len(tokens[e])
+        labelled = k <= MAX_LABELLED
+        for h in range(H):
+            ax = axes[e * rows + h // columns, h % columns]
+            image = ax.imshow(np.maximum(weights[e, h, :k, :k], norm.vmin), norm=norm, cmap="viridis")
+            first = h % columns == 0
+            if e == 0:
+                ax.set_title(f"head {h}", fontsize=9)
+            ax.set_xticks(range(k), tokens[e] if labelled and first else [], rotation=90, fontsize=7)
+            ax.set_yticks(range(k), tokens[e] if labelled and first else [], fontsize=7)
+            if first:
+                ax.set_ylabel(f"example {e}: query", fontsize=8)
+                ax.set_xlabel("key", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6 if E * rows > 1 else 0.9, label="attention weight (log scale)")
+    fig.suptitle(title or "attention weights (rows: queries, columns: keys)", fontsize=10)
     return fig
 
 
-def similarity_map(similarity, n_heads: int) -> Figure:
-    """Jensen-Shannon divergence between every pair of heads (L*H, L*H); 0 = identical attention."""
-    similarity = _array(similarity)
+def similarity_map(divergence, n_heads: int) -> Figure:
+    """Head similarity from the Jensen-Shannon divergence between every pair of heads (L*H, L*H):
+    1 - JS / ln 2, so 1 = the same attention, 0 = attention on disjoint keys."""
+    similarity = 1 - _array(divergence) / math.log(2)
     T = similarity.shape[0]
     labels = [f"L{t // n_heads}H{t % n_heads}" for t in range(T)]
-    fig = Figure(figsize=(2 + 0.35 * T, 1.6 + 0.35 * T), layout="constrained")
+    side = min(9.0, max(2.4, 0.28 * T + 1.0))
+    fig = Figure(figsize=(side + 1.2, side), dpi=DPI, layout="constrained")
     ax = fig.subplots()
-    image = ax.imshow(similarity, cmap="magma_r", vmin=0, vmax=math.log(2))
-    ax.set_xticks(range(T), labels, rotation=90, fontsize=7)
-    ax.set_yticks(range(T), labels, fontsize=7)
-    fig.colorbar(image, ax=ax, label="Jensen-Shannon divergence (nats)")
-    ax.set_title("head similarity")
+    image = ax.imshow(similarity, cmap="magma", vmin=0, vmax=1)
+    fontsize = 8 if T <= 32 else 6
+    ax.set_xticks(range(T), labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(range(T), labels, fontsize=fontsize)
+    ax.set_xlabel("head (layer L, head H)")
+    ax.set_ylabel("head")
+    fig.colorbar(image, ax=ax, label="similarity: 1 - JS divergence / ln 2")
+    ax.set_title("head similarity (1 = same attention)", fontsize=10)
     return fig
 
 
-def png(fig: Figure, dpi: int = 80) -> bytes:
+def importance_map(scores, split: str = "train") -> Figure:
+    """Head importance (L, H), measured on `split`, as a heatmap with each value written in its cell
+    (Michel et al. 2019: E|dL/d mask|, normalised per layer)."""
+    scores = _array(scores)
+    L, H = scores.shape
+    fig = Figure(figsize=(min(14.0, 0.6 * H + 2.8), min(9.0, 0.45 * L + 1.4)), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    top = max(1e-9, float(scores.max()))
+    image = ax.imshow(scores, cmap="Reds", vmin=0, vmax=top, aspect="auto")
+    for (layer, head), value in np.ndenumerate(scores):
+        colour = "white" if value > 0.6 * top else "black"
+        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+    ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=8)
+    ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.colorbar(image, ax=ax, label="importance")
+    ax.set_title(f"head importance on {split} (normalised per layer)", fontsize=10)
+    return fig
+
+
+def pruning_curves(curves: dict[str, list[dict]], metric: str = "val/acc") -> Figure:
+    """Accuracy as heads are masked, one line per order ({"importance": curve, "random": curve, ...}); each
+    curve a list of {"fraction_pruned", "metric"}."""
+    fig = Figure(figsize=(4.8, 3.4), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for name, curve in curves.items():
+        ax.plot([p["fraction_pruned"] for p in curve], [p["metric"] for p in curve], marker="o", ms=3, label=name)
+    ax.set_xlabel("fraction of heads masked")
+    ax.set_ylabel(metric)
+    ax.set_xlim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(title="pruning order", fontsize=8)
+    ax.set_title("pruning curve", fontsize=10)
+    return fig
+
+
+def png(fig: Figure, dpi: int = DPI) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
@@ -67,10 +131,14 @@ def png(fig: Figure, dpi: int = 80) -> bytes:
 def render_heads(snapshot: dict) -> dict[str, bytes]:
     """The per-layer attention maps and the similarity map of one probe snapshot as PNG bytes.
 
-    snapshot: {"weights": [(H, n, n) array per layer], "tokens": [str], "similarity": (T, T) array, "n_heads": H}.
-    Plain arrays in, bytes out: it runs in worker processes when a pack renders all its members at once."""
+    snapshot: {"weights": [(E, H, n, n) array per layer], "tokens": [[str] per example], "similarity": (T, T)
+    array, "n_heads": H}; the first EXAMPLES examples are drawn. Plain arrays in, bytes out: it runs in worker
+    processes when a pack renders all its members at once."""
+    tokens = snapshot["tokens"][:EXAMPLES]
     out = {
-        f"attention/layer_{layer}": png(attention_maps(w, snapshot["tokens"], title=f"layer {layer}, probe example 0"))
+        f"attention/layer_{layer}": png(
+            attention_maps(w[:EXAMPLES], tokens, title=f"layer {layer}: attention weights on probe examples")
+        )
         for layer, w in enumerate(snapshot["weights"])
     }
     out["heads/similarity"] = png(similarity_map(snapshot["similarity"], snapshot["n_heads"]))

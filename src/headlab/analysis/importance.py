@@ -56,20 +56,43 @@ def accuracy(model: torch.nn.Module, batches: Iterable[dict], head_mask: torch.T
     return correct / max(total, 1)
 
 
-def pruning_curve(importance: torch.Tensor, evaluate: Callable[[torch.Tensor], float], step: float = 0.1) -> list[dict]:
-    """Mask the least important heads, ceil(step * total) at a time, re-evaluating after each step.
+ORDERS = ("importance", "reverse", "random")  # least important first; most important first; a seeded shuffle
+
+
+def pruning_order(importance: torch.Tensor, order: str = "importance", seed: int = 0) -> list[int]:
+    """Flat head indices (layer * H + head) in the order they are masked: by importance, least important first
+    (Michel et al.); "reverse", most important first; "random", a permutation drawn with the seed (the baselines
+    an importance ordering must beat)."""
+    if order == "importance":
+        return importance.flatten().argsort(stable=True).tolist()
+    if order == "reverse":
+        return importance.flatten().argsort(descending=True, stable=True).tolist()
+    if order == "random":
+        return torch.randperm(importance.numel(), generator=torch.Generator().manual_seed(seed)).tolist()
+    raise ValueError(f"pruning order {order!r}: one of {', '.join(ORDERS)}")
+
+
+def pruning_curve(
+    importance: torch.Tensor,
+    evaluate: Callable[[torch.Tensor], float],
+    step: float = 0.1,
+    order: str = "importance",
+    seed: int = 0,
+) -> list[dict]:
+    """Mask heads in pruning_order(importance, order, seed), ceil(step * total) at a time, re-evaluating after
+    each step.
 
     evaluate(head_mask (L, H)) -> metric. Returns [{"fraction_pruned", "heads_pruned", "metric", "pruned"}, ...]
     from 0 heads pruned to all, "pruned" listing the (layer, head) pairs masked so far.
     """
     L, H = importance.shape
     total = L * H
-    order = importance.flatten().argsort().tolist()  # least important first
+    ordered = pruning_order(importance, order, seed)
     per_step = max(1, math.ceil(round(step * total, 6)))
     mask = torch.ones(L, H, device=importance.device)
     curve, pruned = [], []
     for k in [*range(0, total, per_step), total]:
-        for index in order[len(pruned) : k]:
+        for index in ordered[len(pruned) : k]:
             mask[index // H, index % H] = 0
             pruned.append((index // H, index % H))
         point = {"fraction_pruned": k / total, "heads_pruned": k, "metric": evaluate(mask.clone())}

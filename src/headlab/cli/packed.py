@@ -18,7 +18,15 @@ from headlab.training.loggers import run_identity
 from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS
 
 log = logging.getLogger("headlab")
-PER_MEMBER = ("seed", "data.seed", "optim.lr", "optim.weight_decay", "optim.warmup", "optim.betas")
+PER_MEMBER = (
+    "seed",
+    "data.seed",
+    "callbacks.attention.seed",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.warmup",
+    "optim.betas",
+)
 PER_JOB = ("logger.wandb.name", "logger.wandb.group")  # set for each job from Hydra's job information
 
 
@@ -38,7 +46,7 @@ def prepare(cfg) -> Job | float:
         return job
     try:
         check_job(job)
-        wandb = cfg.get("logger", {}).get("wandb")
+        wandb = (cfg.get("logger") or {}).get("wandb")
         with open_dict(cfg):
             if wandb is not None:
                 wandb.name, wandb.group = run_identity(wandb.name, wandb.group)

@@ -120,6 +120,10 @@ class SplitLoaders:
     def test_dataloader(self):
         return self._loader("test")
 
+    def ordered_dataloader(self, split: str):
+        """Any split in its stored order, unshuffled (the head analysis measures on it)."""
+        return self._loader(split)
+
 
 class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
     """Train / val / test lists of examples, batched with dynamic padding. Subclasses fill self.splits in setup().

@@ -7,13 +7,14 @@ Pure torch (no Lightning, Hydra, W&B or datasets):
 
 from headlab.model.attention import MultiHeadAttention, head_sizes
 from headlab.model.dropout import Dropout
-from headlab.model.encoder import Encoder, count_parameters, flops_per_token, training_flops_per_token
+from headlab.model.encoder import Encoder, count_parameters, describe, flops_per_token, training_flops_per_token
 
 __all__ = [
     "Dropout",
     "Encoder",
     "MultiHeadAttention",
     "count_parameters",
+    "describe",
     "flops_per_token",
     "head_sizes",
     "training_flops_per_token",

@@ -158,3 +158,16 @@ def flops_per_token(model: Encoder, seq_len: int) -> int:
     return training_flops_per_token(
         count_parameters(model)["non_embedding"], model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v
     )
+
+
+def describe(model: Encoder, seq_len: int) -> dict:
+    """What a run records about its model: the head sizes as resolved (d_k = d_model / n_heads when not given),
+    parameter counts, and training FLOPs per token on sequences of seq_len tokens."""
+    attn = model.blocks[0].attn
+    params = count_parameters(model)
+    return {
+        "heads": {"n_heads": attn.n_heads, "d_k": attn.d_k, "d_v": attn.d_v, "n_kv_heads": attn.n_kv_heads},
+        "d_ff": model.blocks[0].ff[0].out_features,
+        "params": {"total": params["total"], "attention": params["attention"]},
+        "flops_per_token": flops_per_token(model, seq_len),
+    }

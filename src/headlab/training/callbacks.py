@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from headlab.analysis import figures, importance, statistics
+from headlab.analysis import figures, head_view, importance, statistics
 from headlab.training import results
 
 
@@ -67,11 +67,15 @@ class AttentionLogger(pl.Callback):
     """What every head does, logged while training and analysed once training ends.
 
     Every `every_n_val_epochs` validation epochs, on a fixed probe batch (the same `n_probe` validation examples
-    every time, drawn with the seed, plus `sentences` for text data): per-layer attention-map images, each
-    statistic per (layer, head) as heads/L{l}/H{h}/{stat}, one table row per (layer, head), and the head
-    similarity matrix. At the end of training: head importance and the pruning curve on `analysis_batches`
-    validation batches, written with the statistics to `heads.json` in the run directory.
-    Media and tables go to W&B; scalars go to every logger. Rank 0 does all of it.
+    every time, drawn with the seed, plus `sentences` for text data): each statistic per (layer, head) as
+    heads/L{l}/H{h}/{stat} to every logger; to W&B and TensorBoard, per-layer attention-map figures and the head
+    similarity figure (W&B also gets the statistics as a table).
+
+    At the end of training, on the best checkpoint's weights (the final ones without a checkpoint): head importance
+    on `analysis_batches` batches of `importance_split`, and pruning curves on as many batches of `pruning_split`
+    (masking by importance, and in the `pruning_baselines` orders), written with the statistics to heads.json;
+    importance as heads/L{l}/H{h}/importance to every logger, its figure and the pruning curves' to W&B and
+    TensorBoard, and the interactive head view to heads/view.html (and W&B). Rank 0 does all of it.
     """
 
     def __init__(
@@ -83,16 +87,26 @@ class AttentionLogger(pl.Callback):
         importance: bool = True,
         pruning_step: float = 0.1,
         analysis_batches: int = 20,
+        importance_split: str = "train",
+        pruning_split: str = "val",
+        pruning_baselines: list[str] | None = None,
+        seed: int = 0,
     ):
         self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
         self.sentences, self.importance, self.pruning_step = list(sentences or []), importance, pruning_step
-        self.analysis_batches = analysis_batches
+        self.analysis_batches, self.importance_split, self.pruning_split = (
+            analysis_batches,
+            importance_split,
+            pruning_split,
+        )
+        self.pruning_baselines, self.seed = list(pruning_baselines or []), seed
         self.val_epochs = 0
         self.probe: dict | None = None
         self.logging_seconds = 0.0  # time spent logging during training, reported in heads.json
 
     # the work, on any model, datamodule and loggers (a packed run calls it for each member)
-    def _attention(self, model, datamodule, device) -> tuple[dict, list]:
+    def _attention(self, model, datamodule, device) -> tuple[dict, list, dict]:
+        """The probe batch, every layer's attention on it (B, H, n, n) and the head statistics."""
         if self.probe is None:
             self.probe = datamodule.probe_batch(self.n_probe, self.sentences)
         probe = {k: v.to(device) for k, v in self.probe.items()}
@@ -101,31 +115,21 @@ class AttentionLogger(pl.Callback):
         with torch.no_grad():
             _, weights = model(probe["tokens"], probe["padding_mask"], need_weights=True)
         model.train(was_training)
-        return probe, weights
+        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
+        return probe, weights, report
 
     def log_heads(self, model, datamodule, loggers: list, step: int, device, media: bool = True) -> dict | None:
-        """Statistics of every head on the probe batch to every logger. With a W&B logger, the maps, similarity
-        and table too: rendered here, or (media=False) returned as a snapshot for log_media, so that a pack
-        can render its members' figures in parallel (figures.render_heads)."""
+        """Statistics of every head on the probe batch to every logger. With a W&B or TensorBoard logger, the
+        figures too: rendered here, or (media=False) returned as a snapshot for log_media, so that a pack can
+        render its members' figures in parallel (figures.render_heads)."""
         started = time.perf_counter()
-        probe, weights = self._attention(model, datamodule, device)
-        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
+        probe, weights, report = self._attention(model, datamodule, device)
         scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
         snapshot = None
-        if _wandb_loggers(loggers):
-            length = int((~probe["padding_mask"][0]).sum())
-            tokens = model.attention_labels(datamodule.token_strings(probe["tokens"][0, :length].cpu()))
-            n = len(tokens)
-            snapshot = {
-                "weights": [w[0, :, :n, :n].float().cpu().numpy() for w in weights],
-                "tokens": tokens,
-                "similarity": report["similarity"].cpu().numpy(),
-                "n_heads": model.n_heads,
-                "rows": report["rows"],
-                "step": step,
-            }
+        if _media_loggers(loggers):
+            snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, figures.EXAMPLES)
             if media:
                 self.log_media(loggers, snapshot, figures.render_heads(snapshot))
                 snapshot = None
@@ -134,67 +138,114 @@ class AttentionLogger(pl.Callback):
 
     @staticmethod
     def log_media(loggers: list, snapshot: dict, pngs: dict[str, bytes]) -> None:
-        """The rendered figures and the statistics table of a snapshot, to W&B."""
-        import io
-
-        import wandb
-        from PIL import Image
-
-        media = {name: wandb.Image(Image.open(io.BytesIO(data))) for name, data in pngs.items()}
+        """The rendered figures of a snapshot to W&B and TensorBoard; its statistics table to W&B."""
         columns = ["layer", "head", *statistics.STATISTICS]
-        media["heads/table"] = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in snapshot["rows"]])
-        for logger in _wandb_loggers(loggers):
-            logger.experiment.log({**media, "trainer/global_step": snapshot["step"]})
+        log_images(loggers, pngs, snapshot["step"], tables={"heads/table": (columns, snapshot["rows"])})
 
-    def write_report(self, model, datamodule, loggers: list, device, stop=lambda: None) -> None:
-        """heads.json: every head's statistics on the probe batch, and its importance and the pruning curve.
-        stop() is called between steps of the analysis (it raises to stop it)."""
+    def write_report(self, model, datamodule, loggers: list, device, step: int, checkpoint=None, stop=None) -> None:
+        """heads.json: every head's statistics on the probe batch, its importance and the pruning curves, of the
+        model as given (checkpoint: the file its weights come from, recorded). stop() is called between steps of
+        the analysis (it raises to stop it)."""
+        stop = stop or (lambda: None)
         stop()
-        probe, weights = self._attention(model, datamodule, device)
-        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
+        probe, weights, report = self._attention(model, datamodule, device)
         result = {
+            "checkpoint": str(checkpoint) if checkpoint else None,  # None: the weights at the end of training
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
             "probe_size": len(probe["tokens"]),
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
         if self.importance:
-            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device, stop))
+            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device, step, stop))
         stop()
         results.write_json_atomic(self.out_dir / "heads.json", result)
+        snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, head_view.MAX_EXAMPLES)
+        view = self.out_dir / "heads" / "view.html"
+        title = f"{self.out_dir.name}: heads at step {step}" + (f" ({Path(checkpoint).name})" if checkpoint else "")
+        write_head_view(view, snapshot, title)
+        for logger in _wandb_loggers(loggers):
+            import wandb
 
-    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device, stop) -> dict:
-        batches = [{k: v.to(device) for k, v in b.items()} for b in datamodule.val_dataloader()]
-        batches = batches[: self.analysis_batches]
+            logger.experiment.log({"heads/view": wandb.Html(str(view)), "trainer/global_step": step})
+
+    def _batches(self, datamodule, split: str, device) -> list[dict]:
+        batches = []
+        for batch in datamodule.ordered_dataloader(split):
+            if len(batches) == self.analysis_batches:
+                break
+            batches.append({k: v.to(device) for k, v in batch.items()})
+        return batches
+
+    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device, step: int, stop) -> dict:
+        ranked_on = self._batches(datamodule, self.importance_split, device)
+        scored_on = self._batches(datamodule, self.pruning_split, device)
         was_training = model.training
         model.eval()
         started = time.perf_counter()
-        scores = importance.head_importance(model, batches)  # (L, H)
-        stop()
-        curve = importance.pruning_curve(
-            scores, lambda mask: stop() or importance.accuracy(model, batches, mask), self.pruning_step
-        )
+        scores = importance.head_importance(model, ranked_on)  # (L, H)
+        curves = {}
+        for order in ["importance", *self.pruning_baselines]:
+            stop()
+            curves[order] = importance.pruning_curve(
+                scores,
+                lambda mask: stop() or importance.accuracy(model, scored_on, mask),
+                self.pruning_step,
+                order=order,
+                seed=self.seed,
+            )
         model.train(was_training)
         for row in rows:
             row["importance"] = float(scores[row["layer"], row["head"]])
-        self._log_pruning(loggers, curve)
+        self._log_importance(loggers, rows, scores, curves, step)
         return {
-            "pruning_curve": curve,
+            "importance_split": self.importance_split,
+            "pruning_split": self.pruning_split,
+            "pruning_curve": curves.pop("importance"),
+            "pruning_baselines": curves,
             "analysis_seconds": round(time.perf_counter() - started, 3),
-            "analysis_examples": sum(len(b["tokens"]) for b in batches),
+            "analysis_examples": {
+                self.importance_split: sum(len(b["tokens"]) for b in ranked_on),
+                self.pruning_split: sum(len(b["tokens"]) for b in scored_on),
+            },
         }
 
-    @staticmethod
-    def _log_pruning(loggers, curve: list[dict]) -> None:
+    def _log_importance(self, loggers, rows: list[dict], scores, curves: dict[str, list[dict]], step: int) -> None:
+        """Importance per head to every logger (W&B's summary keeps it); its figure and the pruning curves'
+        to W&B and TensorBoard; the pruning tables and W&B's own line plot to W&B."""
+        for logger in loggers:
+            logger.log_metrics({f"heads/L{r['layer']}/H{r['head']}/importance": r["importance"] for r in rows}, step)
+        if not _media_loggers(loggers):
+            return
+        pngs = {
+            "heads/importance_map": figures.png(figures.importance_map(scores.cpu(), self.importance_split)),
+            "heads/pruning_curves": figures.png(figures.pruning_curves(curves, f"{self.pruning_split} accuracy")),
+        }
+        columns = ["layer", "head", "importance", *statistics.STATISTICS]
+        pruning = [
+            {
+                "order": order,
+                "fraction_pruned": p["fraction_pruned"],
+                "heads_pruned": p["heads_pruned"],
+                "acc": p["metric"],
+            }
+            for order, curve in curves.items()
+            for p in curve
+        ]
+        tables = {
+            "heads/importance": (columns, rows),
+            "heads/pruning_table": (["order", "fraction_pruned", "heads_pruned", "acc"], pruning),
+        }
+        log_images(loggers, pngs, step, tables)
         for logger in _wandb_loggers(loggers):
             import wandb
 
             table = wandb.Table(
-                columns=["fraction_pruned", "heads_pruned", "val_acc"],
-                data=[[p["fraction_pruned"], p["heads_pruned"], p["metric"]] for p in curve],
+                columns=["fraction_pruned", "acc"],
+                data=[[p["fraction_pruned"], p["metric"]] for p in curves["importance"]],
             )
-            plot = wandb.plot.line(table, "fraction_pruned", "val_acc", title="pruning curve (Michel et al.)")
-            logger.experiment.log({"heads/pruning_table": table, "heads/pruning_curve": plot})
+            plot = wandb.plot.line(table, "fraction_pruned", "acc", title="pruning curve (Michel et al.)")
+            logger.experiment.log({"heads/pruning_curve": plot, "trainer/global_step": step})
 
     def is_due(self, epoch: int, max_epochs: int | None) -> bool:
         """Count a validation epoch; True at every n-th and after the last epoch."""
@@ -209,15 +260,80 @@ class AttentionLogger(pl.Callback):
             self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, trainer.global_step, pl_module.device)
 
     def on_fit_end(self, trainer, pl_module):
-        if trainer.is_global_zero:
+        if not trainer.is_global_zero:
+            return
+        model, best = pl_module.model, trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
+        final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if best:  # the weights the test evaluates; the final ones are put back after
+            state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
+            model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+        try:
             stop = functools.partial(stop_if_signalled, trainer)
-            self.write_report(pl_module.model, trainer.datamodule, trainer.loggers, pl_module.device, stop)
+            self.write_report(
+                model, trainer.datamodule, trainer.loggers, pl_module.device, trainer.global_step, best or None, stop
+            )
+        finally:
+            model.load_state_dict(final)
+
+
+def probe_snapshot(model, datamodule, probe: dict, weights: list, report: dict, step: int, examples: int) -> dict:
+    """Plain arrays of the first `examples` probe examples: what the figures and the head view draw (figures
+    are rendered from it in worker processes when a pack logs all its members at once)."""
+    count = min(examples, len(probe["tokens"]))
+    lengths = (~probe["padding_mask"][:count]).sum(1).tolist()
+    tokens = [
+        model.attention_labels(datamodule.token_strings(probe["tokens"][e, : lengths[e]].cpu())) for e in range(count)
+    ]
+    n = max(len(t) for t in tokens)
+    return {
+        "weights": [w[:count, :, :n, :n].float().cpu().numpy() for w in weights],  # (E, H, n, n) per layer
+        "tokens": tokens,
+        "similarity": report["similarity"].cpu().numpy(),
+        "n_heads": model.n_heads,
+        "rows": report["rows"],
+        "step": step,
+    }
+
+
+def write_head_view(path: Path, snapshot: dict, title: str) -> None:
+    """heads/view.html of a snapshot (probe_snapshot): the interactive head view."""
+    data = head_view.page_data(snapshot["weights"], snapshot["tokens"], snapshot["rows"], title)
+    page = head_view.render(data).encode()
+    results.write_atomic(path, lambda f: f.write(page))
+
+
+def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:
+    """PNG figures to W&B (with tables: name -> (columns, rows as dicts)) and to TensorBoard as images."""
+    import io
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from PIL import Image
+
+    images = {name: Image.open(io.BytesIO(data)).convert("RGB") for name, data in pngs.items()}
+    for logger in _wandb_loggers(loggers):
+        import wandb
+
+        media = {name: wandb.Image(image) for name, image in images.items()}
+        for name, (columns, rows) in (tables or {}).items():
+            media[name] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        logger.experiment.log({**media, "trainer/global_step": step})
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            for name, image in images.items():
+                logger.experiment.add_image(name, np.asarray(image), step, dataformats="HWC")
 
 
 def _wandb_loggers(loggers: list) -> list:
     from lightning.pytorch.loggers import WandbLogger
 
     return [logger for logger in loggers if isinstance(logger, WandbLogger)]
+
+
+def _media_loggers(loggers: list) -> list:
+    """The loggers that show figures: W&B and TensorBoard."""
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    return [logger for logger in loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
 
 
 class ExactResume(pl.Callback):

@@ -96,6 +96,12 @@ RULES: dict[str, tuple[Callable, str]] = {
         lambda v: isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v),
         "a list of strings",
     ),
+    "callbacks.attention.importance_split": one_of("train", "val", "test"),
+    "callbacks.attention.pruning_split": one_of("train", "val", "test"),
+    "callbacks.attention.pruning_baselines": (
+        lambda v: isinstance(v, list | tuple | ListConfig) and all(x in ("reverse", "random") for x in v),
+        "a list of reverse, random",
+    ),
 }
 
 _ABSENT = object()
@@ -150,6 +156,9 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
             fail("trainer.devices", cfg.trainer.get("devices"), "1 with hydra/launcher=packed (one device per pack)")
         if cfg.get("resume"):
             fail("resume", cfg.resume, "null with hydra/launcher=packed (resume one run with the default launcher)")
+        if (cfg.get("callbacks") or {}).get("early_stopping"):
+            rule = "null with hydra/launcher=packed (a pack trains its members for the same epochs; the test "
+            fail("callbacks.early_stopping", "EarlyStopping", rule + "evaluates each one's best checkpoint)")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",

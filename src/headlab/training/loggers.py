@@ -155,9 +155,44 @@ def _init_or_go_offline(logger) -> None:
         logger.experiment  # noqa: B018
 
 
-def start(loggers: list, flat_config: dict, resumed_step: int | None = None) -> None:
-    """Give every logger the flat config; make W&B's summary keep the best validation accuracy. A run resumed
-    from a checkpoint at resumed_step keeps the metrics.csv rows logged up to it."""
+def run_facts(fields: dict, config: dict) -> dict:
+    """What a run derives from its config, as flat keys for the dashboards' configs (so that a plot can put
+    accuracy against head size, parameters or compute): the resolved head sizes (resolved.d_k, ...), parameter
+    counts, training FLOPs per token, the dataset and the commit. fields: results.json's (run.model_fields)."""
+    from headlab.training.results import git_sha
+
+    dataset = config.get("data.hub") or config.get("data.files.train") or config.get("data")
+    return {
+        **{f"resolved.{k}": v for k, v in fields["heads"].items()},
+        "resolved.d_ff": fields["d_ff"],
+        "params.total": fields["params"]["total"],
+        "params.attention": fields["params"]["attention"],
+        "flops_per_token": fields["flops_per_token"],
+        "dataset": dataset,
+        "commit": git_sha(),
+    }
+
+
+def derived_tags(config: dict) -> list[str]:
+    """W&B tags from the configuration, so that a workspace filters by scoring, head count, depth, data or
+    experiment without anyone typing them: scoring:dot, heads:4, layers:1, data:sst2, experiment:scoring."""
+    scoring = config.get("model.attention.scoring")
+    if scoring == "dot" and config.get("model.attention.scale") is False:
+        scoring = "dot_unscaled"
+    tags = {
+        "scoring": scoring,
+        "heads": config.get("model.attention.n_heads"),
+        "layers": config.get("model.n_layers"),
+        "data": config.get("data"),
+        "experiment": config.get("experiment"),
+        "pack": "packed" if config.get("pack.id") else None,
+    }
+    return [f"{k}:{v}" if k != "pack" else v for k, v in tags.items() if v is not None]
+
+
+def start(loggers: list, config: dict, resumed_step: int | None = None) -> None:
+    """Give every logger the flat config (with what the run derived from it: run_facts); tag the W&B run from
+    it. A run resumed from a checkpoint at resumed_step keeps the metrics.csv rows logged up to it."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
 
@@ -166,10 +201,9 @@ def start(loggers: list, flat_config: dict, resumed_step: int | None = None) -> 
             _continue_csv(logger, resumed_step)
         if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
             _init_or_go_offline(logger)
-        logger.log_hyperparams(flat_config)
-        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
-            logger.experiment.define_metric("val/acc", summary="max")
-            logger.experiment.define_metric("val/loss", summary="min")
+            run = logger.experiment
+            run.tags = tuple(dict.fromkeys([*run.tags, *derived_tags(config)]))
+        logger.log_hyperparams(config)
 
 
 def _continue_csv(logger, resumed_step: int) -> None:
@@ -191,17 +225,28 @@ def _continue_csv(logger, resumed_step: int) -> None:
     writer.metrics_keys = header
 
 
-def finish(loggers: list, failed: bool) -> dict:
-    """Close W&B (one run per job, also in a multirun); return its {"id", "url"} for results.json."""
-    from lightning.pytorch.loggers import WandbLogger
+def finish(loggers: list, failed: bool, summary: dict | None = None, config: dict | None = None, step: int = 0) -> dict:
+    """Close the loggers with the run's final numbers (summary: metric -> float): W&B's summary holds them as plain
+    numbers; TensorBoard gets one HParams session with the config and them (what its HParams dashboard compares).
+    Returns the W&B run's {"id", "url"} for results.json (one W&B run per job, also in a multirun)."""
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
 
     identity = {"id": None, "url": None}
+    summary = {k: float(v) for k, v in (summary or {}).items() if v is not None}
     for logger in loggers:
-        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
+        if rank_zero_only.rank != 0:
+            continue
+        if isinstance(logger, TensorBoardLogger) and summary and not failed:
+            best = summary.get("val/acc_best", summary.get("val/acc"))
+            metrics = {**summary, "hp_metric": best} if best is not None else summary
+            logger.log_hyperparams(config or {}, metrics=metrics, step=step)
+            logger.save()
+        if isinstance(logger, WandbLogger):
             run = logger.experiment
+            run.summary.update(summary)
             identity = {"id": run.id, "url": None if run.settings._offline else run.url}
-            logger.experiment.finish(exit_code=1 if failed else 0)
+            run.finish(exit_code=1 if failed else 0)
     return identity
 
 

@@ -41,7 +41,7 @@ class HeadLabModule(pl.LightningModule):
     ):
         super().__init__()
         self.model = model
-        self.save_hyperparameters(ignore=["model"])
+        self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
         self.acc = torch.nn.ModuleDict(
             {
                 f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX)

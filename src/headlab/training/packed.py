@@ -24,12 +24,19 @@ from headlab.analysis.figures import render_heads
 from headlab.conventions import IGNORE_INDEX, PAD_ID
 from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoaders, collate
 from headlab.errors import TrainingError
-from headlab.model import count_parameters, flops_per_token
+from headlab.model import count_parameters
 from headlab.training import loggers as loggers_
 from headlab.training.callbacks import AttentionLogger, ExactResume, ThroughputMeter
 from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
 from headlab.training.results import save_checkpoint_atomic
-from headlab.training.run import build, configure_torch, instantiate_all, instantiate_node
+from headlab.training.run import (
+    TRAIN_METRICS,
+    build,
+    configure_torch,
+    instantiate_all,
+    instantiate_node,
+    model_fields,
+)
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 log = logging.getLogger("headlab")
@@ -255,6 +262,7 @@ class MemberOutputs(pl.Callback):
         for member, alive in zip(self.members, self._alive(pl_module), strict=True):
             if alive:
                 values = {k: v[member.index] for k, v in metrics.items()}
+                member.metrics.update({k: v for k, v in values.items() if k in TRAIN_METRICS})
                 if rate:
                     values["perf/train_tokens_per_s"] = rate / len(self.members)  # this member's share
                 for logger in member.loggers:
@@ -413,13 +421,9 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
 def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
     """The results.json fields a member's single run would own, plus where it was packed (rate: the pack's
     training tokens/s)."""
-    params = count_parameters(member.module.model)
-    datamodule = member.datamodule
     return {
         "metrics": dict(member.metrics),
-        "data": datamodule.describe(),
-        "params": {"total": params["total"], "attention": params["attention"]},
-        "flops_per_token": flops_per_token(member.module.model, datamodule.max_len),
+        **model_fields(member.module.model, member.datamodule),
         "throughput": {
             "train_tokens_per_s": rate / size if rate else None,  # the member's share of the pack's rate
             "pack_train_tokens_per_s": rate,
@@ -434,6 +438,12 @@ def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float,
         "global_step": trainer.global_step,
         "pack": {"id": pack_id, "size": size, "index": member.index},
     }
+
+
+def member_config(member: Member, pack_id: str, size: int) -> dict:
+    """What the member's loggers get as its config: its single run's, and the pack it trained in."""
+    facts = loggers_.run_facts(model_fields(member.module.model, member.datamodule), member.flat_config)
+    return {**member.flat_config, **facts, "pack.id": pack_id, "pack.size": size}
 
 
 def build_member(member: Member) -> None:
@@ -478,10 +488,8 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
     for member in members:
         member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
     with ThreadPoolExecutor(8) as pool:  # W&B runs start in about 0.3 s each, mostly waiting on its service
-        starts = [
-            pool.submit(loggers_.start, m.loggers, {**m.flat_config, "pack.id": pack_id, "pack.size": size})
-            for m in members
-        ]
+        configs = [member_config(m, pack_id, size) for m in members]
+        starts = [pool.submit(loggers_.start, m.loggers, c) for m, c in zip(members, configs, strict=True)]
         for started in starts:
             started.result()
     meter = ThroughputMeter()
@@ -497,7 +505,6 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
         started = time.perf_counter()
         trainer.fit(module, datamodule=PackedData([m.datamodule for m in members]))
         fit_seconds = time.perf_counter() - started
-        final = [module.stack.member_state(m.index) for m in members]  # heads.json describes these, as a single run's
         for member in members:  # test each member's best checkpoint, as its single run does
             if member.best["state"] is not None:
                 module.stack.load_member(member.index, member.best["state"])
@@ -520,16 +527,23 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
             for logger in member.loggers:
                 logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)
             attention = member.callback(AttentionLogger)
-            if attention:
-                model = member.module.model
-                model.load_state_dict(final[member.index])
-                attention.write_report(model.to(module.device), member.datamodule, member.loggers, module.device)
+            if attention:  # on the weights its test evaluated, as a single run's
+                model = member.module.model.to(module.device)
+                model.load_state_dict(module.stack.member_state(member.index))
+                checkpoint = member.best["path"] if member.best["state"] is not None else None
+                step = trainer.global_step
+                attention.write_report(model, member.datamodule, member.loggers, module.device, step, checkpoint)
             results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
         failed = False
     finally:
         outputs.close()
         with ThreadPoolExecutor(8) as pool:  # W&B runs finish while they flush: in parallel
-            identities = list(pool.map(lambda m: loggers_.finish(m.loggers, failed), members))
+            identities = list(
+                pool.map(
+                    lambda m: loggers_.finish(m.loggers, failed, m.metrics, configs[m.index], trainer.global_step),
+                    members,
+                )
+            )
         for member, identity in zip(members, identities, strict=True):
             member.wandb = identity
     for member, result in zip(members, results, strict=True):

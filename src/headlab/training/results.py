@@ -1,6 +1,7 @@
 """results.json: what a run produced, with everything needed to compare and reproduce it."""
 
 import errno
+import functools
 import json
 import os
 import platform
@@ -48,6 +49,7 @@ def versions() -> dict:
     return found
 
 
+@functools.cache  # the code a process runs is the code it loaded
 def git_sha() -> str | None:
     """The commit of the headlab source tree, when it is a git checkout."""
     try:

@@ -13,12 +13,14 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
-from headlab.model import Encoder, count_parameters, flops_per_token
+from headlab.model import Encoder, describe
 from headlab.training import loggers as loggers_
 from headlab.training import results, sweep
 from headlab.training.callbacks import ExactResume, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import check_readout, fail
 from headlab.training.module import HeadLabModule
+
+TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, in results.json beside val/ and test/
 
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
@@ -100,6 +102,11 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     return datamodule, model
 
 
+def model_fields(model: Encoder, datamodule) -> dict:
+    """The results.json fields about the data and the model: resolved head sizes, parameters, FLOPs per token."""
+    return {"data": datamodule.describe(), **describe(model, datamodule.max_len)}
+
+
 def configure_torch(cfg: DictConfig, threads: int) -> None:
     """What the process's torch should do for this run: its CPU threads, TF32 on GPUs, and no warnings that only
     repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md)."""
@@ -135,14 +142,17 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()], **devices
     )
 
-    failed = True
+    fields = model_fields(model, datamodule)
+    config = {**flat_config, **loggers_.run_facts(fields, flat_config)}
+    metrics, failed = {}, True
     try:
-        loggers_.start(loggers, flat_config, resumed_step)
+        loggers_.start(loggers, config, resumed_step)
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         fit_seconds = time.perf_counter() - fit_started
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
+        metrics.update({k: v for k, v in _floats(trainer.callback_metrics, "train/").items() if k in TRAIN_METRICS})
         if resume_from and "val/acc" not in metrics:  # resumed after its training ended (in the head analysis,
             trainer.validate(module, datamodule=datamodule, verbose=False)  # the test): the last epoch's numbers
             metrics = _floats(trainer.callback_metrics, "val/")
@@ -156,13 +166,10 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
             metrics.update(_floats(trainer.callback_metrics, "test/"))
         failed = False
     finally:
-        wandb = loggers_.finish(loggers, failed)
-    params = count_parameters(model)
+        wandb = loggers_.finish(loggers, failed, metrics, config, trainer.global_step)
     return {
         "metrics": metrics,
-        "data": datamodule.describe(),
-        "params": {"total": params["total"], "attention": params["attention"]},
-        "flops_per_token": flops_per_token(model, datamodule.max_len),
+        **fields,
         "throughput": {"train_tokens_per_s": rate, "fit_s": round(fit_seconds, 3)},
         "resources": {"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
         "checkpoints": {

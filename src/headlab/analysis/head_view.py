@@ -1,0 +1,45 @@
+"""An interactive head view of a run: one self-contained HTML page (heads/view.html), in the spirit of bertviz's
+head view. Pick a layer, heads and a probe example; see attention as lines from each query token to the keys
+(hover a token for its own lines) or as matrices, with each head's statistics and importance beside it.
+
+The page holds its data and its script: it opens from disk with no network, and W&B shows it as wandb.Html.
+"""
+
+import json
+from importlib.resources import files
+
+import numpy as np
+
+MAX_VALUES = 1_500_000  # attention weights in one page (about 5 MB): fewer examples for large models
+MAX_EXAMPLES = 8
+
+
+def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: str) -> dict:
+    """What the page shows. weights: per layer an (E, H, n, n) array (or tensor) of probe attention; tokens: each
+    example's token strings (its real length); rows: one dict per (layer, head) with its statistics (and
+    importance). Weights are stored in thousandths, the examples cut to MAX_VALUES weights."""
+    weights = [np.asarray(w.float().cpu() if hasattr(w, "cpu") else w, dtype=np.float32) for w in weights]
+    L, (E, H) = len(weights), weights[0].shape[:2]
+    lengths = [len(t) for t in tokens[:E]]
+    per_example = [L * H * k * k for k in lengths]
+    keep = max(1, min(MAX_EXAMPLES, int(np.searchsorted(np.cumsum(per_example), MAX_VALUES, side="right"))))
+    examples = [
+        {
+            "tokens": list(tokens[e]),
+            "attention": [  # [layer][head][query][key], in thousandths
+                np.rint(weights[layer][e, :, : lengths[e], : lengths[e]] * 1000).astype(int).tolist()
+                for layer in range(L)
+            ],
+        }
+        for e in range(min(keep, E))
+    ]
+    statistics = [k for k in rows[0] if k not in ("layer", "head")] if rows else []
+    clean = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in rows]
+    return {"title": title, "layers": L, "heads": H, "statistics": statistics, "rows": clean, "examples": examples}
+
+
+def render(data: dict) -> str:
+    """The HTML page for page_data's dict."""
+    template = files("headlab.analysis").joinpath("head_view.html").read_text()
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside the script
+    return template.replace("/*DATA*/null", payload)

@@ -1,0 +1,59 @@
+"""headlab-eval: evaluate any checkpoint of a finished run on any split, with the run's own data and model.
+
+headlab-eval RUN_DIR [SPLIT] [--checkpoint best|last|FILE] runs a Lightning test of the checkpoint (default: the
+best, selected on validation) on the split (train, val or test; default test), prints its metrics and writes them
+to RUN_DIR/eval/<split>-<checkpoint>.json.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+SPLITS = ("train", "val", "test")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="headlab-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a run directory written by headlab-train")
+    parser.add_argument("split", nargs="?", default="test", choices=SPLITS, help="the split to evaluate (test)")
+    parser.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
+    parser.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
+    args = parser.parse_args(argv)
+
+    from headlab.cli import runtime, saved_run
+
+    runtime.configure()
+    _, datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-eval")
+    if not datamodule.splits.get(args.split):
+        there = ", ".join(s for s in SPLITS if datamodule.splits.get(s))
+        raise SystemExit(f"headlab-eval: {args.run_dir} has no {args.split} split (it has {there})")
+
+    import lightning.pytorch as pl
+
+    from headlab.training.module import HeadLabModule
+
+    module = HeadLabModule(model, datamodule.n_classes)
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=1, logger=False, enable_progress_bar=False)
+    started = time.perf_counter()
+    (measured,) = trainer.test(module, dataloaders=datamodule.ordered_dataloader(args.split), verbose=False)
+    metrics = {f"{args.split}/{k.removeprefix('test/')}": float(v) for k, v in measured.items()}
+    record = {
+        "run_dir": str(args.run_dir),
+        "split": args.split,
+        "examples": len(datamodule.splits[args.split]),
+        "checkpoint": str(checkpoint),
+        "metrics": metrics,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    out = args.run_dir / "eval" / f"{args.split}-{checkpoint.stem}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    for key, value in metrics.items():
+        print(f"{key}\t{value:.4f}")
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""What the dashboards' own readers find in one real run: W&B's offline run file (config, tags, history, summary),
+TensorBoard's EventAccumulator (images, one HParams session with the final metrics), headlab-compare --wandb on
+the records W&B's API would return, and the interactive head view in a real headless Chromium."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY, headlab_train
+from wandb_records import read_run
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A two-layer run logged to W&B (offline) and TensorBoard at once."""
+    where = tmp_path_factory.mktemp("dashboards")
+    result = headlab_train(*TINY, "logger=[wandb,tensorboard]", "model.n_layers=2", "hydra.run.dir=run", cwd=where)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return where / "run"
+
+
+def results(run: Path) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+def test_wandb_run_holds_media_tables_head_scalars_and_the_flat_config(run):
+    logged = read_run(run)
+    keys = set().union(*logged["history"])
+    for layer in (0, 1):  # one attention image per layer
+        assert f"attention/layer_{layer}/_type" in keys
+    image_types = {h["attention/layer_1/_type"] for h in logged["history"] if "attention/layer_1/_type" in h}
+    assert image_types == {"image-file"}
+    for media in ("heads/table", "heads/similarity", "heads/pruning_table", "heads/importance", "heads/view"):
+        assert f"{media}/_type" in keys, media
+    head_scalars = {k for k in keys if k.startswith("heads/L") and not k.endswith("/importance")}
+    assert len(head_scalars) == 2 * 4 * 8 and "heads/L1/H3/entropy_normalised" in head_scalars
+    assert {"val/acc", "val/loss", "test/acc"} <= keys
+    config = logged["config"]
+    assert config["model.attention.n_heads"] == 4 and config["model.attention.scoring"] == "dot"
+    assert config["data"] == "pair_recall" and config["seed"] == 0 and config["model.attention.d_k"] is None
+    assert results(run)["wandb"]["id"] == logged["run"].run_id and results(run)["wandb"]["url"] is None
+    assert len(list(run.glob("wandb/offline-run-*/files/media/images/attention/*.png"))) >= 2
+    assert (run / "heads" / "view.html").is_file()
+
+
+def test_wandb_config_has_the_resolved_head_sizes_parameters_flops_dataset_and_commit(run):
+    config, record = read_run(run)["config"], results(run)
+    assert (config["resolved.d_k"], config["resolved.d_v"], config["resolved.n_kv_heads"]) == (4, 4, 4)  # 16 / 4
+    assert config["resolved.n_heads"] == 4 and config["resolved.d_ff"] == 64
+    assert config["params.total"] == record["params"]["total"] and config["params.attention"] == 2 * (
+        4 * 16 * 16 + 4 * 16
+    )
+    assert config["flops_per_token"] == record["flops_per_token"] > 0
+    assert config["dataset"] == "pair_recall" and config["commit"] == record["git_sha"]
+    assert record["heads"] == {"n_heads": 4, "d_k": 4, "d_v": 4, "n_kv_heads": 4}
+
+
+def test_wandb_tags_come_from_the_configuration(run):
+    assert set(read_run(run)["run"].tags) == {"scoring:dot", "heads:4", "layers:2", "data:pair_recall"}
+
+
+def test_wandb_summary_holds_final_metrics_and_importance_as_plain_numbers(run):
+    summary, record = read_run(run)["summary"], results(run)
+    for key in ("val/acc_best", "test/acc", "test/loss", "val/acc"):
+        assert isinstance(summary[key], float) and summary[key] == pytest.approx(record["metrics"][key], abs=1e-9)
+    heads = json.loads((run / "heads.json").read_text())
+    for row in heads["rows"]:
+        assert summary[f"heads/L{row['layer']}/H{row['head']}/importance"] == pytest.approx(row["importance"])
+
+
+def test_compare_reads_what_the_wandb_api_returns_for_these_runs(run, tmp_path, monkeypatch):
+    """Records shaped as wandb.Api().runs() gives them (config values, summary with media as dicts), captured from
+    this real offline run and a second one with another head count."""
+    import wandb
+
+    from headlab.cli import compare
+
+    logged = read_run(run)
+
+    class ApiRun:
+        def __init__(self, heads: int, acc: float):
+            self.config = {**logged["config"], "model.attention.n_heads": heads}
+            self.summary = {**logged["summary"], "val/acc_best": {"max": acc}, "test/acc": acc}
+            self.url, self.state = f"https://wandb.example/{heads}", "finished"
+
+    api_runs = [ApiRun(4, 0.5), ApiRun(2, 0.25), ApiRun(2, 0.75)]
+    assert any(isinstance(v, dict) and v.get("_type") for v in api_runs[0].summary.values())  # media entries
+
+    class Api:
+        def __init__(self, timeout):
+            pass
+
+        def runs(self, path, filters):
+            return api_runs
+
+    monkeypatch.setattr(wandb, "Api", Api)
+    runs = compare.load_wandb("entity/project", None)
+    assert len(runs.completed) == 3 and not runs.failed
+    compare.main(["--wandb", "entity/project", "--out", str(tmp_path / "cmp")])
+    table = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    header = table[0].split(",")
+    rows = {r.split(",")[0]: dict(zip(header, r.split(","), strict=True)) for r in table[1:]}
+    assert float(rows["2"]["test/acc_mean"]) == pytest.approx(0.5) and float(rows["4"]["test/acc_mean"]) == 0.5
+
+
+def test_tensorboard_has_the_figures_and_one_hparams_session_with_the_final_metrics(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    expected = {"attention/layer_0", "attention/layer_1", "heads/similarity", "heads/importance_map"}
+    assert expected | {"heads/pruning_curves"} <= set(events.Tags()["images"])
+    image = events.Images("attention/layer_0")[-1]
+    assert image.encoded_image_string[:4] == b"\x89PNG" and image.width > 200
+    hparams = events.PluginTagToContent("hparams")
+    sessions = [k for k in hparams if k.endswith("session_start_info")]
+    assert len(sessions) == 1  # one per run: no second session from the test stage, no placeholder
+    start = plugin_data_pb2.HParamsPluginData.FromString(hparams[sessions[0]]).session_start_info
+    assert start.hparams["model.attention.n_heads"].number_value == 4
+    assert start.hparams["resolved.d_k"].number_value == 4 and start.hparams["data"].string_value == "pair_recall"
+    metrics = results(run)["metrics"]
+    assert events.Scalars("hp_metric")[-1].value == pytest.approx(metrics["val/acc_best"])
+    assert events.Scalars("test/acc")[-1].value == pytest.approx(metrics["test/acc"])
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Debian Chromium driven by ChromeDriver (selenium); skips where neither is installed."""
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium and chromedriver installed (Debian packages chromium, chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path}/profile",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def probe_attention(run: Path, checkpoint: str) -> tuple[list[str], list]:
+    """Example 0 of the probe set, computed here from the checkpoint: its tokens and every layer's weights."""
+    from omegaconf import OmegaConf
+
+    from headlab.training.run import build
+
+    datamodule, model = build(OmegaConf.load(run / ".hydra" / "config.yaml"))
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    probe = datamodule.probe_batch(16)
+    n = int((~probe["padding_mask"][0]).sum())
+    with torch.no_grad():
+        _, weights = model.eval()(probe["tokens"][:1, :n], probe["padding_mask"][:1, :n], need_weights=True)
+    return datamodule.token_strings(probe["tokens"][0, :n]), [w[0] for w in weights]
+
+
+def drawn(driver) -> dict[tuple, float]:
+    """(head, query, key) -> weight of every attention line drawn."""
+    lines = driver.execute_script(
+        "return [...document.querySelectorAll('line.attn')].map(l => [l.dataset.head, l.dataset.query, "
+        "l.dataset.key, l.getAttribute('stroke-opacity')])"
+    )
+    return {(int(h), int(q), int(k)): float(w) for h, q, k, w in lines}
+
+
+def test_head_view_renders_the_probe_tokens_and_switching_heads_changes_what_is_drawn(run, browser):
+    heads = json.loads((run / "heads.json").read_text())
+    tokens, weights = probe_attention(run, heads["checkpoint"])
+    browser.get((run / "heads" / "view.html").as_uri())
+    queries = [e.text for e in browser.find_elements("css selector", "text.token.query")]
+    assert queries == tokens and len(tokens) > 5
+
+    def expected(layer: int, head: int) -> dict:
+        w = weights[layer][head]
+        return {
+            (head, q, k): float(w[q, k]) for q in range(len(tokens)) for k in range(len(tokens)) if w[q, k] >= 0.0105
+        }
+
+    first = drawn(browser)  # layer 0, head 0 at first
+    assert {key for key in first if first[key] >= 0.0105} == set(expected(0, 0))
+    assert all(abs(first[key] - w) <= 6e-4 for key, w in expected(0, 0).items())
+
+    browser.find_element("css selector", "input[data-head='0']").click()  # head 0 off, head 2 on
+    browser.find_element("css selector", "input[data-head='2']").click()
+    second = drawn(browser)
+    assert {h for h, _, _ in second} == {2} and second != first
+    assert all(abs(second[key] - w) <= 6e-4 for key, w in expected(0, 2).items())
+
+    browser.find_element("css selector", "#layer option[value='1']").click()
+    third = drawn(browser)
+    assert all(abs(third[key] - w) <= 6e-4 for key, w in expected(1, 2).items()) and third != second
+
+    stats = browser.find_elements("css selector", "#stats tr[data-head]")
+    assert [row.get_attribute("data-head") for row in stats] == ["2"]
+    importance = next(r["importance"] for r in heads["rows"] if (r["layer"], r["head"]) == (1, 2))
+    assert stats[0].text.split()[-1] == f"{importance:.3f}"
+
+    browser.find_element("css selector", "#mode option[value='matrix']").click()
+    cells = browser.find_elements("css selector", "rect.cell")
+    assert len(cells) == len(tokens) ** 2 and not browser.find_elements("css selector", "line.attn")
