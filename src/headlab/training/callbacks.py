@@ -167,7 +167,7 @@ class AttentionLogger(pl.Callback):
         for logger in _wandb_loggers(loggers):
             import wandb
 
-            logger.experiment.log({"heads/view": wandb.Html(str(view)), "trainer/global_step": step})
+            logger.experiment.log({"heads/view": wandb.Html(str(view), inject=False), "trainer/global_step": step})
 
     def _batches(self, datamodule, split: str, device) -> list[dict]:
         batches = []
