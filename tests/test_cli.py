@@ -72,6 +72,23 @@ def test_experiment_sweeps_compose():
     assert cfg.hydra.sweeper.params["model.attention.n_heads"] == "1,4"
 
 
+def test_text_data_brings_its_own_model_defaults_and_what_is_given_still_wins():
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        files = compose("train", overrides=["data=files", "data.files.train=train.tsv"])
+        hub = compose("train", overrides=["data=trec"])
+        generated = compose("train", overrides=["data=listops"])
+        given = compose("train", overrides=["data=sst2", "model.d_model=32", "trainer.max_epochs=2"])
+        recipe = compose("train", overrides=["experiment=sst2_recipe"])
+
+    def defaults(cfg) -> tuple:
+        return cfg.model.d_model, cfg.model.dropout, cfg.model.readout, cfg.optim.weight_decay, cfg.trainer.max_epochs
+
+    assert defaults(files) == defaults(hub) == (128, 0.3, "mean", 0.1, 5)
+    assert defaults(generated) == (64, 0.0, None, 0.01, 5)
+    assert defaults(given) == (32, 0.3, "mean", 0.1, 2)
+    assert defaults(recipe) == (256, 0.3, "mean", 0.1, 4)
+
+
 def test_multirun_writes_one_directory_per_job(run_cli, tmp_path):
     result = run_cli("-m", *TINY, "trainer.max_epochs=1", "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep")
     assert result.returncode == 0, result.stderr[-3000:]
