@@ -15,10 +15,10 @@ MAX_EXAMPLES = 8
 
 
 def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: str) -> dict:
-    """What the page shows. weights: per layer an (E, H, n, n) array (or tensor) of probe attention; tokens: each
+    """What the page shows. weights: per layer an (E, H, n, n) array of probe attention; tokens: each
     example's token strings (its real length); rows: one dict per (layer, head) with its statistics (and
     importance). Weights are stored in thousandths, the examples cut to MAX_VALUES weights."""
-    weights = [np.asarray(w.float().cpu() if hasattr(w, "cpu") else w, dtype=np.float32) for w in weights]
+    weights = [np.asarray(w, dtype=np.float32) for w in weights]
     L, (E, H) = len(weights), weights[0].shape[:2]
     lengths = [len(t) for t in tokens[:E]]
     per_example = [L * H * k * k for k in lengths]

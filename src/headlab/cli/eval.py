@@ -22,10 +22,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accelerator", default="auto", help="Lightning accelerator: auto, cpu, gpu")
     args = parser.parse_args(argv)
 
-    from headlab.cli import runtime, saved_run
+    from headlab.cli import saved_run
 
-    runtime.configure()
-    _, datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-eval")
+    datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-eval")
     if not datamodule.splits.get(args.split):
         there = ", ".join(s for s in SPLITS if datamodule.splits.get(s))
         raise SystemExit(f"headlab-eval: {args.run_dir} has no {args.split} split (it has {there})")

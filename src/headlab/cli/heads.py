@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from headlab.cli import saved_run
     from headlab.training.callbacks import probe_snapshot, write_head_view
 
-    _, datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
+    datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:
         probe = datamodule.probe_batch(args.n_probe, args.text)
     except ValueError as error:

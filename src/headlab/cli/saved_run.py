@@ -1,9 +1,9 @@
-"""A finished run's directory loaded back: its config, its data and model, and a checkpoint's weights
+"""A finished run's directory loaded back: its data and model (from its saved config) with a checkpoint's weights
 (headlab-heads, headlab-eval). Every problem is one SystemExit line that starts with the program's name."""
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 
 def checkpoint_path(run_dir: Path, which: str, prog: str) -> Path:
@@ -22,22 +22,19 @@ def checkpoint_path(run_dir: Path, which: str, prog: str) -> Path:
 
 
 def load(run_dir: Path, which: str, prog: str):
-    """(config, datamodule, model in eval mode with the checkpoint's weights, checkpoint path) of a run."""
+    """(datamodule, model in eval mode with the checkpoint's weights, checkpoint path) of a run."""
     config_file = run_dir / ".hydra" / "config.yaml"
     if not config_file.exists():
         raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
     checkpoint = checkpoint_path(run_dir, which, prog)
 
-    import torch
-
+    from headlab.training.results import model_state
     from headlab.training.run import build
 
-    cfg: DictConfig = OmegaConf.load(config_file)
-    datamodule, model = build(cfg)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    datamodule, model = build(OmegaConf.load(config_file))
     try:
-        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+        model.load_state_dict(model_state(checkpoint))
     except RuntimeError as error:
         first = next(line.strip() for line in str(error).splitlines()[1:] if line.strip())
         raise SystemExit(f"{prog}: {checkpoint} does not fit the run's model config ({first})") from None
-    return cfg, datamodule, model.eval(), checkpoint
+    return datamodule, model.eval(), checkpoint

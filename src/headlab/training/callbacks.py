@@ -1,6 +1,7 @@
 """Lightning callbacks: training throughput, and per-head attention logging and analysis."""
 
 import functools
+import itertools
 import random
 import time
 from pathlib import Path
@@ -94,12 +95,9 @@ class AttentionLogger(pl.Callback):
     ):
         self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
         self.sentences, self.importance, self.pruning_step = list(sentences or []), importance, pruning_step
-        self.analysis_batches, self.importance_split, self.pruning_split = (
-            analysis_batches,
-            importance_split,
-            pruning_split,
-        )
-        self.pruning_baselines, self.seed = list(pruning_baselines or []), seed
+        self.analysis_batches, self.seed = analysis_batches, seed
+        self.importance_split, self.pruning_split = importance_split, pruning_split
+        self.pruning_baselines = list(pruning_baselines or [])
         self.val_epochs = 0
         self.probe: dict | None = None
         self.logging_seconds = 0.0  # time spent logging during training, reported in heads.json
@@ -170,12 +168,8 @@ class AttentionLogger(pl.Callback):
             logger.experiment.log({"heads/view": wandb.Html(str(view), inject=False), "trainer/global_step": step})
 
     def _batches(self, datamodule, split: str, device) -> list[dict]:
-        batches = []
-        for batch in datamodule.ordered_dataloader(split):
-            if len(batches) == self.analysis_batches:
-                break
-            batches.append({k: v.to(device) for k, v in batch.items()})
-        return batches
+        loader = itertools.islice(datamodule.ordered_dataloader(split), self.analysis_batches)
+        return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
 
     def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device, step: int, stop) -> dict:
         ranked_on = self._batches(datamodule, self.importance_split, device)
@@ -265,8 +259,7 @@ class AttentionLogger(pl.Callback):
         model, best = pl_module.model, trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
         final = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if best:  # the weights the test evaluates; the final ones are put back after
-            state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
-            model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+            model.load_state_dict(results.model_state(best, pl_module.device))
         try:
             stop = functools.partial(stop_if_signalled, trainer)
             self.write_report(

@@ -179,15 +179,15 @@ def derived_tags(config: dict) -> list[str]:
     scoring = config.get("model.attention.scoring")
     if scoring == "dot" and config.get("model.attention.scale") is False:
         scoring = "dot_unscaled"
-    tags = {
+    named = {
         "scoring": scoring,
         "heads": config.get("model.attention.n_heads"),
         "layers": config.get("model.n_layers"),
         "data": config.get("data"),
         "experiment": config.get("experiment"),
-        "pack": "packed" if config.get("pack.id") else None,
     }
-    return [f"{k}:{v}" if k != "pack" else v for k, v in tags.items() if v is not None]
+    tags = [f"{k}:{v}" for k, v in named.items() if v is not None]
+    return [*tags, "packed"] if config.get("pack.id") else tags
 
 
 def start(loggers: list, config: dict, resumed_step: int | None = None) -> None:

@@ -90,6 +90,15 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     write_atomic(path, lambda f: f.write(data))
 
 
+def model_state(path, map_location="cpu") -> dict:
+    """The Encoder's weights in a Lightning checkpoint (its "model." entries, without the prefix), loaded safely
+    (weights_only: no code from the file runs)."""
+    import torch
+
+    state = torch.load(path, map_location=map_location, weights_only=True)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
 def save_checkpoint_atomic(checkpoint: dict, path: Path) -> None:
     """torch.save, atomically: a checkpoint is whole or absent (and a resume never trips on half of one)."""
     import torch  # not at the top: headlab-train imports this module before it has checked the config
