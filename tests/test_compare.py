@@ -110,6 +110,39 @@ def test_baseline_difference_uses_welch_or_paired_tests_with_holm_over_the_compa
     assert row["test/acc"]["p_value"] == pytest.approx(stats.ttest_rel(a, b).pvalue)  # seeds 0, 1, 2 in both
 
 
+def test_within_compares_each_arm_with_the_baseline_of_its_own_head_count(tmp_path, capsys):
+    """The parameter-matched design: per head count, d_k = d_model / h (d_ff default or raised to match) against
+    a fixed head size d_k = 32; the matched d_ff differs per head count."""
+    arms = {(4, None, None): 0.6, (4, 32, None): 0.9, (4, None, 383): 0.7, (16, None, None): 0.2, (16, 32, None): 0.95}
+    arms[16, None, 1145] = 0.3
+    i = 0
+    for (heads, d_k, d_ff), acc in arms.items():
+        for seed in range(3):
+            extra = {"model.attention.d_k": d_k, "model.d_ff": d_ff}
+            write_run(tmp_path / str(i), heads, "dot", seed, acc + seed / 100, **extra)
+            i += 1
+    main([str(tmp_path), "--baseline", "model.attention.d_k=32", "--within", "model.attention.n_heads"])
+    with (tmp_path / "compare.csv").open() as f:
+        table = list(csv.DictReader(f))
+
+    def arm(row):
+        return tuple(None if v in ("", "None") else int(v) for v in [row[k] for k in ("model.attention.n_heads",
+                     "model.attention.d_k", "model.d_ff")])  # fmt: skip
+
+    rows = {arm(row): row for row in table}
+    assert set(rows) == set(arms)
+
+    def seeds(key):
+        return [arms[key] + s / 100 for s in range(3)]
+
+    for row, base in [((16, None, 1145), (16, 32, None)), ((4, None, 383), (4, 32, None))]:
+        p = stats.ttest_ind(seeds(row), seeds(base), equal_var=False).pvalue
+        assert float(rows[row]["test/acc_p_value"]) == pytest.approx(p)
+    assert [a for a, row in rows.items() if row["test/acc_p_value"] == "nan"] == [(4, 32, None), (16, 32, None)]
+    with pytest.raises(SystemExit, match="2 groups have model.attention.d_k=None and the same model.attention.n_"):
+        main([str(tmp_path), "--baseline", "model.attention.d_k=None", "--within", "model.attention.n_heads"])
+
+
 def test_select_picks_each_arms_learning_rate_on_validation_and_reports_test_there(tmp_path):
     """Arm h=1 is best on validation at lr 1e-3, arm h=4 at 3e-3; the test accuracies reported are there."""
     val = {(1, 1e-3): 0.9, (1, 3e-3): 0.5, (4, 1e-3): 0.6, (4, 3e-3): 0.95}
@@ -190,16 +223,37 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
         assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
 
 
-def test_pruning_curves_are_averaged_over_seeds(tmp_path):
-    curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3]]
-    for seed, curve in enumerate(curves):
+def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):
+    curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3], [0.8, 0.75, 0.2]]
+    random = [[0.9, 0.5, 0.4], [0.7, 0.4, 0.3], [0.8, 0.3, 0.2]]
+
+    def points(curve):
+        return [{"heads_pruned": i, "fraction_pruned": i / 2, "metric": m} for i, m in enumerate(curve)]
+
+    for seed, (curve, other) in enumerate(zip(curves, random, strict=True)):
         write_run(tmp_path / str(seed), 4, "dot", seed, 0.9)
-        points = [{"heads_pruned": i, "fraction_pruned": i / 2, "metric": m} for i, m in enumerate(curve)]
-        (tmp_path / str(seed) / "heads.json").write_text(json.dumps({"pruning_curve": points}))
+        heads = {"pruning_curve": points(curve), "pruning_baselines": {"random": points(other)}, "pruning_split": "val"}
+        (tmp_path / str(seed) / "heads.json").write_text(json.dumps(heads))
     main([str(tmp_path), "--pruning"])
     text = (tmp_path / "compare.md").read_text()
-    low, high = inference.bootstrap_interval([0.8, 0.6])
-    assert f"| 1 | 0.50 | 0.7000 [{low:.4f}, {high:.4f}] |" in text and "| 2 | 1.00 | 0.4000" in text
+    assert "| heads pruned | fraction | importance order | random order | importance - random |" in text
+    low, high = inference.bootstrap_interval([0.8, 0.6, 0.75])
+    r_low, r_high = inference.bootstrap_interval([0.5, 0.4, 0.3])
+    p = stats.ttest_rel([0.8, 0.6, 0.75], [0.5, 0.4, 0.3]).pvalue
+    expected = f"| 1 | 0.50 | 0.7167 [{low:.4f}, {high:.4f}] | 0.4000 [{r_low:.4f}, {r_high:.4f}] | +0.3167 p={p:.3g} |"
+    assert expected in text and "val accuracy" in text
+
+
+def test_head_statistics_become_metrics_averaged_over_heads(tmp_path):
+    for seed, entropies in enumerate([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]]):
+        write_run(tmp_path / str(seed), 3, "dot", seed, 0.9)
+        rows = [{"layer": 0, "head": h, "entropy": e, "score_std": 2 * e} for h, e in enumerate(entropies)]
+        (tmp_path / str(seed) / "heads.json").write_text(json.dumps({"rows": rows}))
+    write_run(tmp_path / "3", 3, "dot", 3, 0.8)
+    runs = load_dirs([tmp_path])
+    keys, rows = compare(runs.completed, Design(["test/acc", "heads/entropy", "heads/score_std"]))
+    assert rows[0]["test/acc"]["n"] == 3 and rows[0]["heads/entropy"]["values"] == [2.0, 3.0]
+    assert rows[0]["heads/score_std"]["mean"] == pytest.approx(5.0)
 
 
 def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):

@@ -57,6 +57,19 @@ def test_padded_queries_are_left_out():
     assert stats["attn_self"].item() == 1 and stats["attn_first"].item() == 0.5
 
 
+def test_score_std_recovers_the_spread_of_the_scores_from_the_weights():
+    scores = 3 * torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    mask = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    weights = torch.softmax(scores.masked_fill(mask[:, None, None, :], -math.inf), -1)
+    stats = head_statistics(weights, mask)
+    per_example = []  # population std of each real query's scores over its real keys, independently
+    for b, length in enumerate([6, 4]):
+        real = scores[b, :, :length, :length]  # (H, length, length)
+        per_example.append(real.std(-1, unbiased=False).mean(-1))  # (H,)
+    torch.testing.assert_close(stats["score_std"], torch.stack(per_example).mean(0).float(), rtol=1e-5, atol=1e-5)
+    assert head_statistics(*uniform(1, 2, 5, [3]))["score_std"].abs().max() < 1e-6  # uniform: equal scores
+
+
 def test_js_divergence_bounds():
     p = torch.tensor([1.0, 0.0])
     assert js_divergence(p, p).item() == 0

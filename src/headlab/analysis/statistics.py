@@ -18,6 +18,7 @@ STATISTICS = (
     "attn_prev",
     "attn_next",
     "attn_first",
+    "score_std",
 )
 
 
@@ -45,6 +46,11 @@ def head_statistics(weights: torch.Tensor, padding_mask: torch.Tensor | None = N
     log_n = real.sum(-1).log()[:, None, None]  # (B, 1, 1): log of each example's real length
     offset = (pos[None, :] - pos[:, None]).abs().to(weights.dtype)  # (n, n): |i - j|
     diag = weights.diagonal(dim1=-2, dim2=-1)  # (B, H, n): A_ii
+    # softmax is shift-invariant: log A_ij = s_ij - logsumexp_j s_ij, so the spread of log A over a query's real
+    # keys is that of its scores s_ij (weights below float32's tiny, a score gap beyond ~87, count as that gap)
+    scores = weights.clamp(min=torch.finfo(torch.float32).tiny).log()  # (B, H, n, n), up to a shift per row
+    keys = real[:, None, None, :]  # (B, 1, 1, n)
+    centred = scores - (scores * keys).sum(-1, keepdim=True) / keys.sum(-1, keepdim=True).clamp(min=1)
     per_query = {
         "entropy": entropy,
         "entropy_normalised": torch.where(log_n > 0, entropy / log_n.clamp(min=1e-12), torch.zeros_like(entropy)),
@@ -54,6 +60,7 @@ def head_statistics(weights: torch.Tensor, padding_mask: torch.Tensor | None = N
         "attn_prev": F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), (1, 0)),  # A_i,i-1; 0 for i = 0
         "attn_next": F.pad(weights.diagonal(offset=1, dim1=-2, dim2=-1), (0, 1)),  # A_i,i+1; 0 for the last
         "attn_first": weights[..., 0],
+        "score_std": ((centred**2 * keys).sum(-1) / keys.sum(-1).clamp(min=1)).sqrt(),
     }
     return {name: _average(value, real) for name, value in per_query.items()}
 

@@ -10,6 +10,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS, git_sha
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
 IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
+HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
 
 
 @dataclass
@@ -47,10 +49,35 @@ def load_dirs(dirs: list[Path]) -> Runs:
             if status == "completed" and missing:
                 runs.unreadable.append((str(path), f"a completed record without {' or '.join(missing)}"))
             elif status == "completed":
+                record["heads"] = _read_heads(path.parent / "heads.json")
+                record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
                 runs.completed.append({**record, "where": str(path.parent)})
             else:
                 runs.failed.append((str(path.parent), record.get("error", status)))
     return runs
+
+
+def _read_heads(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # no head analysis (analysis off, or a run that never got there)
+
+
+def _head_scalars(rows: list[dict]) -> dict[str, float]:
+    return {
+        f"heads/L{r['layer']}/H{r['head']}/{k}": v for r in rows for k, v in r.items() if k not in ("layer", "head")
+    }
+
+
+def head_means(metrics: dict) -> dict[str, float]:
+    """heads/<stat>: the mean over every head of every layer of heads/L<l>/H<h>/<stat> (entropy, score_std, ...),
+    a metric like any other (--metric heads/entropy)."""
+    per_stat: dict[str, list[float]] = {}
+    for key, value in metrics.items():
+        if (match := HEAD_KEY.match(key)) and isinstance(value, int | float) and not isinstance(value, bool):
+            per_stat.setdefault(match.group(1), []).append(value)
+    return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -62,7 +89,8 @@ def load_wandb(path: str, group: str | None) -> Runs:
     for run in wandb.Api(timeout=30).runs(path, filters=filters):
         summary = {k: _summary_value(v) for k, v in dict(run.summary).items()}
         summary = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        record = {"config": dict(run.config), "metrics": {"val/acc_best": summary.get("val/acc"), **summary}}
+        metrics = {"val/acc_best": summary.get("val/acc"), **summary, **head_means(summary)}
+        record = {"config": dict(run.config), "metrics": metrics, "heads": {}}
         record["where"] = run.url
         if run.state == "finished":
             runs.completed.append(record)
@@ -113,15 +141,17 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
 
 @dataclass
 class Design:
-    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE) and
-    whether by Welch's or a paired test over seeds; what counts as solving the task (metric, threshold); and a
-    key whose best value per arm is chosen on a validation metric (select KEY, ON)."""
+    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE),
+    whether by Welch's or a paired test over seeds, and the keys a row must share with its baseline (within;
+    default: every other varying key); what counts as solving the task (metric, threshold); and a key whose best
+    value per arm is chosen on a validation metric (select KEY, ON)."""
 
     metrics: list[str]
     baseline: tuple[str, str] | None = None
     paired: bool = False
     solved: tuple[str, float] | None = None
     select: tuple[str, str] | None = None
+    within: list[str] = field(default_factory=list)  # the keys a row shares with its baseline (default: all others)
 
 
 def compare(records: list[dict], design: Design) -> tuple[list, list]:
@@ -186,9 +216,19 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     key, value = design.baseline
     if key not in keys:
         raise SystemExit(f"headlab-compare: --baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
-    others = [k for k in keys if k != key and (not design.select or k != design.select[0])]
+    others = design.within or [k for k in keys if k != key and (not design.select or k != design.select[0])]
+    if unknown := [k for k in design.within if k not in keys]:
+        raise SystemExit(
+            f"headlab-compare: --within key(s) {', '.join(unknown)} do not vary; varying: {', '.join(keys)}"
+        )
     for row in rows:
-        base = next((b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)), None)
+        bases = [b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)]
+        if len(bases) > 1:
+            raise SystemExit(
+                f"headlab-compare: {len(bases)} groups have {key}={value} and the same {', '.join(others)}: name the "
+                "keys that pick one baseline per group with --within"
+            )
+        base = bases[0] if bases else None
         for metric in design.metrics:
             if base is None or metric not in row or metric not in base:
                 continue
@@ -215,12 +255,17 @@ def _p(summary: dict) -> str:
     return f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
 
 
+def _mean_interval(summary: dict) -> str:
+    interval = "" if math.isnan(summary["low"]) else f" [{summary['low']:.4f}, {summary['high']:.4f}]"
+    return f"{summary['mean']:.4f}{interval}"
+
+
 def _cell(summary: dict | None) -> str:
     if summary is None:
         return ""
-    text = f"{summary['mean']:.4f}"
+    text = _mean_interval(summary)
     if not math.isnan(summary["low"]):
-        text += f" [{summary['low']:.4f}, {summary['high']:.4f}] (sd {summary['std']:.4f})"
+        text += f" (sd {summary['std']:.4f})"
     if summary.get("is_baseline"):
         text += " (baseline)"
     elif "delta" in summary:
@@ -346,31 +391,44 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
 
 
 def pruning_table(records: list[dict], keys: list[str]) -> list[str]:
-    """Markdown: accuracy after pruning each fraction of heads (heads.json), mean [95% CI] over seeds per group."""
+    """Markdown per group: accuracy after pruning each fraction of heads (heads.json), mean [95% CI] over seeds, in
+    importance order and in each baseline order, with the paired difference importance - baseline and its p."""
     lines = []
     for values, runs in group_runs(records, keys).items():
-        curves = []
-        for r in runs:
-            heads_file = Path(r["where"]) / "heads.json"
-            if heads_file.exists():
-                curves.append(json.loads(heads_file.read_text()).get("pruning_curve", []))
-        curves = [c for c in curves if c]
+        curves = [
+            {"importance": r["heads"]["pruning_curve"], **r["heads"].get("pruning_baselines", {})}
+            for r in runs
+            if r.get("heads", {}).get("pruning_curve")
+        ]
         if not curves:
             continue
+        orders = [o for o in curves[0] if all(o in c for c in curves)]
+        baselines = orders[1:]
         title = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all runs"
-        lines += [
-            f"Pruning curve ({title}; {len(curves)} runs; validation accuracy):",
-            "",
-            "| heads pruned | fraction | accuracy (mean [95% CI]) |",
-            "|---|---|---|",
+        split = runs[0]["heads"].get("pruning_split", "validation")
+        header = [
+            "heads pruned",
+            "fraction",
+            *(f"{o} order" for o in orders),
+            *(f"importance - {b}" for b in baselines),
         ]
-        for step in range(min(len(c) for c in curves)):
-            point = summarise([c[step]["metric"] for c in curves])
-            ci = "" if math.isnan(point["low"]) else f" [{point['low']:.4f}, {point['high']:.4f}]"
-            lines.append(
-                f"| {curves[0][step]['heads_pruned']} | {curves[0][step]['fraction_pruned']:.2f} | "
-                f"{point['mean']:.4f}{ci} |"
-            )
+        lines += [
+            f"Pruning curve ({title}; {len(curves)} runs; {split} accuracy, mean [95% bootstrap CI]; "
+            "differences: mean, paired t-test over runs):",
+            "",
+            "| " + " | ".join(header) + " |",
+        ]
+        lines.append("|" + "---|" * len(header))
+        for step in range(min(len(c[o]) for c in curves for o in orders)):
+            at = {o: [c[o][step]["metric"] for c in curves] for o in orders}
+            point = curves[0]["importance"][step]
+            cells = [str(point["heads_pruned"]), f"{point['fraction_pruned']:.2f}"]
+            cells += [_mean_interval(summarise(at[o])) for o in orders]
+            for b in baselines:
+                delta = (sum(at["importance"]) - sum(at[b])) / len(curves)
+                p = inference.paired_p(dict(enumerate(at["importance"])), dict(enumerate(at[b])))
+                cells.append(f"{delta:+.4f}" + ("" if math.isnan(p) else f" p={p:.3g}"))
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
@@ -392,7 +450,9 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
             parser.error(f"--solved takes METRIC>=NUMBER, got {args.solved!r}")
     baseline = pair(args.baseline, "=", "--baseline")
     select = (args.select, args.select_on) if args.select else None
-    return Design(args.metric or list(METRICS[:2]), baseline, args.paired, solved, select)
+    if args.within and not baseline:
+        parser.error("--within needs --baseline")
+    return Design(args.metric or list(METRICS[:2]), baseline, args.paired, solved, select, args.within or [])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -402,6 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
     parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
+    parser.add_argument(
+        "--within", metavar="KEY", action="append", help="with --baseline: compare only with the baseline of equal KEY"
+    )
     parser.add_argument("--paired", action="store_true", help="with --baseline: paired t-test over shared seeds")
     parser.add_argument("--solved", metavar="METRIC>=X", help="solve rate per group with its exact interval")
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
