@@ -9,24 +9,26 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import TINY
 from headlab.cli import runtime
+from headlab.cli.packed import PER_MEMBER
 from headlab.training.config_check import check_config
 
 runtime.configure()  # the resolvers the launcher configs use
 ROOT = Path(__file__).parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 SST2 = ROOT / ".." / "shared" / "data" / "sst2"
+SST2_FILES = ["data=files", f"data.files.train={SST2 / 'train.tsv'}", "data.text_column=sentence"]
 OFFLINE_DATA = {  # experiments on hub data run here on the same data from local files
-    "sst2_recipe": [
-        "data=files",
-        f"data.files.train={SST2 / 'train.tsv'}",
-        f"data.files.val={SST2 / 'dev.tsv'}",
-        "data.text_column=sentence",
-    ],
+    "sst2_recipe": [*SST2_FILES, f"data.files.val={SST2 / 'dev.tsv'}"],
+    "sst2_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
+    "sst2_scoring": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
 }
+RECIPES = ("sst2_recipe",)  # one run, not an ablation
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
 
 
@@ -91,18 +93,29 @@ def compose_job(*overrides: str):
 
 
 def sweep_jobs(experiment: str) -> list[list[str]]:
-    """Every job of an experiment: the cartesian product of its sweeper params."""
+    """Every job of an experiment: the cartesian product of its sweeper params, parsed as Hydra parses them."""
     params = compose_job(f"experiment={experiment}").hydra.sweeper.params or {}
-    choices = [[f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()]
+    overrides = OverridesParser.create().parse_overrides([f"{key}={values}" for key, values in params.items()])
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in overrides]
     return [list(job) for job in itertools.product(*choices)]
 
 
+def arms(jobs: list[list[str]]) -> list[list[str]]:
+    """The jobs that differ in more than the keys a pack's members may differ in (seed, learning rate, ...)."""
+    member = {f"{key}=" for key in PER_MEMBER}
+    unique = {tuple(o for o in job if not any(o.startswith(k) for k in member)): job for job in jobs}
+    return list(unique.values())
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_job_of_every_experiment_composes_and_validates(experiment):
+def test_every_arm_of_every_experiment_composes_and_validates(experiment):
     jobs = sweep_jobs(experiment)
-    if experiment not in OFFLINE_DATA:  # the ablations sweep 3 seeds
-        assert len(jobs) >= 3 and all(any(o.startswith("seed=") for o in job) for job in jobs)
-    for job in jobs:
+    if experiment not in RECIPES:  # the ablations: 10 seeds and a learning-rate grid per arm, packed
+        values = {key: {o for job in jobs for o in job if o.startswith(f"{key}=")} for key in ("seed", "optim.lr")}
+        assert len(values["seed"]) >= 10 and len(values["optim.lr"]) >= 3
+        assert len(jobs) == len(arms(jobs)) * len(values["seed"]) * len(values["optim.lr"])
+        assert compose_job(f"experiment={experiment}").hydra.launcher._target_.endswith("PackedLauncher")
+    for job in arms(jobs):
         cfg = compose_job(f"experiment={experiment}", *job, *OFFLINE_DATA.get(experiment, []))
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         check_config(cfg)
@@ -149,3 +162,20 @@ def test_wandb_sweep_passes_hydra_overrides_to_headlab_train():
         cfg = compose_job(*overrides)
         check_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
         assert cfg.model.attention.n_heads == combination[0]
+
+
+def test_fixed_head_size_control_arms_match_the_fixed_size_arms_in_parameters():
+    params = {}
+    for job in arms(sweep_jobs("fixed_head_size")):
+        cfg = compose_job("experiment=fixed_head_size", *job)
+        task = instantiate(cfg.data.task)
+        sizes = {"vocab_size": task.vocab_size, "n_classes": task.n_classes, "max_len": task.max_len}
+        architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
+        model = instantiate(architecture, **sizes, readout="token", _convert_="all")
+        arm = (cfg.model.attention.n_heads, cfg.model.attention.d_k, cfg.model.d_ff)
+        params[arm] = sum(p.numel() for p in model.parameters())
+    assert len(params) == 9 and task.max_len == 64
+    for h in (4, 8, 16):
+        fixed = params[h, 32, None]
+        (matched,) = [n for (heads, d_k, d_ff), n in params.items() if heads == h and d_k is None and d_ff]
+        assert abs(matched - fixed) / fixed < 1e-3 and params[h, None, None] < 0.85 * fixed

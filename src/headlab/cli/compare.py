@@ -488,8 +488,9 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
     if args.pruning:
+        chosen = select_best(runs.completed, *design.select) if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
-            f.write("\n" + "\n".join(pruning_table(runs.completed, keys)))
+            f.write("\n" + "\n".join(pruning_table(chosen, keys)))
 
     from rich.console import Console
     from rich.table import Table
