@@ -270,3 +270,26 @@ def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):
     monkeypatch.setattr(wandb, "Api", lambda timeout: type("Api", (), {"runs": lambda self, path, filters: [Run()]})())
     runs = load_wandb("entity/project", None)
     assert runs.completed[0]["metrics"] == {"val/acc_best": 0.75, "val/acc": 0.75, "test/acc": 0.7, "_step": 9}
+
+
+def test_an_experiments_pre_stated_analysis_is_applied_and_its_table_spliced_into_the_results(sweep, capsys):
+    path, _ = sweep
+    for record_file in path.glob("*/results.json"):
+        record = json.loads(record_file.read_text())
+        record["config"].update(experiment="demo", compare=["--baseline", "model.attention.n_heads=1", "--paired"])
+        record_file.write_text(json.dumps(record))
+    results = path.parent / "RESULTS.md"
+    results.write_text(
+        "# Results\n\n<!-- headlab-compare: demo -->\nold table\n<!-- /headlab-compare: demo -->\nReading.\n"
+    )
+    main([str(path), "--into", str(results)])
+    table = (path / "compare.md").read_text()
+    assert "Command: `headlab-compare" in table and "--baseline model.attention.n_heads=1 --paired`" in table
+    assert "(baseline)" in table and "the experiment's pre-stated analysis" in capsys.readouterr().err
+    text = results.read_text()
+    assert "old table" not in text and table.strip() in text and text.endswith("demo -->\nReading.\n")
+    main([str(path), "--metric", "test/acc"])  # options of its own: the stated analysis is not added
+    assert "(baseline)" not in (path / "compare.md").read_text()
+    results.write_text("no block\n")
+    with pytest.raises(SystemExit, match="needs one block from <!-- headlab-compare: demo -->"):
+        main([str(path), "--into", str(results)])

@@ -4,6 +4,10 @@ headlab-compare DIR [DIR ...] reads every results.json below the directories (or
 --group G, the runs of a W&B group), finds the configuration keys that vary, groups the runs by them (seeds
 pooled), and writes compare.md, compare.csv and one PNG per metric into the first directory. Intervals, tests,
 solve rates and the correction for many comparisons: headlab.analysis.inference.
+
+Runs of an experiment record its pre-stated analysis (the experiment file's `compare` key): given no analysis
+options, headlab-compare applies it. --into FILE puts the table into FILE's block for that experiment
+(experiments/RESULTS.md), between <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME -->.
 """
 
 import argparse
@@ -20,7 +24,7 @@ from headlab.analysis import inference
 from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS, git_sha
 
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
-IGNORED_KEYS = ("seed", "data.seed", *RESUME_KEYS)
+IGNORED_KEYS = ("seed", "data.seed", "compare", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
 
@@ -455,6 +459,37 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
     return Design(args.metric or list(METRICS[:2]), baseline, args.paired, solved, select, args.within or [])
 
 
+def experiment_name(records: list[dict]) -> str:
+    names = {r["config"].get("experiment") for r in records}
+    if len(names) != 1 or None in names:
+        raise SystemExit(f"headlab-compare: --into needs the runs of one experiment, not {sorted(map(str, names))}")
+    return names.pop()
+
+
+def splice(path: Path, name: str, text: str) -> None:
+    """Put text between the lines <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME --> of a
+    markdown file (experiments/RESULTS.md), replacing what was there."""
+    start, end = f"<!-- headlab-compare: {name} -->", f"<!-- /headlab-compare: {name} -->"
+    try:
+        document = path.read_text()
+    except OSError as error:
+        raise SystemExit(f"headlab-compare: --into {path}: {error.strerror}") from None
+    if document.count(start) != 1 or document.count(end) != 1 or document.index(start) > document.index(end):
+        raise SystemExit(f"headlab-compare: --into {path} needs one block from {start} to {end}")
+    head, rest = document.split(start, 1)
+    path.write_text(f"{head}{start}\n{text.rstrip()}\n{end}{rest.split(end, 1)[1]}")
+
+
+def pre_stated(records: list[dict], args, parser: argparse.ArgumentParser) -> list[str]:
+    """The headlab-compare arguments the runs' experiment states (its `compare` key), when the command line gives
+    no analysis options of its own; [] otherwise."""
+    analysis = ("metric", "baseline", "within", "paired", "solved", "select", "pruning")
+    if any(getattr(args, a) != parser.get_default(a) for a in analysis):
+        return []
+    stated = {tuple(r["config"].get("compare") or ()) for r in records}
+    return list(stated.pop()) if len(stated) == 1 else []
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
@@ -471,11 +506,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
+    parser.add_argument("--into", type=Path, metavar="FILE", help="also put compare.md into FILE's experiment block")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
-    design = _design(parser, args)
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
         print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
@@ -483,6 +518,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
+    if stated := pre_stated(runs.completed, args, parser):
+        print(f"headlab-compare: the experiment's pre-stated analysis: {shlex.join(stated)}", file=sys.stderr)
+        argv = [*argv, *stated]
+        args = parser.parse_args(argv)
+    design = _design(parser, args)
     keys, rows = compare(runs.completed, design)
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
@@ -491,6 +531,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen = select_best(runs.completed, *design.select) if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
             f.write("\n" + "\n".join(pruning_table(chosen, keys)))
+    if args.into:
+        splice(args.into, experiment_name(runs.completed), (out / "compare.md").read_text())
 
     from rich.console import Console
     from rich.table import Table
