@@ -293,3 +293,21 @@ def test_an_experiments_pre_stated_analysis_is_applied_and_its_table_spliced_int
     results.write_text("no block\n")
     with pytest.raises(SystemExit, match="needs one block from <!-- headlab-compare: demo -->"):
         main([str(path), "--into", str(results)])
+
+
+def test_learning_curves_count_the_runs_still_improving_and_are_plotted(tmp_path):
+    curves = {0: [0.5, 0.7, 0.9], 1: [0.5, 0.9, 0.9005], 2: [0.2, 0.6, 0.4]}  # improving; within the margin; not
+    for seed, values in curves.items():
+        write_run(tmp_path / str(seed), 4, "dot", seed, 0.9)
+        record = json.loads((tmp_path / str(seed) / "results.json").read_text())
+        record["curve"] = [{"epoch": e, "step": 10 * (e + 1), "val/acc": v} for e, v in enumerate(values)]
+        (tmp_path / str(seed) / "results.json").write_text(json.dumps(record))
+    write_run(tmp_path / "3", 4, "dot", 3, 0.9)  # a CSV logger's metrics.csv, for runs that record no curve
+    rows = ["epoch,step,train/loss_step,val/acc,val/loss", "0,5,2.0,,", "0,9,,0.3,1.9", "1,19,,0.8,0.5"]
+    (tmp_path / "3" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    main([str(tmp_path)])
+    with (tmp_path / "compare.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row["improving_k"], row["improving_n"]) == ("2", "4")
+    assert (tmp_path / "compare_curves.png").stat().st_size > 10_000
+    assert "improving at end (last val/acc best by > 0.001)" in (tmp_path / "compare.md").read_text()

@@ -60,6 +60,12 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     for key in ("val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
         assert runs[member]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9)
     assert set(single) - set(runs[member]) == set()  # the single run's schema, plus "pack"
+    assert [(p["epoch"], p["step"]) for p in runs[member]["curve"]] == [
+        (p["epoch"], p["step"]) for p in single["curve"]
+    ]
+    for ours_point, theirs_point in zip(runs[member]["curve"], single["curve"], strict=True):
+        assert ours_point["val/acc"] == pytest.approx(theirs_point["val/acc"], abs=1e-9)
+    assert single["curve"][-1]["val/acc"] == pytest.approx(single["metrics"]["val/acc"])
 
     # each member is an ordinary run: its files, its checkpoint for headlab-heads, its last.ckpt for resume=
     run = sweep / str(member)
@@ -78,6 +84,7 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     again = json.loads((run / "results.json").read_text())
     assert again["metrics"]["test/acc"] == pytest.approx(runs[member]["metrics"]["test/acc"], abs=1e-9)
     assert again["global_step"] == runs[member]["global_step"]
+    assert [p["step"] for p in again["curve"]] == [p["step"] for p in runs[member]["curve"]]  # kept by the resume
 
 
 def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(run_cli, tmp_path):

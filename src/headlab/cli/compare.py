@@ -26,6 +26,7 @@ from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS, git_sha
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
 IGNORED_KEYS = ("seed", "data.seed", "compare", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
+IMPROVING_MARGIN = 0.001  # val/acc gained at the last validation that counts as still improving
 HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
 
 
@@ -54,11 +55,28 @@ def load_dirs(dirs: list[Path]) -> Runs:
                 runs.unreadable.append((str(path), f"a completed record without {' or '.join(missing)}"))
             elif status == "completed":
                 record["heads"] = _read_heads(path.parent / "heads.json")
+                record["curve"] = record.get("curve") or _csv_curve(path.parent / "metrics.csv")
                 record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
                 runs.completed.append({**record, "where": str(path.parent)})
             else:
                 runs.failed.append((str(path.parent), record.get("error", status)))
     return runs
+
+
+def _csv_curve(path: Path) -> list[dict]:
+    """The learning curve from a CSV logger's metrics.csv, for runs whose results.json has none."""
+    try:
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("val/acc")]
+        return [{"epoch": int(r["epoch"]), "step": int(r["step"]), "val/acc": float(r["val/acc"])} for r in rows]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def improving_at_end(curve: list[dict], margin: float = IMPROVING_MARGIN) -> bool:
+    """Whether the last validation beat every earlier one by more than margin: training stopped while the run
+    was still getting better."""
+    return len(curve) > 1 and curve[-1]["val/acc"] > max(p["val/acc"] for p in curve[:-1]) + margin
 
 
 def _read_heads(path: Path) -> dict:
@@ -178,6 +196,9 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             metric, threshold = design.solved
             found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
             row["solved"] = inference.solve_rate(found, threshold) if found else None
+        curves = [r["curve"] for r in runs if r.get("curve")]
+        row["improving"] = (sum(map(improving_at_end, curves)), len(curves)) if curves else None
+        row["curves"] = curves
         params = [r["params"]["total"] for r in runs if r.get("params")]
         speed = [
             r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
@@ -288,14 +309,15 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     header = [*names, "runs", *(f"{m} (mean [95% bootstrap CI])" for m in design.metrics)]
     if design.solved:
         header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
-    header += ["params", "train tokens/s"]
+    header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "train tokens/s"]
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
         cells = [*(str(row[k]) for k in keys), str(row["runs"]), *(_cell(row.get(m)) for m in design.metrics)]
         if design.solved:
             cells.append(_solved_cell(row.get("solved")))
-        body.append([*cells, str(row["params"] or ""), speed])
+        improving = f"{row['improving'][0]}/{row['improving'][1]}" if row["improving"] else ""
+        body.append([*cells, improving, str(row["params"] or ""), speed])
     return header, body
 
 
@@ -334,13 +356,49 @@ def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, 
         writer = csv.writer(f)
         solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
         writer.writerow(
-            [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved, "params", "tokens_per_s"]
+            [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved]
+            + ["improving_k", "improving_n", "params", "tokens_per_s"]
         )
         for row in rows:
             stats_ = [row.get(m, {}).get(s, "") for m in design.metrics for s in fields]
             rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
-            writer.writerow([*(row[k] for k in keys), row["runs"], *stats_, *rate, row["params"], row["tokens_per_s"]])
-    return [out / "compare.md", out / "compare.csv", *plot(out, keys, rows, design.metrics)]
+            improving = list(row["improving"] or ("", ""))
+            writer.writerow(
+                [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"], row["tokens_per_s"]]
+            )
+    return [
+        out / "compare.md",
+        out / "compare.csv",
+        *plot(out, keys, rows, design.metrics),
+        *plot_curves(out, keys, rows),
+    ]
+
+
+def plot_curves(out: Path, keys: list[str], rows: list[dict]) -> list[Path]:
+    """compare_curves.png: validation accuracy at each validation, every run thin and each group's mean thick."""
+    if not any(row["curves"] for row in rows):
+        return []
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for row in rows:
+        if not row["curves"]:
+            continue
+        length = min(len(c) for c in row["curves"])
+        steps = [p["step"] for p in row["curves"][0][:length]]
+        for curve in row["curves"]:
+            ax.plot([p["step"] for p in curve], [p["val/acc"] for p in curve], lw=0.5, alpha=0.25, color="0.5")
+        mean = [sum(c[i]["val/acc"] for c in row["curves"]) / len(row["curves"]) for i in range(length)]
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys) or "all runs"
+        ax.plot(steps, mean, lw=2, marker="o", ms=3, label=f"{label} ({len(row['curves'])} runs)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("val/acc (each run; mean per group)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path = out / "compare_curves.png"
+    fig.savefig(path, dpi=120)
+    return [path]
 
 
 def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> list[Path]:

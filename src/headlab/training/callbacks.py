@@ -1,4 +1,4 @@
-"""Lightning callbacks: training throughput, and per-head attention logging and analysis."""
+"""Lightning callbacks: training throughput, the learning curve, and per-head attention logging and analysis."""
 
 import functools
 import itertools
@@ -13,6 +13,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from headlab.analysis import figures, head_view, importance, statistics
 from headlab.training import results
+
+CURVE_METRICS = ("val/acc", "val/loss")
 
 
 class ThroughputMeter(pl.Callback):
@@ -327,6 +329,28 @@ def _media_loggers(loggers: list) -> list:
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
     return [logger for logger in loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
+
+
+class LearningCurve(pl.Callback):
+    """The validation metrics of every validation, for results.json's `curve`: [{epoch, step, val/acc, val/loss}].
+    Kept in checkpoints, so that a resumed run's curve starts where it was left."""
+
+    def __init__(self):
+        self.points: list[dict] = []
+
+    def add(self, epoch: int, step: int, metrics: dict) -> None:
+        point = {"epoch": epoch, "step": step, **{k: float(v) for k, v in metrics.items() if k in CURVE_METRICS}}
+        self.points = [p for p in self.points if p["step"] < step] + [point]  # a validation repeated on resume
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.add(trainer.current_epoch, trainer.global_step, trainer.callback_metrics)
+
+    def state_dict(self) -> dict:
+        return {"points": self.points}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.points = list(state_dict.get("points", []))
 
 
 class ExactResume(pl.Callback):

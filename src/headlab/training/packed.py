@@ -26,7 +26,7 @@ from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoad
 from headlab.errors import TrainingError
 from headlab.model import count_parameters
 from headlab.training import loggers as loggers_
-from headlab.training.callbacks import AttentionLogger, ExactResume, ThroughputMeter
+from headlab.training.callbacks import AttentionLogger, ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
 from headlab.training.results import save_checkpoint_atomic
 from headlab.training.run import (
@@ -288,6 +288,7 @@ class MemberOutputs(pl.Callback):
                 continue
             values = {k: v[member.index] for k, v in metrics.items()}
             member.metrics.update(values)
+            member.callback(LearningCurve).add(trainer.current_epoch, trainer.global_step, values)
             for logger in member.loggers:
                 logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
             attention = member.callback(AttentionLogger)
@@ -437,6 +438,7 @@ def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "pack": {"id": pack_id, "size": size, "index": member.index},
+        "curve": member.callback(LearningCurve).points,
     }
 
 
@@ -451,7 +453,7 @@ def build_member(member: Member) -> None:
     pl.seed_everything(member.cfg.seed, workers=True)
     member.datamodule, model = build(member.cfg)
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
-    member.callbacks = instantiate_all(member.cfg.get("callbacks"), "callbacks")
+    member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
 
 
 def shape_key(member: Member) -> tuple:

@@ -16,7 +16,7 @@ from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, describe
 from headlab.training import loggers as loggers_
 from headlab.training import results, sweep
-from headlab.training.callbacks import ExactResume, SaveOnInterrupt, ThroughputMeter
+from headlab.training.callbacks import ExactResume, LearningCurve, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import check_readout, fail
 from headlab.training.module import HeadLabModule
 
@@ -133,7 +133,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     resumed_step = _check_fits(resume_from, module) if resume_from else None  # before any logger or checkpoint
     # callback touches the run directory
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
-    callbacks += [ThroughputMeter(), ExactResume(), SaveOnInterrupt()]
+    curve = LearningCurve()
+    callbacks += [ThroughputMeter(), curve, ExactResume(), SaveOnInterrupt()]
     loggers = instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
@@ -179,4 +180,5 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         "wandb": wandb,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
+        "curve": curve.points,
     }
