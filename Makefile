@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: help install train sweep test test-fast bench lint format clean
+.PHONY: help install train sweep experiments test test-fast bench lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -25,6 +25,20 @@ train: $(STAMP)  ## train the default model (ARGS='key=value ...' overrides)
 
 sweep: $(STAMP)  ## a small sweep: 1 and 4 heads, 3 seeds
 	$(BIN)/headlab-train -m model.attention.n_heads=1,4 seed=0,1,2 $(ARGS)
+
+# the ablations of experiments/ on generated data, and on SST-2 when SST2 names a folder with its files; a sweep
+# with failed runs (a diverged learning rate) still gets its table, which lists them
+EXPERIMENTS ?= heads_fixed_width key_size scoring fixed_head_size head_pruning heads_vs_depth
+SST2 ?=
+SST2_FILES = data=files data.files.train=$(SST2)/train.tsv data.files.test=$(SST2)/dev.tsv data.text_column=sentence
+
+experiments: $(STAMP)  ## run every ablation (hours on a CPU, ARGS=trainer=gpu: minutes) into experiments/RESULTS.md
+	for e in $(EXPERIMENTS); do \
+	  $(BIN)/headlab-train experiment=$$e hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
+	  $(BIN)/headlab-compare multirun/experiments/$$e --into experiments/RESULTS.md || exit 1; done
+	if [ -n "$(SST2)" ]; then for e in sst2_heads_fixed_width sst2_scoring; do \
+	  $(BIN)/headlab-train experiment=$$e $(SST2_FILES) hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
+	  $(BIN)/headlab-compare multirun/experiments/$$e --into experiments/RESULTS.md || exit 1; done; fi
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code
