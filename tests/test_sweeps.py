@@ -140,7 +140,10 @@ def test_every_experiment_runs_its_first_job_for_a_few_batches(run_cli, tmp_path
         ]
     result = run_cli(f"experiment={experiment}", *job, "hydra.mode=RUN", *quick, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert status(tmp_path / "run")["status"] == "completed"
+    record = status(tmp_path / "run")
+    assert record["status"] == "completed" and record["config"]["experiment"] == experiment
+    stated = yaml.safe_load((ROOT / "experiments" / f"{experiment}.yaml").read_text()).get("compare")
+    assert record["config"]["compare"] == stated  # headlab-compare finds the pre-stated analysis in every run
 
 
 def test_slurm_launcher_asks_for_what_the_trainer_uses():
