@@ -25,6 +25,7 @@ def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **c
             "model.attention.scoring": scoring,
             "seed": seed,
             "data.seed": seed,
+            "callbacks.attention.seed": seed,  # follows the seed: not an arm
             "model.d_model": 64,
             "trainer.default_root_dir": str(path),
             **config,
@@ -296,7 +297,7 @@ def test_an_experiments_pre_stated_analysis_is_applied_and_its_table_spliced_int
 
 
 def test_learning_curves_count_the_runs_still_improving_and_are_plotted(tmp_path):
-    curves = {0: [0.5, 0.7, 0.9], 1: [0.5, 0.9, 0.9005], 2: [0.2, 0.6, 0.4]}  # improving; within the margin; not
+    curves = {0: [0.5, 0.7, 0.9], 1: [0.5, 0.9, 0.903], 2: [0.2, 0.6, 0.4]}  # improving; within the margin; not
     for seed, values in curves.items():
         write_run(tmp_path / str(seed), 4, "dot", seed, 0.9)
         record = json.loads((tmp_path / str(seed) / "results.json").read_text())
@@ -310,4 +311,4 @@ def test_learning_curves_count_the_runs_still_improving_and_are_plotted(tmp_path
         (row,) = list(csv.DictReader(f))
     assert (row["improving_k"], row["improving_n"]) == ("2", "4")
     assert (tmp_path / "compare_curves.png").stat().st_size > 10_000
-    assert "improving at end (last val/acc best by > 0.001)" in (tmp_path / "compare.md").read_text()
+    assert "improving at end (last val/acc best by > 0.005)" in (tmp_path / "compare.md").read_text()
