@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY, headlab_train
+from headlab.analysis import statistics
 from wandb_records import read_run
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +39,7 @@ def test_wandb_run_holds_media_tables_head_scalars_and_the_flat_config(run):
     for media in ("heads/table", "heads/similarity", "heads/pruning_table", "heads/importance", "heads/view"):
         assert f"{media}/_type" in keys, media
     head_scalars = {k for k in keys if k.startswith("heads/L") and not k.endswith("/importance")}
-    assert len(head_scalars) == 2 * 4 * 8 and "heads/L1/H3/entropy_normalised" in head_scalars
+    assert len(head_scalars) == 2 * 4 * len(statistics.STATISTICS) and "heads/L1/H3/score_std" in head_scalars
     assert {"val/acc", "val/loss", "test/acc"} <= keys
     config = logged["config"]
     assert config["model.attention.n_heads"] == 4 and config["model.attention.scoring"] == "dot"
