@@ -136,7 +136,7 @@ def test_every_experiment_runs_its_first_job_for_a_few_batches(run_cli, tmp_path
             "logger=csv",
             "+trainer.limit_train_batches=8",
             "+trainer.limit_val_batches=2",
-            "trainer.val_check_interval=4",
+            "++trainer.val_check_interval=4",
         ]
     result = run_cli(f"experiment={experiment}", *job, "hydra.mode=RUN", *quick, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-2000:]
