@@ -457,17 +457,14 @@ def pruning_table(records: list[dict], keys: list[str]) -> list[str]:
     importance order and in each baseline order, with the paired difference importance - baseline and its p."""
     lines = []
     for values, runs in group_runs(records, keys).items():
-        curves = [
-            {"importance": r["heads"]["pruning_curve"], **r["heads"].get("pruning_baselines", {})}
-            for r in runs
-            if r.get("heads", {}).get("pruning_curve")
-        ]
-        if not curves:
+        analysed = [r["heads"] for r in runs if r.get("heads", {}).get("pruning_curve")]
+        if not analysed:
             continue
+        curves = [{"importance": h["pruning_curve"], **h.get("pruning_baselines", {})} for h in analysed]
         orders = [o for o in curves[0] if all(o in c for c in curves)]
         baselines = orders[1:]
         title = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all runs"
-        split = runs[0]["heads"].get("pruning_split", "validation")
+        split = analysed[0].get("pruning_split", "validation")
         header = [
             "heads pruned",
             "fraction",
@@ -569,6 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
+    design = _design(parser, args)  # bad options fail before any run is read
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
         print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
@@ -580,7 +578,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"headlab-compare: the experiment's pre-stated analysis: {shlex.join(stated)}", file=sys.stderr)
         argv = [*argv, *stated]
         args = parser.parse_args(argv)
-    design = _design(parser, args)
+        design = _design(parser, args)
     keys, rows = compare(runs.completed, design)
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
