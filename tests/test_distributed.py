@@ -1,12 +1,14 @@
 """DDP for real on CPU (2 processes, gloo): one run directory, results written once, and inside sweeps."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import TINY
+from conftest import TINY, cli_env
 from wandb_records import read_run
 
 DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
@@ -33,6 +35,10 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_cli, tmp_path
     keys = set().union(*read_run(run)["history"])
     assert {"val/acc", "test/acc", "attention/layer_0/_type"} <= keys
     assert json.loads((run / "heads.json").read_text())["rows"]
+    # the ranks trained in forked processes: epochs, steps and the curve come from them, not this process's trainer
+    assert (results["epochs"], results["global_step"]) == (1, 4)  # 256 examples / (32 x 2 ranks)
+    assert [(p["epoch"], p["step"]) for p in results["curve"]] == [(0, 4)]
+    assert results["curve"][0]["val/acc"] == pytest.approx(results["metrics"]["val/acc"])
 
 
 @pytest.mark.e2e
@@ -48,15 +54,50 @@ def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(ru
     assert "test/acc" in (run / "metrics.csv").read_text().splitlines()[0]
 
 
+AS_MANY_CORES = """import sys
+from headlab.training import sweep
+sweep.cpu_threads = lambda: {cores}  # this job's share of the machine, as on a {cores}-core host
+from headlab.cli.train import main
+sys.argv[0] = "headlab-train"
+main()
+"""
+
+
 @pytest.mark.e2e
-def test_ddp_cpu_inside_a_multirun_gives_one_directory_per_job(run_cli, tmp_path):
-    result = run_cli("-m", *DDP, "logger=csv", "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep", timeout=300)
+def test_forked_ranks_on_a_many_core_host_do_not_hang_inside_a_multirun(tmp_path):
+    """A process forked after torch ran on several OpenMP threads hangs at its first parallel operation (GNU
+    libgomp): ddp_fork ranks of a job on 4 cores (2 threads each; OMP_NUM_THREADS keeps Lightning from setting
+    them to this 2-core machine's 1) slept forever after the model summary. The job now prepares on one thread;
+    after a multi-threaded job in the same process the ranks get one thread, and say so."""
+    env = {**cli_env(), "OMP_NUM_THREADS": "4"}
+    overrides = [*DDP, "logger=csv", "trainer=ddp_cpu,cpu,ddp_cpu", "hydra.sweep.dir=sweep"]
+    result = subprocess.run(
+        [sys.executable, "-c", AS_MANY_CORES.format(cores=4), "-m", *overrides],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
-    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
-    assert jobs == ["0", "1"]
-    for job in jobs:
-        assert json.loads((tmp_path / "sweep" / job / "results.json").read_text())["status"] == "completed"
+    records = [json.loads((tmp_path / "sweep" / job / "results.json").read_text()) for job in "012"]
+    assert [r["status"] for r in records] == ["completed"] * 3
+    assert [(r["resources"]["devices"], r["resources"]["threads"]) for r in records] == [(2, 2), (1, 4), (2, 1)]
+    assert "one torch thread per rank, not 2: an earlier job of this process ran torch on several threads" in (
+        result.stderr + result.stdout
+    )
+
+
+@pytest.mark.e2e
+def test_spawned_ranks_report_their_epochs_steps_and_curve(run_cli, tmp_path):
+    result = run_cli(*DDP, "trainer.strategy=ddp_spawn", "logger=csv", "hydra.run.dir=run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "completed" and {"val/acc_best", "test/acc"} <= results["metrics"].keys()
+    assert (results["epochs"], results["global_step"]) == (1, 4)
+    assert [(p["epoch"], p["step"]) for p in results["curve"]] == [(0, 4)]
 
 
 def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):

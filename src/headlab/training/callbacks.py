@@ -1,4 +1,5 @@
-"""Lightning callbacks: training throughput, the learning curve, and per-head attention logging and analysis."""
+"""Lightning callbacks: training throughput, the learning curve, per-head attention logging and analysis, and what a
+run needs to resume exactly, stop cleanly and use its share of the CPU."""
 
 import functools
 import itertools
@@ -381,6 +382,17 @@ class ExactResume(pl.Callback):
             random.setstate(tuple(state["python"]))
             if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RankThreads(pl.Callback):
+    """Each rank's torch CPU threads, set in the rank itself: ranks forked or spawned by Lightning start with
+    Lightning's choice (all the machine's cores over the ranks), not this job's share of a parallel sweep."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def setup(self, trainer, pl_module, stage):
+        torch.set_num_threads(self.threads)
 
 
 class SaveOnInterrupt(pl.Callback):

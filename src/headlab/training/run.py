@@ -16,11 +16,13 @@ from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, describe
 from headlab.training import loggers as loggers_
 from headlab.training import results, sweep
-from headlab.training.callbacks import ExactResume, LearningCurve, SaveOnInterrupt, ThroughputMeter
+from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import check_readout, fail
 from headlab.training.module import HeadLabModule
 
 TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, in results.json beside val/ and test/
+log = logging.getLogger("headlab")
+_threaded = False  # whether this process has run torch on more than one CPU thread (see train)
 
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
@@ -111,14 +113,53 @@ def configure_torch(cfg: DictConfig, threads: int) -> None:
     """What the process's torch should do for this run: its CPU threads, TF32 on GPUs, and no warnings that only
     repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md; metrics.csv in the run
     directory)."""
+    global _threaded
     logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
     # own console handler would double each line
     torch.set_num_threads(threads)
+    _threaded |= threads > 1
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high" if cfg.get("tf32", True) else "highest")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     # the CSV logger writes metrics.csv into the run directory, which holds results.json already: nothing is lost
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+
+
+def rank_start(cfg: DictConfig) -> str | None:
+    """How Lightning starts this run's ranks from this process: "fork" (ddp_fork, ddp_notebook) or "spawn"
+    (ddp_spawn); None when this process trains itself (one device, or rank 0 of ddp's relaunched command)."""
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if "spawn" in strategy:
+        return "spawn"
+    return "fork" if "fork" in strategy or "notebook" in strategy else None
+
+
+def _rank_threads(cfg: DictConfig, threads: int) -> int:
+    """Torch threads for each forked rank. A process forked after torch has run on several OpenMP threads hangs
+    at its first parallel operation (GNU libgomp is not fork-safe; seen as DDP ranks asleep after the model
+    summary on many-core hosts): the job process prepares on one thread and every rank sets its own, or, when
+    an earlier job of this process ran multi-threaded, the ranks run on one thread each."""
+    if rank_start(cfg) != "fork" or not _threaded:
+        return threads
+    if threads > 1:
+        log.warning(
+            "trainer.strategy=%s: one torch thread per rank, not %d: an earlier job of this process ran torch on "
+            "several threads, and ranks forked after that would hang (run such jobs in their own sweep)",
+            cfg.trainer.strategy,
+            threads,
+        )
+    return 1
+
+
+def _fit_progress(trainer: pl.Trainer, checkpoint, curve: LearningCurve, elsewhere: bool) -> dict:
+    """epochs, global_step and the learning curve of the fit. Ranks in other processes (fork, spawn) train on
+    their own trainers and send back only metrics: then these come from the last checkpoint they wrote."""
+    last = Path(checkpoint.dirpath) / "last.ckpt" if checkpoint else None
+    if not elsewhere or last is None or not last.exists():
+        return {"epochs": trainer.current_epoch, "global_step": trainer.global_step, "curve": list(curve.points)}
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    points = state["callbacks"].get(curve.state_key, {}).get("points", [])
+    return {"epochs": state["epoch"] + 1, "global_step": state["global_step"], "curve": points}
 
 
 def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
@@ -128,7 +169,9 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     """
     ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
     threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
-    configure_torch(cfg, threads)
+    elsewhere = rank_start(cfg) is not None
+    threads = _rank_threads(cfg, threads)
+    configure_torch(cfg, 1 if elsewhere else threads)  # a job that starts its ranks only prepares and waits
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
@@ -138,6 +181,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     curve = LearningCurve()
     callbacks += [ThroughputMeter(), curve, ExactResume(), SaveOnInterrupt()]
+    if elsewhere:
+        callbacks.append(RankThreads(threads))
     loggers = instantiate_all(cfg.get("logger"), "logger")
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
@@ -148,12 +193,15 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
 
     fields = model_fields(model, datamodule)
     config = {**flat_config, **loggers_.run_facts(fields, flat_config)}
-    metrics, failed = {}, True
+    metrics, failed, progress = {}, True, {}
     try:
         loggers_.start(loggers, config, resumed_step)
         fit_started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
         fit_seconds = time.perf_counter() - fit_started
+        checkpoint = trainer.checkpoint_callback
+        progress = _fit_progress(trainer, checkpoint, curve, elsewhere)  # before test(), which restores the best
+        # checkpoint's callback states (its curve ends at the best epoch)
         loggers_.resync_csv(loggers)
         metrics = _floats(trainer.callback_metrics, "val/")
         metrics.update({k: v for k, v in _floats(trainer.callback_metrics, "train/").items() if k in TRAIN_METRICS})
@@ -161,7 +209,6 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
             trainer.validate(module, datamodule=datamodule, verbose=False)  # the test): the last epoch's numbers
             metrics = _floats(trainer.callback_metrics, "val/")
         rate = _floats(trainer.callback_metrics, "perf/").get("perf/train_tokens_per_s")  # test() resets them
-        checkpoint = trainer.checkpoint_callback
         best = checkpoint.best_model_path if checkpoint else ""
         if best:
             metrics["val/acc_best"] = _best_score(checkpoint)
@@ -170,7 +217,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
             metrics.update(_floats(trainer.callback_metrics, "test/"))
         failed = False
     finally:
-        wandb = loggers_.finish(loggers, failed, metrics, config, trainer.global_step)
+        wandb = loggers_.finish(loggers, failed, metrics, config, progress.get("global_step", trainer.global_step))
     return {
         "metrics": metrics,
         **fields,
@@ -181,7 +228,5 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
             "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
         },
         "wandb": wandb,
-        "epochs": trainer.current_epoch,
-        "global_step": trainer.global_step,
-        "curve": curve.points,
+        **progress,
     }
