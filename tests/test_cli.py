@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import TINY
+from conftest import TINY, cli_env, headlab_train
 
 pytestmark = pytest.mark.e2e
 
@@ -110,10 +110,17 @@ def test_several_loggers_at_once(run_cli, tmp_path):
     assert list(run.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def test_compiled_model_trains_and_writes_eager_checkpoints(run_cli, tmp_path):
-    result = run_cli(*TINY, "model.compile=true", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
+def test_compiled_mixed_precision_model_compiles_once_per_loop_and_writes_eager_checkpoints(tmp_path):
+    """bf16-mixed on the CPU, compiled: one graph for validation, one for training, one for test (inference
+    tensors); the head analysis (outside autocast, weights returned, heads masked) runs eagerly and adds none."""
+    env = {**cli_env(), "TORCH_LOGS": "recompiles"}
+    overrides = [*TINY, "model.compile=true", "+trainer.precision=bf16-mixed", "logger=csv", "hydra.run.dir=run"]
+    result = headlab_train(*overrides, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["status"] == "completed" and record["config"]["model.compile"] is True
+    assert result.stderr.count("Recompiling function forward") == 2, result.stderr[-3000:]
+    assert "not supported by the model summary" not in result.stderr  # mixed precision keeps float32 weights
+    assert json.loads((tmp_path / "run" / "heads.json").read_text())["rows"]
     saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
     assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loadable without compile

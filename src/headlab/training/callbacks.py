@@ -16,6 +16,10 @@ from headlab.analysis import figures, head_view, importance, statistics
 from headlab.training import results
 
 CURVE_METRICS = ("val/acc", "val/loss")
+# The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with
+# model.compile=true each of those states would be one more compilation (8 hit torch's recompile limit on a GPU).
+# It runs rarely: eager, also when the model is compiled.
+eager = torch.compiler.set_stance("force_eager")  # a decorator (it restores the stance it set at once)
 
 
 class ThroughputMeter(pl.Callback):
@@ -250,12 +254,14 @@ class AttentionLogger(pl.Callback):
         return self.val_epochs % self.every == 0 or epoch + 1 >= (max_epochs or 0)
 
     # the hooks of a single run
+    @eager
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         if self.is_due(trainer.current_epoch, trainer.max_epochs):
             self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, trainer.global_step, pl_module.device)
 
+    @eager
     def on_fit_end(self, trainer, pl_module):
         if not trainer.is_global_zero:
             return

@@ -112,7 +112,7 @@ def model_fields(model: Encoder, datamodule) -> dict:
 def configure_torch(cfg: DictConfig, threads: int) -> None:
     """What the process's torch should do for this run: its CPU threads, TF32 on GPUs, and no warnings that only
     repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md; metrics.csv in the run
-    directory)."""
+    directory) or are wrong (the model summary's size under mixed precision)."""
     global _threaded
     logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
     # own console handler would double each line
@@ -121,6 +121,8 @@ def configure_torch(cfg: DictConfig, threads: int) -> None:
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high" if cfg.get("tf32", True) else "highest")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    # mixed precision keeps the weights in float32: the model summary's "using 32 bits instead" is right
+    warnings.filterwarnings("ignore", message=r"Precision .*-mixed is not supported by the model summary")
     # the CSV logger writes metrics.csv into the run directory, which holds results.json already: nothing is lost
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
 
