@@ -1,6 +1,11 @@
 """MultiHeadAttention against torch's reference implementation and independent computations."""
 
+import importlib.util
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -351,3 +356,16 @@ def test_additive_attention_under_bf16_autocast_runs_and_matches_float32(n, addi
     assert low.dtype == torch.bfloat16 and torch.isfinite(grad_low).all()
     assert (low.float() - out).norm() / out.norm() < 8 * eps
     assert (grad_low - grad).norm() / grad.norm() < 16 * eps
+
+
+def test_triton_kernels_pass_their_tests_under_the_interpreter():
+    """tests/triton_interpreted.py in a fresh process with TRITON_INTERPRET=1: Triton reads the flag when it is
+    first imported, so the GPU kernels' tests run on the CPU only in a process of their own."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (it comes with the dev extra)")
+    test_file = Path(__file__).with_name("triton_interpreted.py")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout

@@ -32,6 +32,30 @@ def test_additive_attention_under_autocast_matches_float32(dtype, n):
     assert (grad_low - grad_ref).norm() / grad_ref.norm() < 64 * eps
 
 
+@pytest.mark.parametrize("n", [600, 2048])
+def test_the_triton_kernels_equal_the_chunked_path_on_cuda_and_store_no_weights(monkeypatch, n):
+    pytest.importorskip("triton")
+    from headlab.model import dispatch
+
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(128, 4, scoring="additive").cuda()
+    x = torch.randn(4, n, 128, device="cuda", requires_grad=True)
+    padding = torch.arange(n, device="cuda")[None, :] >= torch.tensor([n, n // 2, 7, n], device="cuda")[:, None]
+    results = []
+    for use_triton in (True, False):
+        monkeypatch.setenv("HEADLAB_TRITON", "1" if use_triton else "0")
+        dispatch.triton_kernels.cache_clear()
+        torch.cuda.reset_peak_memory_stats()
+        out, _ = layer(x, padding, need_weights=False)
+        grads = torch.autograd.grad(out[~padding].square().sum(), [x, layer.score_vector])
+        results.append((out[~padding], *grads, torch.cuda.max_memory_allocated()))
+    dispatch.triton_kernels.cache_clear()
+    (out, gx, gw, peak), (ref, ref_gx, ref_gw, _) = results
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)  # TF32 in both paths' value products
+    assert (gx - ref_gx).norm() / ref_gx.norm() < 1e-3 and (gw - ref_gw).norm() / ref_gw.norm() < 1e-3
+    assert peak < 4 * n * n * 4 * 4  # less than the (B, H, n, n) fp32 weights: none are stored
+
+
 def test_a_pack_under_vmap_computes_what_each_model_computes_alone():
     torch.manual_seed(0)
     models = [Encoder(30, 5, 12, readout="mean", d_model=32, n_layers=2).cuda().eval() for _ in range(3)]

@@ -6,7 +6,8 @@ equivalent implementation where one applies:
   dropout on the CPU, where SDPA would fall back to its unfused path and torch's slow dropout mask (the explicit
   path with headlab's dropout is faster there);
 - additive scoring without weights, without attention dropout, once the (B, H, n, n) weights would be large
-  (FUSED_ABOVE): AdditiveAttention, fused and chunked over queries;
+  (FUSED_ABOVE): on GPUs the Triton kernels (headlab.model.kernels.additive_triton) where Triton is installed
+  (HEADLAB_TRITON=0 turns them off), elsewhere AdditiveAttention, fused and chunked over queries;
 - additive scores otherwise: AdditiveScores, chunked, recomputing tanh in the backward pass;
 - chunks of additive scores: the native CPU kernels (headlab.model.kernels) where they are built, torch ops
   elsewhere; chunks sized to the device (a CPU cache, a share of a GPU's memory);
@@ -14,6 +15,7 @@ equivalent implementation where one applies:
   because autograd functions and SDPA's backward do not batch there.
 """
 
+import os
 from functools import cache
 
 import torch
@@ -26,6 +28,18 @@ FUSED_ABOVE = 1 << 22  # additive attention without weights is fused once (B, H,
 # below, storing them is cheaper than recomputing the scores in the backward pass
 CPU_CHUNK_ELEMENTS = 1 << 20  # fp32 elements of a chunk's (B, H, c, m, d_k) hidden tensor on a CPU: 4 MiB, in cache
 GPU_MEMORY_SHARE = 16  # on a GPU a chunk's hidden tensor may take 1/16 of the device's memory
+
+
+@cache
+def triton_kernels():
+    """headlab.model.kernels.additive_triton, or None without Triton (CPU-only installs) or with HEADLAB_TRITON=0."""
+    if os.environ.get("HEADLAB_TRITON", "1") == "0":
+        return None
+    try:
+        from headlab.model.kernels import additive_triton
+    except ImportError:
+        return None
+    return additive_triton
 
 
 def in_transform(x: torch.Tensor) -> bool:
@@ -87,5 +101,7 @@ def fused_attention(attn, q, k, v, key_padding_mask, p_drop: float) -> torch.Ten
     bias = torch.zeros(B, 1, 1, n, dtype=torch.float32, device=q.device)
     if key_padding_mask is not None:
         bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if q.is_cuda and triton_kernels():
+        return triton_kernels().TritonAdditiveAttention.apply(q, k, v, attn.score_vector, bias)
     ops = additive_ops(q)
     return AdditiveAttention.apply(q, k, v, attn.score_vector, bias, ops, queries_per_chunk(q, k, ops, fused=True))
