@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     r["default_run"] = None if args.quick else commands.default_run(tmp)
     r["sst2"] = commands.sst2_preparation(tmp, args.data_dir)
     r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
-    r["packs"] = packing.pack_throughput(torch.device("cpu"), (1, 4) if args.quick else (1, 4, 16), args.repeats)
+    sizes, shapes = ((1, 4), ("default run",)) if args.quick else ((1, 4, 16), tuple(packing.SHAPES))
+    r["packs"] = packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes)
     r["sweep"] = None if args.quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)
     sections = report.sections(args.out)
     sections["cpu"] = report.report(r, args)

@@ -122,10 +122,12 @@ def _synchronised(step, device):
     return run
 
 
-def pack_throughput(device: torch.device, sizes: tuple, repeats: int) -> list[dict]:
-    """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%)."""
+def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES)) -> list[dict]:
+    """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%);
+    shapes: names in SHAPES."""
     rows = []
-    for name, shape in SHAPES.items():
+    for name in shapes:
+        shape = SHAPES[name]
         for E in sizes:
             steps = {"packed": _synchronised(pack_step(shape, E, device), device)}
             if E <= 16 or device.type == "cuda":
