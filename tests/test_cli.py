@@ -124,3 +124,35 @@ def test_compiled_mixed_precision_model_compiles_once_per_loop_and_writes_eager_
     assert json.loads((tmp_path / "run" / "heads.json").read_text())["rows"]
     saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
     assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loadable without compile
+
+
+def test_the_progress_bar_reads_the_metrics_every_n_steps_not_every_batch(monkeypatch, tmp_path):
+    """Each read of the logged metrics is a host-device synchronisation on a GPU: Lightning's rich bar reads
+    them after every batch, headlab's every n optimizer steps and at each epoch's and validation's end, so the
+    last numbers shown are the final ones."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from headlab.training.module import HeadLabModule
+    from headlab.training.progress import ProgressBar
+    from headlab.training.run import build
+
+    reads = []
+    original = RichProgressBar.get_metrics
+    monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, *a: reads.append(1) or original(self, *a))
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[o for o in TINY if not o.startswith(("trainer", "callbacks"))])
+    counts = {}
+    for bar in (RichProgressBar(), ProgressBar(every_n_steps=4)):
+        torch.manual_seed(0)
+        datamodule, model = build(cfg)
+        trainer = pl.Trainer(
+            max_epochs=2, callbacks=[bar], logger=False, enable_checkpointing=False, default_root_dir=tmp_path
+        )
+        reads.clear()
+        trainer.fit(HeadLabModule(model, datamodule.n_classes), datamodule=datamodule)
+        counts[type(bar).__name__] = len(reads)
+    steps = trainer.global_step  # 8 per epoch
+    assert counts["RichProgressBar"] >= steps
+    assert counts["ProgressBar"] <= steps // 4 + 3 * 2  # every 4 steps, plus the ends of 2 epochs and validations
+    assert "val/acc" in bar._shown and "train/loss_step" in bar._shown

@@ -77,3 +77,15 @@ def test_a_packed_sweep_trains_on_the_gpu(tmp_path):
     records = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("*/results.json"))]
     assert [r["status"] for r in records] == ["completed"] * 3
     assert {r["pack"]["size"] for r in records} == {3} and records[0]["resources"]["accelerator"] == "gpu"
+
+
+def test_a_non_finite_loss_on_the_gpu_is_caught_without_a_sync_per_step_and_names_its_first_step(tmp_path):
+    """On a GPU the loss is read every trainer.log_every_n_steps steps and before validation, not at every step:
+    the run still stops before any checkpoint holds spoilt weights, naming the first bad step."""
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli.train", *TINY, "trainer=gpu", "optim.lr=1e30",
+         "trainer.gradient_clip_val=null", "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"],
+        env=cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "non-finite training loss at step 1;" in done.stderr and "no checkpoint was written" in done.stderr

@@ -42,6 +42,7 @@ class HeadLabModule(pl.LightningModule):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
+        self._first_bad: torch.Tensor | None = None  # the first step with a non-finite loss, or -1 (on the device)
         self.acc = torch.nn.ModuleDict(
             {
                 f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX)
@@ -80,9 +81,25 @@ class HeadLabModule(pl.LightningModule):
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
         loss = self._step(batch, "train")
-        if not torch.isfinite(loss):  # stop before the weights are spoilt; checkpoints so far stay as they are
-            raise TrainingError(non_finite_loss(self.global_step, self._last_checkpoint()))
+        self._watch_loss(loss)
         return loss
+
+    def _watch_loss(self, loss: torch.Tensor) -> None:
+        """Stop on a non-finite training loss; checkpoints so far stay as they are. On a CPU every step is read.
+        On a GPU reading it would make the host wait for the device at every step: the first bad step is kept on
+        the device and read every trainer.log_every_n_steps steps (when Lightning reads the logged metrics anyway)
+        and before any validation, so no checkpoint ever holds weights it spoilt."""
+        step = torch.where(torch.isfinite(loss), -1, self.global_step)
+        self._first_bad = step if self._first_bad is None else torch.where(self._first_bad >= 0, self._first_bad, step)
+        if loss.device.type == "cpu" or (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self._stop_if_diverged()
+
+    def _stop_if_diverged(self) -> None:
+        if self._first_bad is not None and int(self._first_bad) >= 0:
+            raise TrainingError(non_finite_loss(int(self._first_bad), self._last_checkpoint()))
+
+    def on_validation_start(self):
+        self._stop_if_diverged()
 
     def _last_checkpoint(self) -> Path | None:
         for callback in self.trainer.checkpoint_callbacks:

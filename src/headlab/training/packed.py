@@ -497,7 +497,7 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
     meter = ThroughputMeter()
     outputs = MemberOutputs(members, pack_id, meter)
     callbacks = [meter, outputs, ExactResume()] + [
-        c for c in members[0].callbacks if type(c).__name__ == "RichProgressBar"
+        c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)
     ]
     trainer = instantiate_node(
         members[0].cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False
