@@ -127,7 +127,7 @@ def configure_torch(cfg: DictConfig, threads: int) -> None:
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
 
 
-def rank_start(cfg: DictConfig) -> str | None:
+def _rank_start(cfg: DictConfig) -> str | None:
     """How Lightning starts this run's ranks from this process: "fork" (ddp_fork, ddp_notebook) or "spawn"
     (ddp_spawn); None when this process trains itself (one device, or rank 0 of ddp's relaunched command)."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
@@ -141,7 +141,7 @@ def _rank_threads(cfg: DictConfig, threads: int) -> int:
     at its first parallel operation (GNU libgomp is not fork-safe; seen as DDP ranks asleep after the model
     summary on many-core hosts): the job process prepares on one thread and every rank sets its own, or, when
     an earlier job of this process ran multi-threaded, the ranks run on one thread each."""
-    if rank_start(cfg) != "fork" or not _threaded:
+    if _rank_start(cfg) != "fork" or not _threaded:
         return threads
     if threads > 1:
         log.warning(
@@ -171,7 +171,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     """
     ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
     threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
-    elsewhere = rank_start(cfg) is not None
+    elsewhere = _rank_start(cfg) is not None
     threads = _rank_threads(cfg, threads)
     configure_torch(cfg, 1 if elsewhere else threads)  # a job that starts its ranks only prepares and waits
     pl.seed_everything(cfg.seed, workers=True)
