@@ -12,12 +12,15 @@ help:  ## list the targets
 
 install: $(STAMP)  ## create .venv: torch 2.13.0 (CPU) first, then headlab with dev and optuna extras
 
-# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build
+# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build. Triton (for the GPU
+# kernel's tests in its interpreter, tests/triton_interpreted.py) goes to .venv/triton, off the path: torch
+# imports an installed Triton in every process, 0.2-0.3 s each, over a hundred CLI runs in the tests
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev,optuna]'
+	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/triton 'triton>=3.0'
 	touch $(STAMP)
 
 train: $(STAMP)  ## train the default model (ARGS='key=value ...' overrides)
