@@ -28,19 +28,29 @@ def _tanh(x):
 
 
 @triton.jit
+def _tanh_slice(Q, K, W, offs_m, offs_n, offs_d, n, m, D):
+    """tanh(q_i + k_j) on one slice of d_k, (BLOCK_M, BLOCK_N, BLOCK_D), and w on it; 0 outside the tensors."""
+    q = tl.load(
+        Q + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m[:, None] < n) & (offs_d[None, :] < D), other=0.0
+    )
+    k = tl.load(
+        K + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n[:, None] < m) & (offs_d[None, :] < D), other=0.0
+    )
+    return _tanh(q[:, None, :] + k[None, :, :]), tl.load(W + offs_d, mask=offs_d < D, other=0.0)
+
+
+@triton.jit
+def _accumulate(ptrs, value, mask):
+    """Adds value to rows in global memory that this program alone owns."""
+    tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
+
+
+@triton.jit
 def _scores(Q, K, W, offs_m, offs_n, n, m, D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """(BLOCK_M, BLOCK_N) scores w^T tanh(q_i + k_j), summed over slices of d_k. Q, K, W: this (b, h)'s rows."""
     scores = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
-        offs_d = d0 + tl.arange(0, BLOCK_D)
-        q = tl.load(
-            Q + offs_m[:, None] * D + offs_d[None, :], mask=(offs_m[:, None] < n) & (offs_d[None, :] < D), other=0.0
-        )
-        k = tl.load(
-            K + offs_n[:, None] * D + offs_d[None, :], mask=(offs_n[:, None] < m) & (offs_d[None, :] < D), other=0.0
-        )
-        w = tl.load(W + offs_d, mask=offs_d < D, other=0.0)
-        t = _tanh(q[:, None, :] + k[None, :, :])  # (BLOCK_M, BLOCK_N, BLOCK_D)
+        t, w = _tanh_slice(Q, K, W, offs_m, offs_n, d0 + tl.arange(0, BLOCK_D), n, m, D)
         scores += tl.sum(t * w[None, None, :], axis=2)
     return scores
 
@@ -124,24 +134,12 @@ def _backward_keys(
         grad_v += tl.dot(tl.trans(p), grad_out, input_precision=PRECISION)
         for d0 in range(0, D, BLOCK_D):  # with t = tanh(q_i + k_j): dk_j = w * sum_i grad_s_ij (1 - t_ij^2)
             offs_d = d0 + tl.arange(0, BLOCK_D)
-            q_mask, k_mask = (
-                (offs_m[:, None] < n) & (offs_d[None, :] < D),
-                (offs_n[:, None] < m) & (offs_d[None, :] < D),
-            )
-            q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
-            k = tl.load(K + offs_n[:, None] * D + offs_d[None, :], mask=k_mask, other=0.0)
-            w = tl.load(W + offs_d, mask=offs_d < D, other=0.0)
-            t = _tanh(q[:, None, :] + k[None, :, :])  # (BLOCK_M, BLOCK_N, BLOCK_D)
+            t, w = _tanh_slice(Q, K, W, offs_m, offs_n, offs_d, n, m, D)  # (BLOCK_M, BLOCK_N, BLOCK_D), (BLOCK_D,)
             g = grad_s[:, :, None]
             grad_k = tl.sum(g * (1 - t * t), axis=0) * w[None, :]  # (BLOCK_N, BLOCK_D)
-            k_ptrs = GRAD_K + offs_n[:, None] * D + offs_d[None, :]
-            tl.store(k_ptrs, tl.load(k_ptrs, mask=k_mask, other=0.0) + grad_k, mask=k_mask)
-            w_ptrs = GRAD_W_PART + offs_d
-            tl.store(
-                w_ptrs,
-                tl.load(w_ptrs, mask=offs_d < D, other=0.0) + tl.sum(tl.sum(g * t, axis=0), axis=0),
-                mask=offs_d < D,
-            )
+            k_mask = (offs_n[:, None] < m) & (offs_d[None, :] < D)
+            _accumulate(GRAD_K + offs_n[:, None] * D + offs_d[None, :], grad_k, k_mask)
+            _accumulate(GRAD_W_PART + offs_d, tl.sum(tl.sum(g * t, axis=0), axis=0), offs_d < D)
     v_mask = (offs_n[:, None] < m) & (offs_dv[None, :] < DV)
     tl.store(GRAD_V + bh * m * DV + offs_n[:, None] * DV + offs_dv[None, :], grad_v, mask=v_mask)
 
@@ -165,17 +163,10 @@ def _backward_queries(
         )  # fmt: skip
         for d0 in range(0, D, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
-            q_mask, k_mask = (
-                (offs_m[:, None] < n) & (offs_d[None, :] < D),
-                (offs_n[:, None] < m) & (offs_d[None, :] < D),
-            )
-            q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
-            k = tl.load(K + offs_n[:, None] * D + offs_d[None, :], mask=k_mask, other=0.0)
-            w = tl.load(W + offs_d, mask=offs_d < D, other=0.0)
-            t = _tanh(q[:, None, :] + k[None, :, :])
+            t, w = _tanh_slice(Q, K, W, offs_m, offs_n, offs_d, n, m, D)
             grad_q = tl.sum(grad_s[:, :, None] * (1 - t * t), axis=1) * w[None, :]  # (BLOCK_M, BLOCK_D)
-            q_ptrs = GRAD_Q + offs_m[:, None] * D + offs_d[None, :]
-            tl.store(q_ptrs, tl.load(q_ptrs, mask=q_mask, other=0.0) + grad_q, mask=q_mask)
+            q_mask = (offs_m[:, None] < n) & (offs_d[None, :] < D)
+            _accumulate(GRAD_Q + offs_m[:, None] * D + offs_d[None, :], grad_q, q_mask)
 
 
 def _precision() -> str:
