@@ -3,6 +3,8 @@
 import itertools
 import json
 import os
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import TINY
+from conftest import TINY, cli_env
 from headlab.cli import runtime
 from headlab.cli.packed import PER_MEMBER
 from headlab.training.config_check import check_config
@@ -66,8 +68,21 @@ def test_local_launcher_runs_two_jobs_at_once_sharing_the_cores(run_cli, tmp_pat
     for job in jobs:
         start = datetime.fromisoformat(job["started_at"]).timestamp()
         spans.append((start, start + job["duration_s"]))
-        assert job["resources"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+        assert job["resources"]["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two jobs overlapped in time
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_a_run_confined_to_one_core_trains_on_one_thread(tmp_path):
+    """SLURM, taskset and containers grant a process some of the host's cores: torch gets those, not all."""
+    one_core = min(os.sched_getaffinity(0))
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli.train", *TINY, "trainer.max_epochs=1", "logger=none", "hydra.run.dir=r"],
+        cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: os.sched_setaffinity(0, {one_core}),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert status(tmp_path / "r")["resources"]["threads"] == 1
 
 
 @pytest.mark.e2e

@@ -37,6 +37,7 @@ from headlab.training.run import (
     instantiate_node,
     model_fields,
 )
+from headlab.training.sweep import usable_cores
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 log = logging.getLogger("headlab")
@@ -312,12 +313,11 @@ class MemberOutputs(pl.Callback):
         """Worker processes for figures, started once per pack (forkserver: clean children, matplotlib preloaded)."""
         if self._pool is None:
             import multiprocessing
-            import os
             from concurrent.futures import ProcessPoolExecutor
 
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["headlab.analysis.figures"])
-            workers = max(1, min(len(self.members), (os.cpu_count() or 2) - 1))
+            workers = max(1, min(len(self.members), usable_cores() - 1))
             self._pool = ProcessPoolExecutor(workers, mp_context=context)
         return self._pool
 

@@ -18,18 +18,24 @@ from headlab.training.results import RESUME_KEYS
 log = logging.getLogger("headlab")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what SLURM, taskset or a container grant), not every
+    core of the host."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def parallel_jobs() -> int:
     """How many jobs of this sweep run at once on this machine (the joblib launcher's n_jobs, else 1)."""
     hydra = HydraConfig.get()
     n_jobs = hydra.launcher.get("n_jobs") if "launcher" in hydra else None
     if n_jobs is None or n_jobs < 1:
-        return 1 if n_jobs is None else max(1, (os.cpu_count() or 1) + 1 + n_jobs)  # joblib: -1 = all cores
+        return 1 if n_jobs is None else max(1, usable_cores() + 1 + n_jobs)  # joblib: -1 = all cores
     return int(n_jobs)
 
 
 def cpu_threads() -> int:
     """Torch threads for this job: the cores shared out among the jobs running at once."""
-    return max(1, (os.cpu_count() or 1) // parallel_jobs())
+    return max(1, usable_cores() // parallel_jobs())
 
 
 def gpu_for_job(n_gpus: int) -> int:

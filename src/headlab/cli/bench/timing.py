@@ -1,6 +1,5 @@
 """Timing helpers: medians of interleaved repeats, the machine's matmul peak, whole commands."""
 
-import os
 import platform
 import statistics
 import subprocess
@@ -8,6 +7,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from headlab.training.sweep import usable_cores
 
 
 def median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -61,4 +62,4 @@ def machine() -> str:
         else []
     )
     cpu = models[0] if models else cpu
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return f"{cpu}, {usable_cores()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
