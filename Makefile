@@ -46,11 +46,14 @@ experiments: $(STAMP)  ## run every ablation (hours on a CPU, ARGS=trainer=gpu: 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code
 
+# one pytest-xdist worker per core, up to 4 (tests/conftest.py gives each its own cores); ARGS="-n 0": one process
+XDIST = -n auto --maxprocesses=4 --dist worksteal
+
 test: $(STAMP)  ## the whole test suite (what CI runs)
-	$(call PYTEST,)
+	$(call PYTEST,$(XDIST))
 
 test-fast: $(STAMP)  ## the tests without end-to-end CLI runs
-	$(call PYTEST,-m "not e2e")
+	$(call PYTEST,$(XDIST) -m "not e2e")
 
 bench: $(STAMP)  ## rewrite BENCHMARKS.md (about 15 minutes on 2 cores)
 	$(BIN)/headlab-bench --sst2-recipe $(ARGS)

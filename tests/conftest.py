@@ -7,6 +7,21 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers (CI sets this too)
 
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test`), worker k of n runs on its own share of the usable cores, and so does every
+    run it starts (affinity is inherited; headlab gives torch the process's usable cores): n workers' runs do not
+    each start a thread per core of the machine and fight over them."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker and 1 < workers <= len(cores):
+        share = set(cores[int(worker.removeprefix("gw")) :: workers])
+        os.sched_setaffinity(0, share)
+        import torch
+
+        torch.set_num_threads(len(share))
+
+
 TINY = [  # a run of a few seconds: small data, two short epochs
     "data.n_train=256",
     "data.n_val=64",
