@@ -12,10 +12,10 @@ def pytest_configure(config):
     """Under pytest-xdist (`make test`), worker k of n runs on its own share of the usable cores, and so does every
     run it starts (affinity is inherited; headlab gives torch the process's usable cores): n workers' runs do not
     each start a thread per core of the machine and fight over them."""
-    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = getattr(config, "workerinput", None)  # set in xdist's workers only (not in pytest run by a test)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if worker and 1 < workers <= len(cores):
-        share = set(cores[int(worker.removeprefix("gw")) :: workers])
+    if worker and 1 < worker["workercount"] <= len(cores):
+        share = set(cores[int(worker["workerid"].removeprefix("gw")) :: worker["workercount"]])
         os.sched_setaffinity(0, share)
         import torch
 

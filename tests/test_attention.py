@@ -359,17 +359,20 @@ def test_additive_attention_under_bf16_autocast_runs_and_matches_float32(monkeyp
     assert (grad_low - grad).norm() / grad.norm() < 16 * eps
 
 
-def test_triton_kernels_pass_their_tests_under_the_interpreter():
-    """tests/triton_interpreted.py in a fresh process with TRITON_INTERPRET=1: Triton reads the flag when it is
-    first imported, so the GPU kernels' tests run on the CPU only in a process of their own. Triton comes with
-    CUDA builds of torch; `make install` puts it in .venv/triton for CPU machines."""
+@pytest.mark.parametrize(
+    ("test_file", "interpret"), [("triton_interpreted.py", "1"), ("triton_compiled.py", "0")], ids=["run", "compile"]
+)
+def test_triton_kernels_pass_their_tests_in_a_process_of_their_own(test_file, interpret):
+    """tests/triton_interpreted.py (the kernels run on the CPU by Triton's interpreter, against the naive formula)
+    and tests/triton_compiled.py (compiled for A100 and H100) in fresh processes: Triton reads TRITON_INTERPRET
+    when it is first imported, and the suite's process does not import it. Triton comes with CUDA builds of torch;
+    `make install` puts it in .venv/triton for CPU machines."""
     aside = Path(sys.prefix) / "triton"
     if importlib.util.find_spec("triton") is None and not (aside / "triton").is_dir():
         pytest.skip("Triton is not installed (make install puts it in .venv/triton)")
-    test_file = Path(__file__).with_name("triton_interpreted.py")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name(test_file))]
     path = os.pathsep.join(p for p in (str(aside), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    env = {**os.environ, "TRITON_INTERPRET": interpret, "PYTHONPATH": path, "TRITON_DEFAULT_FP_FUSION": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
