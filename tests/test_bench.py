@@ -1,8 +1,13 @@
 """headlab-bench runs end to end (tiny sizes) and writes every section; timings are not asserted."""
 
-import pytest
+import importlib.util
 
-from headlab.cli.bench import main
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import TINY
+from headlab.cli.bench import gpu, main, overhead
 
 pytestmark = pytest.mark.e2e
 
@@ -18,3 +23,31 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch):
     assert "| additive, fused |" in text and "| additive, fused, torch ops |" in text
     for scope in ("one layer", "4-layer encoder"):
         assert f"| {scope} | additive, native kernels |" in text and f"| {scope} | additive, torch ops |" in text
+
+
+def test_a_runs_step_overhead_is_its_rate_against_the_bare_step_on_the_same_batches(tmp_path):
+    r = overhead.step_overhead(tmp_path, "tiny", [*TINY, "logger=none"])
+    assert r["run_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0
+    assert r["ratio"] == pytest.approx(r["bare_tokens_per_s"] / r["run_tokens_per_s"])
+    bare = overhead.bare_step(OmegaConf.load(tmp_path / "tiny" / ".hydra" / "config.yaml"))
+    assert bare["tokens"] == 256 * (16 + 16)  # one epoch of data.n_train=256: 16 fused pairs and 16 queries each
+
+
+def test_the_gpu_sections_code_runs_on_a_cpu_at_tiny_sizes():
+    """`headlab-bench --device cuda` runs where a GPU is lent for minutes: its measurements and report must not
+    first break there."""
+    cpu = torch.device("cpu")
+    encoders = gpu.encoders(1, 1e12, cpu, sizes=((32, 1),), batch=2, n=8)
+    expected = {"torch", "headlab"} | ({"BertModel"} if importlib.util.find_spec("transformers") else set())
+    assert {r["model"] for r in encoders} == expected
+    assert next(r["ratio_to_torch"] for r in encoders if r["model"] == "torch") == 1
+    additive = gpu.additive(1, cpu, lengths=(8,), batch=2, d=16)
+    assert [(r["scoring"], r["precision"]) for r in additive] == [
+        ("dot", "fp32"), ("dot", "bf16"), ("additive", "fp32"), ("additive", "bf16")
+    ]  # fmt: skip
+    sweep = {"jobs": 4, "packed_s": 10.0, "completed": 4, "one_run_s": 5.0}
+    step = {"command": "headlab-train x=1", "run_tokens_per_s": 50.0, "bare_tokens_per_s": 60.0, "ratio": 1.2}
+    figures = {"device": "cpu", "peak": 1e12, "encoders": encoders, "additive": additive, "packs": []}
+    text = "\n".join(gpu.report({**figures, "sweep": sweep, "sst2_overhead": step}))
+    assert "| 32 | 1 | headlab |" in text and "| 8 | additive | bf16 |" in text
+    assert "4-seed sweep" in text and "2.0x the wall time of one run" in text and "1.20x slower" in text

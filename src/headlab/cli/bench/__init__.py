@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from headlab.cli.bench import commands, micro, packing, report, timing
+from headlab.cli.bench import commands, micro, overhead, packing, report, timing
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         from headlab.cli.bench import gpu
 
         sections = report.sections(args.out)
-        sections["gpu"] = "\n".join(gpu.report({**gpu.figures(tmp, args.repeats), **r}))
+        sections["gpu"] = "\n".join(gpu.report({**gpu.figures(tmp, args.repeats, args.data_dir), **r}))
         args.out.write_text(report.join(sections))
         print(f"wrote the GPU section of {args.out}", file=sys.stderr)
         return
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     r["default_run"] = None if args.quick else commands.default_run(tmp)
     r["sst2"] = commands.sst2_preparation(tmp, args.data_dir)
     r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
+    r["sst2_overhead"] = overhead.sst2_recipe_overhead(tmp, args.data_dir, "cpu") if r["sst2_recipe"] else None
     sizes, shapes = ((1, 4), ("default run",)) if args.quick else ((1, 4, 16), tuple(packing.SHAPES))
     r["packs"] = packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes)
     r["sweep"] = None if args.quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)

@@ -83,18 +83,26 @@ def sst2_preparation(tmp: Path, data_dir: Path) -> dict | None:
     return {"first_s": times[0], "cached_s": times[1], "sentences": sentences, "batches": batches, "loader_s": loader_s}
 
 
-def sst2_recipe(tmp: Path, data_dir: Path) -> dict | None:
-    """experiment=sst2_recipe on the local SST-2 files, start to end, with its data cache cold."""
+def sst2_recipe_overrides(data_dir: Path, cache: Path) -> list[str] | None:
+    """experiment=sst2_recipe on the local SST-2 files (None without them)."""
     sst2 = (data_dir / "sst2").resolve()
     if not (sst2 / "train.tsv").exists():
         return None
-    run_dir = tmp / "sst2-recipe"
-    command = [
-        *TRAIN, "experiment=sst2_recipe", "data=files",
+    return [
+        "experiment=sst2_recipe", "data=files",
         f"data.files.train={sst2 / 'train.tsv'}", f"data.files.val={sst2 / 'dev.tsv'}",
         f"data.files.test={sst2 / 'test_labeled_senteval.tsv'}", "data.column_names={test:[sentence,label]}",
-        "data.text_column=sentence", f"data.cache_dir={tmp / 'sst2-recipe-cache'}", f"hydra.run.dir={run_dir}",
+        "data.text_column=sentence", f"data.cache_dir={cache}",
     ]  # fmt: skip
+
+
+def sst2_recipe(tmp: Path, data_dir: Path) -> dict | None:
+    """experiment=sst2_recipe on the local SST-2 files, start to end, with its data cache cold."""
+    overrides = sst2_recipe_overrides(data_dir, tmp / "sst2-recipe-cache")
+    if overrides is None:
+        return None
+    run_dir = tmp / "sst2-recipe"
+    command = [*TRAIN, *overrides, f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=os.environ | {"WANDB_MODE": "offline"})
     record = json.loads((run_dir / "results.json").read_text())

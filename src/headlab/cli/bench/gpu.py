@@ -7,23 +7,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headlab.cli.bench import packing
+from headlab.cli.bench import overhead, packing
 from headlab.cli.bench.micro import HeadlabStack, torch_stack
 from headlab.model import MultiHeadAttention, training_flops_per_token
 
 ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model / 64
 
 
-def _timed(step, repeats: int) -> float:
+def _timed(step, repeats: int, device: torch.device) -> float:
     """Median seconds of a synchronised step."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
@@ -31,15 +32,15 @@ def _timed(step, repeats: int) -> float:
 def bf16_peak(n: int = 8192) -> float:
     """Dense bf16 matmul FLOP/s measured on this GPU: the practical peak for MFU."""
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return 2 * n**3 / _timed(lambda: a @ b, 10)
+    return 2 * n**3 / _timed(lambda: a @ b, 10, a.device)
 
 
 def _train_step(model: nn.Module, x: torch.Tensor):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=x.is_cuda)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             loss = model(x).float().square().mean()
         loss.backward()
         optimizer.step()
@@ -47,18 +48,48 @@ def _train_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
-def encoders(repeats: int, peak: float, batch: int = 32, n: int = 128) -> list[dict]:
+class Bert(nn.Module):
+    """Hugging Face's BertModel (sdpa attention) on (B, n, d) inputs, or None without transformers: post-norm like
+    headlab, GELU, plus BERT's embedding sum and LayerNorm."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    @classmethod
+    def build(cls, d: int, heads: int, layers: int, n: int, dropout: float):
+        try:
+            from transformers import BertConfig, BertModel
+        except ImportError:
+            return None
+        config = BertConfig(
+            vocab_size=2, hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * d,
+            hidden_dropout_prob=dropout, attention_probs_dropout_prob=0.0, max_position_embeddings=n,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        return cls(BertModel(config, add_pooling_layer=False))
+
+    def forward(self, x):
+        return self.bert(inputs_embeds=x).last_hidden_state
+
+
+def encoders(
+    repeats: int, peak: float, device: torch.device, sizes=ENCODERS, batch: int = 32, n: int = 128
+) -> list[dict]:
+    """Training tokens/s and MFU of headlab's encoder, nn.TransformerEncoder and BertModel (where transformers is
+    installed) at the same sizes: (d_model, layers) in sizes, heads of 64 (or one head below d_model 64)."""
     rows = []
-    for d, layers in ENCODERS:
-        heads = d // 64
-        x = torch.randn(batch, n, d, device="cuda")
-        headlab = HeadlabStack(d, heads, layers, 0.1, 0.0).cuda()
-        seconds = {
-            "torch": _timed(_train_step(torch_stack(d, heads, layers, 0.1).cuda(), x), repeats),
-            "headlab": _timed(_train_step(headlab, x), repeats),
+    for d, layers in sizes:
+        heads = max(1, d // 64)
+        x = torch.randn(batch, n, d, device=device)
+        models = {
+            "torch": torch_stack(d, heads, layers, 0.1),
+            "headlab": HeadlabStack(d, heads, layers, 0.1, 0.0),
+            "BertModel": Bert.build(d, heads, layers, n, 0.1),
         }
-        params = sum(p.numel() for p in headlab.parameters())
-        flops = training_flops_per_token(params, layers, n, heads, 64, 64) * batch * n
+        seconds = {name: _timed(_train_step(m.to(device), x), repeats, device) for name, m in models.items() if m}
+        params = sum(p.numel() for p in models["headlab"].parameters())
+        flops = training_flops_per_token(params, layers, n, heads, d // heads, d // heads) * batch * n
         rows += [
             {
                 "d_model": d,
@@ -73,40 +104,44 @@ def encoders(repeats: int, peak: float, batch: int = 32, n: int = 128) -> list[d
     return rows
 
 
-def additive(repeats: int, batch: int = 8, d: int = 128) -> list[dict]:
-    """ms per forward + backward of one attention layer (fp32 and bf16 autocast), and peak memory."""
+def additive(
+    repeats: int, device: torch.device, lengths=(128, 512, 2048, 8192), batch: int = 8, d: int = 128
+) -> list[dict]:
+    """ms per forward + backward of one attention layer (fp32 and bf16 autocast), and peak memory (GPUs)."""
     rows = []
-    for n in (128, 512, 2048, 8192):
-        x = torch.randn(batch, n, d, device="cuda", requires_grad=True)
+    for n in lengths:
+        x = torch.randn(batch, n, d, device=device, requires_grad=True)
         for scoring in ("dot", "additive"):
-            layer = MultiHeadAttention(d, 4, scoring=scoring).cuda()
+            layer = MultiHeadAttention(d, 4, scoring=scoring).to(device)
             for precision in ("fp32", "bf16"):
                 if n == 8192 and precision == "fp32":
                     continue
 
                 def step(layer=layer, x=x, bf16=precision == "bf16"):
-                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         out, _ = layer(x, need_weights=False)
                     out.float().sum().backward()
 
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                seconds = _timed(step, max(3, repeats // (n // 128)))
-                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                seconds = _timed(step, max(3, repeats // max(1, n // 128)), device)
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else None
                 rows.append({"n": n, "scoring": scoring, "precision": precision, "ms": seconds * 1e3, "peak_mib": peak})
     return rows
 
 
-def figures(tmp: Path, repeats: int) -> dict:
+def figures(tmp: Path, repeats: int, data_dir: Path) -> dict:
     device = torch.device("cuda")
     peak = bf16_peak()
     return {
         "device": torch.cuda.get_device_name(),
         "peak": peak,
-        "encoders": encoders(repeats, peak),
-        "additive": additive(repeats),
+        "encoders": encoders(repeats, peak, device),
+        "additive": additive(repeats, device),
         "packs": packing.pack_throughput(device, (1, 4, 16, 64), repeats),
         "sweep": packing.sweep_wall(tmp, 64, "gpu", solo=False),
+        "sst2_overhead": overhead.sst2_recipe_overhead(tmp, data_dir, "gpu"),
     }
 
 
@@ -116,7 +151,8 @@ def report(r: dict) -> list[str]:
         "",
         f"Measured bf16 matmul peak {r['peak'] / 1e12:.0f} TFLOP/s (8192 x 8192), the base of MFU.",
         "",
-        "Encoder training step (batch 32, sequence 128, heads of 64, dropout 0.1, bf16 autocast, fused AdamW):",
+        "Encoder training step (batch 32, sequence 128, heads of 64, dropout 0.1, bf16 autocast, fused AdamW;",
+        "BertModel: Hugging Face's, sdpa attention, where transformers is installed):",
         "",
         "| d_model | layers | model | tokens/s | vs torch | MFU |",
         "|---|---|---|---|---|---|",
@@ -134,7 +170,8 @@ def report(r: dict) -> list[str]:
         "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {x['n']} | {x['scoring']} | {x['precision']} | {x['ms']:.2f} | {x['peak_mib']:,.0f} |"
+        f"| {x['n']} | {x['scoring']} | {x['precision']} | {x['ms']:.2f} | "
+        + ("n/a |" if x["peak_mib"] is None else f"{x['peak_mib']:,.0f} |")
         for x in r["additive"]
     ]
     lines += [
@@ -160,4 +197,4 @@ def report(r: dict) -> list[str]:
         f"{s['one_run_s']:.0f} s for one run (`headlab-train trainer=gpu`): {s['packed_s'] / s['one_run_s']:.1f}x "
         "the wall time of one run.",
     ]
-    return lines
+    return lines + overhead.report(r.get("sst2_overhead"))

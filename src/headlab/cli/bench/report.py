@@ -3,6 +3,8 @@ run (`--device cuda` on a GPU machine) and kept by the other's."""
 
 from pathlib import Path
 
+from headlab.cli.bench import overhead
+
 MARK = "<!-- section: {} -->"
 
 
@@ -160,4 +162,5 @@ def report(r: dict, args) -> str:
             f"Start to end {s['wall_s']:.0f} s ({s['wall_s'] / 60:.1f} min): best dev accuracy {s['dev']:.3f}, "
             f"labelled SentEval test accuracy {s['test']:.3f}.",
         ]
+        lines += overhead.report(r.get("sst2_overhead"))
     return "\n".join(lines) + "\n"
