@@ -63,8 +63,9 @@ def bare_step(cfg: DictConfig) -> dict:
     return {"tokens": tokens, "tokens_per_s": tokens / seconds}
 
 
-def step_overhead(tmp: Path, name: str, overrides: list[str]) -> dict:
-    """headlab-train with these overrides (offline W&B), then the bare step on its saved config."""
+def step_overhead(tmp: Path, name: str, overrides: list[str], label: str | None = None) -> dict:
+    """headlab-train with these overrides (offline W&B), then the bare step on its saved config; label: the
+    command as the report names it (default: the command)."""
     run_dir = tmp / name
     subprocess.run(
         [*TRAIN, *overrides, f"hydra.run.dir={run_dir}"],
@@ -77,7 +78,7 @@ def step_overhead(tmp: Path, name: str, overrides: list[str]) -> dict:
     bare = bare_step(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
     run_rate = record["throughput"]["train_tokens_per_s"]
     return {
-        "command": "headlab-train " + " ".join(overrides),
+        "command": label or "headlab-train " + " ".join(overrides),
         "run_tokens_per_s": run_rate,
         "bare_tokens_per_s": bare["tokens_per_s"],
         "ratio": bare["tokens_per_s"] / run_rate,
@@ -89,7 +90,8 @@ def sst2_recipe_overhead(tmp: Path, data_dir: Path, trainer: str) -> dict | None
     overrides = sst2_recipe_overrides(data_dir, tmp / "sst2-recipe-cache")
     if overrides is None:
         return None
-    return step_overhead(tmp, f"sst2-overhead-{trainer}", [*overrides, f"trainer={trainer}", "trainer.max_epochs=1"])
+    shown = f"headlab-train experiment=sst2_recipe trainer={trainer} trainer.max_epochs=1"  # SST-2 from the files
+    return step_overhead(tmp, f"sst2-{trainer}", [*overrides, f"trainer={trainer}", "trainer.max_epochs=1"], shown)
 
 
 def report(r: dict | None) -> list[str]:
