@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from headlab.analysis.importance import accuracy, head_importance, pruning_curve
+from headlab.analysis.importance import accuracies, head_importance, pruning_curve
 from headlab.analysis.statistics import head_similarity, head_statistics, js_divergence
 from headlab.model.encoder import Encoder
 
@@ -128,7 +128,7 @@ def test_pruning_masks_the_least_important_heads_and_they_contribute_nothing():
     model, batch = tiny_model(), tiny_batch()
     importance = torch.tensor([[0.9, 0.1, 0.5, 0.3], [0.2, 0.8, 0.05, 0.7]])
     masks = []
-    curve = pruning_curve(importance, lambda m: masks.append(m) or accuracy(model, [batch], m))
+    curve = pruning_curve(importance, lambda ms: masks.extend(ms) or accuracies(model, [batch], ms))
     assert [p["heads_pruned"] for p in curve] == list(range(9))  # ceil(10% of 8) = 1 head per step
     assert curve[3]["pruned"] == [(1, 2), (0, 1), (1, 0)]  # ascending importance
     assert torch.equal(masks[3], torch.tensor([[1.0, 0, 1, 1], [0, 1, 0, 1]]))
@@ -141,7 +141,21 @@ def test_pruning_masks_the_least_important_heads_and_they_contribute_nothing():
     assert curve[0]["fraction_pruned"] == 0 and curve[-1]["fraction_pruned"] == 1
 
 
+def test_accuracies_under_many_masks_in_one_pass_equal_one_forward_per_mask():
+    model, batch = tiny_model("token"), tiny_batch("token")  # labels per token, padding ignored
+    draws = [torch.Generator().manual_seed(i) for i in range(20)]
+    masks = [None, *(torch.bernoulli(torch.full((2, 4), 0.5), generator=g) for g in draws)]
+    expected = []
+    with torch.no_grad():
+        for mask in masks:
+            logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=mask)
+            scored = batch["labels"] != -100
+            expected.append(((logits.argmax(-1) == batch["labels"]) & scored).sum().item() / scored.sum().item())
+    assert accuracies(model, [batch, batch], masks) == expected  # 21 masks: two forward passes per batch
+    assert len(set(expected)) >= 3  # the masks matter
+
+
 def test_pruning_step_rounds_up():
-    curve = pruning_curve(torch.rand(3, 4), lambda m: float(m.sum()), step=0.1)  # 12 heads: 2 per step
+    curve = pruning_curve(torch.rand(3, 4), lambda ms: [float(m.sum()) for m in ms], step=0.1)  # 2 per step
     assert [p["heads_pruned"] for p in curve] == [0, 2, 4, 6, 8, 10, 12]
     assert [p["metric"] for p in curve] == [12, 10, 8, 6, 4, 2, 0]

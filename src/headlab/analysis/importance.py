@@ -43,17 +43,33 @@ def head_importance(model: torch.nn.Module, batches: Iterable[dict], normalise: 
     return importance
 
 
+MASKS_PER_FORWARD = 16  # masks evaluated in one forward pass, each on its own copy of the batch
+
+
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, batches: Iterable[dict], head_mask: torch.Tensor | None = None) -> float:
-    """Accuracy over scored predictions with heads masked by head_mask (L, H)."""
-    correct, total = 0, 0
+def accuracies(model: torch.nn.Module, batches: Iterable[dict], head_masks: list[torch.Tensor | None]) -> list[float]:
+    """accuracy under each head mask (L, H) or None: a batch is repeated once per mask (up to MASKS_PER_FORWARD
+    at a time) and the copies go through the model together, each with its mask, in one forward pass."""
+    correct, total = [0] * len(head_masks), 0
     for batch in batches:
-        logits, _ = model(batch["tokens"], batch["padding_mask"], head_mask=head_mask)
-        labels = batch["labels"]
-        scored = labels != IGNORE_INDEX
-        correct += int((logits.argmax(-1) == labels)[scored].sum())
+        tokens, padding, labels = batch["tokens"], batch["padding_mask"], batch["labels"]
+        B, scored = tokens.shape[0], labels != IGNORE_INDEX
+        for start in range(0, len(head_masks), MASKS_PER_FORWARD):
+            masks = [
+                torch.ones(model.n_layers, model.n_heads, device=tokens.device) if m is None else m
+                for m in head_masks[start : start + MASKS_PER_FORWARD]
+            ]
+            K = len(masks)
+            per_example = torch.stack(masks).to(tokens.device).repeat_interleave(B, dim=0)  # (K * B, L, H)
+            repeat = (K,) + (1,) * (tokens.dim() - 1)
+            logits, _ = model(tokens.repeat(repeat), padding.repeat(K, 1), head_mask=per_example)
+            right = (logits.argmax(-1) == labels.repeat((K,) + (1,) * (labels.dim() - 1))) & scored.repeat(
+                (K,) + (1,) * (labels.dim() - 1)
+            )  # (K * B) or (K * B, n)
+            for i, hits in enumerate(right.reshape(K, -1).sum(-1).tolist()):
+                correct[start + i] += hits
         total += int(scored.sum())
-    return correct / max(total, 1)
+    return [c / max(total, 1) for c in correct]
 
 
 ORDERS = ("importance", "reverse", "random")  # least important first; most important first; a seeded shuffle
@@ -74,27 +90,30 @@ def pruning_order(importance: torch.Tensor, order: str = "importance", seed: int
 
 def pruning_curve(
     importance: torch.Tensor,
-    evaluate: Callable[[torch.Tensor], float],
+    evaluate: Callable[[list[torch.Tensor]], list[float]],
     step: float = 0.1,
     order: str = "importance",
     seed: int = 0,
 ) -> list[dict]:
-    """Mask heads in pruning_order(importance, order, seed), ceil(step * total) at a time, re-evaluating after
-    each step.
+    """Mask heads in pruning_order(importance, order, seed), ceil(step * total) at a time, evaluating after each
+    step.
 
-    evaluate(head_mask (L, H)) -> metric. Returns [{"fraction_pruned", "heads_pruned", "metric", "pruned"}, ...]
-    from 0 heads pruned to all, "pruned" listing the (layer, head) pairs masked so far.
+    evaluate([head_mask (L, H), ...]) -> one metric per mask, all of the curve's masks in one call (so that they
+    can share forward passes, `accuracies`). Returns [{"fraction_pruned", "heads_pruned", "metric", "pruned"},
+    ...] from 0 heads pruned to all, "pruned" listing the (layer, head) pairs masked so far.
     """
     L, H = importance.shape
     total = L * H
     ordered = pruning_order(importance, order, seed)
     per_step = max(1, math.ceil(round(step * total, 6)))
     mask = torch.ones(L, H, device=importance.device)
-    curve, pruned = [], []
+    curve, masks, pruned = [], [], []
     for k in [*range(0, total, per_step), total]:
         for index in ordered[len(pruned) : k]:
             mask[index // H, index % H] = 0
             pruned.append((index // H, index % H))
-        point = {"fraction_pruned": k / total, "heads_pruned": k, "metric": evaluate(mask.clone())}
-        curve.append({**point, "pruned": list(pruned)})
-    return curve
+        curve.append({"fraction_pruned": k / total, "heads_pruned": k, "pruned": list(pruned)})
+        masks.append(mask.clone())
+    for point, metric in zip(curve, evaluate(masks), strict=True):
+        point["metric"] = metric
+    return [{k: p[k] for k in ("fraction_pruned", "heads_pruned", "metric", "pruned")} for p in curve]
