@@ -55,8 +55,9 @@ def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = 
             first = h % columns == 0
             if e == 0:
                 ax.set_title(f"head {h}", fontsize=9)
-            ax.set_xticks(range(k), tokens[e] if labelled and first else [], rotation=90, fontsize=7)
-            ax.set_yticks(range(k), tokens[e] if labelled and first else [], fontsize=7)
+            ticks = range(k) if labelled and first else []  # a row's other panels share its tokens: no ticks,
+            ax.set_xticks(ticks, tokens[e] if ticks else [], rotation=90, fontsize=7)  # which matplotlib would
+            ax.set_yticks(ticks, tokens[e] if ticks else [], fontsize=7)  # lay out one object at a time
             if first:
                 ax.set_ylabel(f"example {e}: query", fontsize=8)
                 ax.set_xlabel("key", fontsize=8)
