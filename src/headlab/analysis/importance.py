@@ -56,16 +56,17 @@ def accuracies(model: torch.nn.Module, batches: Iterable[dict], head_masks: list
         B, scored = tokens.shape[0], labels != IGNORE_INDEX
         for start in range(0, len(head_masks), MASKS_PER_FORWARD):
             masks = [
-                torch.ones(model.n_layers, model.n_heads, device=tokens.device) if m is None else m
+                torch.ones(model.n_layers, model.n_heads, device=tokens.device) if m is None else m.to(tokens.device)
                 for m in head_masks[start : start + MASKS_PER_FORWARD]
             ]
             K = len(masks)
-            per_example = torch.stack(masks).to(tokens.device).repeat_interleave(B, dim=0)  # (K * B, L, H)
-            repeat = (K,) + (1,) * (tokens.dim() - 1)
-            logits, _ = model(tokens.repeat(repeat), padding.repeat(K, 1), head_mask=per_example)
-            right = (logits.argmax(-1) == labels.repeat((K,) + (1,) * (labels.dim() - 1))) & scored.repeat(
-                (K,) + (1,) * (labels.dim() - 1)
-            )  # (K * B) or (K * B, n)
+
+            def tile(t: torch.Tensor, K=K) -> torch.Tensor:  # K copies of the batch, one after another
+                return t.repeat(K, *[1] * (t.dim() - 1))
+
+            per_example = torch.stack(masks).repeat_interleave(B, dim=0)  # (K * B, L, H)
+            logits, _ = model(tile(tokens), tile(padding), head_mask=per_example)
+            right = (logits.argmax(-1) == tile(labels)) & tile(scored)  # (K * B) or (K * B, n)
             for i, hits in enumerate(right.reshape(K, -1).sum(-1).tolist()):
                 correct[start + i] += hits
         total += int(scored.sum())
@@ -107,13 +108,14 @@ def pruning_curve(
     ordered = pruning_order(importance, order, seed)
     per_step = max(1, math.ceil(round(step * total, 6)))
     mask = torch.ones(L, H, device=importance.device)
-    curve, masks, pruned = [], [], []
+    steps, masks, pruned = [], [], []
     for k in [*range(0, total, per_step), total]:
         for index in ordered[len(pruned) : k]:
             mask[index // H, index % H] = 0
             pruned.append((index // H, index % H))
-        curve.append({"fraction_pruned": k / total, "heads_pruned": k, "pruned": list(pruned)})
+        steps.append((k, list(pruned)))
         masks.append(mask.clone())
-    for point, metric in zip(curve, evaluate(masks), strict=True):
-        point["metric"] = metric
-    return [{k: p[k] for k in ("fraction_pruned", "heads_pruned", "metric", "pruned")} for p in curve]
+    return [
+        {"fraction_pruned": k / total, "heads_pruned": k, "metric": metric, "pruned": pruned_so_far}
+        for (k, pruned_so_far), metric in zip(steps, evaluate(masks), strict=True)
+    ]

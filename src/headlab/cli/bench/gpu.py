@@ -1,7 +1,6 @@
 """GPU figures (`headlab-bench --device cuda`): headlab's encoder against nn.TransformerEncoder in bf16, additive
 against dot scoring, packs of E members, and a packed 64-seed sweep against one run."""
 
-import time
 from pathlib import Path
 
 import torch
@@ -9,6 +8,7 @@ from torch import nn
 
 from headlab.cli.bench import overhead, packing
 from headlab.cli.bench.micro import HeadlabStack, torch_stack
+from headlab.cli.bench.timing import median_time, synchronized
 from headlab.model import MultiHeadAttention, training_flops_per_token
 
 ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model / 64
@@ -16,17 +16,7 @@ ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model /
 
 def _timed(step, repeats: int, device: torch.device) -> float:
     """Median seconds of a synchronised step."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    for _ in range(3):
-        step()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return median_time(synchronized(step, device), repeats, warmup=3)
 
 
 def bf16_peak(n: int = 8192) -> float:

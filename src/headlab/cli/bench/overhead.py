@@ -13,12 +13,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.cli.bench.commands import TRAIN, sst2_recipe_overrides
+from headlab.cli.bench.timing import synchronize
 from headlab.conventions import IGNORE_INDEX
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bare_step(cfg: DictConfig) -> dict:
@@ -53,11 +49,11 @@ def bare_step(cfg: DictConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     step(batches[0])
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     for batch in batches:
         step(batch)
-    _synchronize(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     tokens = sum(int((~b["padding_mask"]).sum()) for b in batches)
     return {"tokens": tokens, "tokens_per_s": tokens / seconds}

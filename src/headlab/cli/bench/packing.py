@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from headlab.cli.bench.commands import TRAIN
-from headlab.cli.bench.timing import interleaved
+from headlab.cli.bench.timing import interleaved, synchronized
 from headlab.model import Encoder
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
@@ -113,15 +113,6 @@ def solo_steps(shape: dict, E: int, device):
     return step
 
 
-def _synchronised(step, device):
-    def run():
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    return run
-
-
 def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES)) -> list[dict]:
     """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%);
     shapes: names in SHAPES."""
@@ -129,9 +120,9 @@ def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tu
     for name in shapes:
         shape = SHAPES[name]
         for E in sizes:
-            steps = {"packed": _synchronised(pack_step(shape, E, device), device)}
+            steps = {"packed": synchronized(pack_step(shape, E, device), device)}
             if E <= 16 or device.type == "cuda":
-                steps["one at a time"] = _synchronised(solo_steps(shape, E, device), device)
+                steps["one at a time"] = synchronized(solo_steps(shape, E, device), device)
             seconds = interleaved(steps, repeats)
             with GpuBusy() as busy:  # sampled while packed steps run for 2 s
                 started = time.perf_counter()

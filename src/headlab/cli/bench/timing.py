@@ -11,6 +11,22 @@ import torch
 from headlab.training.sweep import usable_cores
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, where every op has finished when it returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synchronized(step, device: torch.device):
+    """step, then a wait for the device: what a timed call must include on a GPU."""
+
+    def run():
+        step()
+        synchronize(device)
+
+    return run
+
+
 def median_time(fn, repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
