@@ -55,7 +55,7 @@ test: $(STAMP)  ## the whole test suite (what CI runs)
 test-fast: $(STAMP)  ## the tests without end-to-end CLI runs
 	$(call PYTEST,$(XDIST) -m "not e2e")
 
-bench: $(STAMP)  ## rewrite BENCHMARKS.md (about 15 minutes on 2 cores)
+bench: $(STAMP)  ## rewrite BENCHMARKS.md (about 13-15 minutes on 2 cores)
 	$(BIN)/headlab-bench --sst2-recipe $(ARGS)
 
 lint: $(STAMP)  ## ruff check and format check
