@@ -38,10 +38,12 @@ SST2_FILES = data=files data.files.train=$(SST2)/train.tsv data.files.test=$(SST
 experiments: $(STAMP)  ## run every ablation (hours on a CPU, ARGS=trainer=gpu: minutes) into experiments/RESULTS.md
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/headlab-train experiment=$$e hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
-	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md || exit 1; done
+	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md \
+	    --archive experiments/results/$$e/runs.tar.xz || exit 1; done
 	if [ -n "$(SST2)" ]; then for e in sst2_heads_fixed_width sst2_scoring; do \
 	  $(BIN)/headlab-train experiment=$$e $(SST2_FILES) hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
-	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md || exit 1; done; fi
+	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md \
+	    --archive experiments/results/$$e/runs.tar.xz || exit 1; done; fi
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code

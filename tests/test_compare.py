@@ -3,8 +3,10 @@ computations; per-arm selection of a key; provenance of every table."""
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 import pytest
@@ -222,6 +224,47 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
         ]
         assert float(row["test/acc_mean"]) == pytest.approx(np.mean(accs))
         assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
+
+    # the records archived, the sweep gone, the records put back: sweep.resume=true finds every run completed
+    main([str(tmp_path / "sweep"), "--out", str(tmp_path / "table"), "--archive", str(tmp_path / "runs.tar.xz")])
+    shutil.rmtree(tmp_path / "sweep")
+    with tarfile.open(tmp_path / "runs.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    again = run_cli(*result.args[3:], "sweep.resume=true")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (again.stdout + again.stderr).count("completed before with the same config") == 4
+    assert not list((tmp_path / "sweep").rglob("*.ckpt"))  # nothing trained again
+
+
+def test_an_archive_holds_the_runs_records_and_compares_as_its_sweep_did(sweep, capsys):
+    root, _ = sweep
+    write_run(root / "failed", 8, "dot", 0, 0.0, status="failed")
+    (root / "1" / "heads.json").write_text(json.dumps({"rows": [{"layer": 0, "head": 0, "entropy": 0.5}]}))
+    (root / "1" / ".hydra").mkdir()
+    (root / "1" / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (root / "1" / "checkpoints").mkdir()
+    (root / "1" / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    metrics = ["--metric", "test/acc", "--metric", "heads/entropy"]
+    main([str(root), *metrics, "--archive", str(root.parent / "a.tar.xz")])
+    assert "archived 13 runs' records" in capsys.readouterr().err
+    with tarfile.open(root.parent / "a.tar.xz") as tar:
+        names = set(tar.getnames())
+    assert {"sweep/1/results.json", "sweep/1/heads.json", "sweep/1/.hydra/config.yaml"} <= names
+    assert "sweep/failed/results.json" in names and not any(n.endswith(".ckpt") or n.endswith(".png") for n in names)
+
+    main([str(root.parent / "a.tar.xz"), *metrics, "--out", str(root.parent)])
+    assert f"failed run {root.parent / 'a.tar.xz'}:sweep/failed" in capsys.readouterr().err
+    from_sweep, from_archive = (list(csv.DictReader((d / "compare.csv").open())) for d in (root, root.parent))
+    assert from_archive == from_sweep
+    assert any(r["heads/entropy_mean"] for r in from_archive)
+
+
+def test_archive_refuses_what_it_cannot_archive(sweep, tmp_path):
+    root, _ = sweep
+    main([str(root), "--archive", str(tmp_path / "a.tar.xz")])
+    with pytest.raises(SystemExit) as refused:
+        main([str(tmp_path / "a.tar.xz"), "--archive", str(tmp_path / "b.tar.xz")])
+    assert refused.value.code == 2 and not (tmp_path / "b.tar.xz").exists()
 
 
 def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):

@@ -8,10 +8,14 @@ solve rates and the correction for many comparisons: headlab.analysis.inference.
 Runs of an experiment record its pre-stated analysis (the experiment file's `compare` key): given no analysis
 options, headlab-compare applies it. --into FILE puts the table into FILE's block for that experiment
 (experiments/RESULTS.md), between <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME -->.
+--archive FILE.tar.xz writes the runs' records (headlab.cli.run_archive), which headlab-compare reads in place of
+the directories: a table recomputes from the archive kept beside it.
 """
 
 import argparse
 import csv
+import functools
+import io
 import json
 import math
 import re
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headlab.analysis import inference
+from headlab.cli import run_archive
 from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS, git_sha
 
 # keys that differ between runs without defining the experiment: where files go, and the seed itself
@@ -38,38 +43,56 @@ class Runs:
 
 
 def load_dirs(dirs: list[Path]) -> Runs:
+    """The runs below sweep directories (or any directories with results.json below them), results.json files,
+    or run archives (headlab.cli.run_archive)."""
     runs = Runs()
     for root in dirs:
-        files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
-        if not files:
+        if run_archive.is_archive(root):
+            found = {where: files.get for where, files in run_archive.read(root).items()}
+        else:
+            files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
+            found = {str(path.parent): functools.partial(_text, path.parent) for path in files}
+        if not found:
             runs.unreadable.append((str(root), "no results.json below it"))
-        for path in files:
-            try:
-                record = json.loads(path.read_text())
-                status = record["status"]
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                runs.unreadable.append((str(path), f"{type(error).__name__}: {error}"))
-                continue
-            missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
-            if status == "completed" and missing:
-                runs.unreadable.append((str(path), f"a completed record without {' or '.join(missing)}"))
-            elif status == "completed":
-                record["heads"] = _read_heads(path.parent / "heads.json")
-                record["curve"] = record.get("curve") or _csv_curve(path.parent / "metrics.csv")
-                record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
-                runs.completed.append({**record, "where": str(path.parent)})
-            else:
-                runs.failed.append((str(path.parent), record.get("error", status)))
+        for where, read in found.items():
+            _add_run(runs, where, read)
     return runs
 
 
-def _csv_curve(path: Path) -> list[dict]:
+def _add_run(runs: Runs, where: str, read) -> None:
+    """One run's records, read(name) the text of its results.json, heads.json, metrics.csv (None if absent)."""
+    try:
+        record = json.loads(read("results.json"))
+        status = record["status"]
+    except (TypeError, ValueError, KeyError) as error:
+        why = "no results.json" if read("results.json") is None else f"{type(error).__name__}: {error}"
+        runs.unreadable.append((f"{where}/results.json", why))
+        return
+    missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
+    if status == "completed" and missing:
+        runs.unreadable.append((f"{where}/results.json", f"a completed record without {' or '.join(missing)}"))
+    elif status == "completed":
+        record["heads"] = _read_heads(read("heads.json"))
+        record["curve"] = record.get("curve") or _csv_curve(read("metrics.csv"))
+        record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
+        runs.completed.append({**record, "where": where})
+    else:
+        runs.failed.append((where, record.get("error", status)))
+
+
+def _text(run_dir: Path, name: str) -> str | None:
+    try:
+        return (run_dir / name).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _csv_curve(text: str | None) -> list[dict]:
     """The learning curve from a CSV logger's metrics.csv, for runs whose results.json has none."""
     try:
-        with path.open(newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r.get("val/acc")]
+        rows = [r for r in csv.DictReader(io.StringIO(text)) if r.get("val/acc")]
         return [{"epoch": int(r["epoch"]), "step": int(r["step"]), "val/acc": float(r["val/acc"])} for r in rows]
-    except (OSError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError):
         return []
 
 
@@ -79,10 +102,10 @@ def improving_at_end(curve: list[dict], margin: float = IMPROVING_MARGIN) -> boo
     return len(curve) > 1 and curve[-1]["val/acc"] > max(p["val/acc"] for p in curve[:-1]) + margin
 
 
-def _read_heads(path: Path) -> dict:
+def _read_heads(text: str | None) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(text)
+    except (TypeError, ValueError):
         return {}  # no head analysis (analysis off, or a run that never got there)
 
 
@@ -562,10 +585,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
     parser.add_argument("--into", type=Path, metavar="FILE", help="also put compare.md into FILE's experiment block")
+    parser.add_argument(
+        "--archive", type=Path, metavar="FILE.tar.xz", help="also archive the runs' records, which this reads as a DIR"
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
+    if args.archive and (args.wandb or not all(d.is_dir() for d in args.dirs)):
+        parser.error("--archive archives sweep directories: give directories only")
     design = _design(parser, args)  # bad options fail before any run is read
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
@@ -587,6 +615,9 @@ def main(argv: list[str] | None = None) -> None:
         chosen = select_best(runs.completed, *design.select) if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
             f.write("\n" + "\n".join(pruning_table(chosen, keys)))
+    if args.archive:
+        written.append(args.archive)
+        print(f"archived {run_archive.write(args.archive, args.dirs)} runs' records", file=sys.stderr)
     if args.into:
         splice(args.into, experiment_name(runs.completed), (out / "compare.md").read_text())
 
