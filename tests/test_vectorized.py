@@ -80,3 +80,26 @@ def test_a_frozen_member_does_not_move_and_the_others_do():
     optimizer.step()
     assert all(torch.equal(p[1], b[1]) for p, b in zip(params, before, strict=True))
     assert all(not torch.equal(p[0], b[0]) for p, b in zip(params, before, strict=True))
+
+
+def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
+    """Members' batches of different lengths (bucketed text), padded to the longest of them: the pack computes
+    what each model computes on its own batch (its single run's shapes), for sequence and token outputs."""
+    from headlab.training.packed import PackedModule
+
+    for readout in ("mean", "token"):
+        alone = []
+        for e in range(3):
+            torch.manual_seed(e)
+            alone.append(Encoder(20, 5, 12, readout=readout, d_model=16, n_layers=2, dropout=0.0).double())
+        pack = PackedModule([copy.deepcopy(m) for m in alone], [{}] * 3).double()
+        lengths = [3, 12, 7]  # each member's longest example; the batch is padded to 12
+        tokens = torch.randint(1, 20, (3, 4, 12))
+        padding = (torch.arange(12) >= torch.tensor(lengths).view(3, 1, 1)).expand(3, 4, 12).clone()  # (E, B, n)
+        padding[:, 1, 2:] = True  # a shorter example in every batch
+        tokens[padding] = 0
+        out = pack({"tokens": tokens, "padding_mask": padding})
+        for e, (model, n) in enumerate(zip(alone, lengths, strict=True)):
+            own = model(tokens[e, :, :n], padding[e, :, :n])[0]  # (B, C) or (B, n, C)
+            torch.testing.assert_close(out[e, :, :n] if readout == "token" else out[e], own, atol=1e-12, rtol=0)
+            assert readout != "token" or not out[e, :, n:].any()  # padded positions: no logits (labels ignore them)

@@ -151,7 +151,19 @@ class PackedModule(pl.LightningModule):
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return self.stack(batch["tokens"], batch["padding_mask"])  # (E, B, C) or (E, B, n, C)
+        """(E, B, C) or (E, B, n, C) logits. A batch is padded to the longest example of any member's batch; on the
+        CPU, where members run one after another, each runs on its own batch's positions, as its single run does
+        (with length-bucketed text, members' batches differ in length: the padding would multiply the work)."""
+        tokens, padding = batch["tokens"], batch["padding_mask"]  # (E, B, n[, c]), (E, B, n)
+        if tokens.device.type != "cpu":
+            return self.stack(tokens, padding)
+        n = tokens.shape[2]
+        lengths = (~padding).sum(-1).amax(-1).tolist()  # (E,): each member's longest example
+        logits = self.stack.each(
+            [t[:, :k] for t, k in zip(tokens, lengths, strict=True)],
+            [m[:, :k] for m, k in zip(padding, lengths, strict=True)],
+        )
+        return torch.stack([F.pad(x, (0, 0, 0, n - x.shape[1])) if x.dim() == 3 else x for x in logits])
 
     def _measure(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """Per-member mean loss (E,) as F.cross_entropy gives a single run, and the epoch sums it adds to."""

@@ -6,6 +6,7 @@ first dimension. Every member keeps its own hyperparameters (learning rate, weig
 """
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -59,23 +60,28 @@ class Stacked(nn.Module):
         inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.)
 
         On a GPU the members run as one batched computation (torch.func.vmap): one kernel launch serves them all.
-        On a CPU, which is busy with any one member already, they run one after another on views of the stacked
-        parameters, each with the single model's fastest kernels (fused attention, native additive kernels)."""
+        On a CPU, which is busy with any one member already, they run one after another (`each`)."""
+        if inputs[0].device.type == "cpu":
+            return torch.stack(self.each(*(x.unbind(0) for x in inputs), **kwargs))
+        params, buffers = self.stacked(), self.stacked_buffers()
+        return vmap(self._member(kwargs), randomness="different")(params, buffers, *inputs)
 
+    def each(self, *inputs: Sequence[torch.Tensor], **kwargs) -> list[torch.Tensor]:
+        """Member e's first output on inputs[.][e], one member after another on views of the stacked parameters,
+        each with the single model's fastest kernels (fused attention, native additive kernels); the members'
+        inputs may differ in shape (each its own batch's length). One backward stacks their gradients at once."""
+        params, buffers = ({n: t.unbind(0) for n, t in d.items()} for d in (self.stacked(), self.stacked_buffers()))
+        member = self._member(kwargs)
+        return [
+            member({n: t[e] for n, t in params.items()}, {n: t[e] for n, t in buffers.items()}, *(x[e] for x in inputs))
+            for e in range(self.size)
+        ]
+
+    def _member(self, kwargs: dict):
         def member(params, buffers, *member_inputs):
             return functional_call(self.code, (params, buffers), member_inputs, kwargs)[0]
 
-        params, buffers = self.stacked(), self.stacked_buffers()
-        if inputs[0].device.type == "cpu":  # unbind: one backward stacks the members' gradients at once
-            params, buffers = ({n: t.unbind(0) for n, t in d.items()} for d in (params, buffers))
-            members = [
-                member(
-                    {n: t[e] for n, t in params.items()}, {n: t[e] for n, t in buffers.items()}, *(x[e] for x in inputs)
-                )
-                for e in range(self.size)
-            ]
-            return torch.stack(members)
-        return vmap(member, randomness="different")(params, buffers, *inputs)
+        return member
 
     def member_state(self, e: int, flat: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Member e's parameters (or row e of another tensor laid out like them) as the model's own state dict
