@@ -475,12 +475,13 @@ def shape_key(member: Member) -> tuple:
 
 def members_that_fit(members: list[Member]) -> int:
     """How many members of this architecture fit in the memory of the device they train on, by an estimate:
-    16 bytes a parameter (weights, gradients, AdamW's two moments) and, per layer and position of a batch, about
-    20 fp32 tensors as wide as d_model plus three rows of attention weights per head; 70% of what is free."""
+    20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor) and, per layer and position
+    of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head; 70% of what
+    is free."""
     model, data = members[0].module.model, members[0].datamodule
     n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
     activations = 4 * data.batch_size * model.n_layers * n * (20 * model.head.in_features + 3 * attn.n_heads * n)
-    per_member = 16 * count_parameters(model)["total"] + activations
+    per_member = 20 * count_parameters(model)["total"] + activations
     if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
         free = torch.cuda.mem_get_info()[0]
     else:
