@@ -61,11 +61,12 @@ def load_dirs(dirs: list[Path]) -> Runs:
 
 def _add_run(runs: Runs, where: str, read) -> None:
     """One run's records, read(name) the text of its results.json, heads.json, metrics.csv (None if absent)."""
+    text = read("results.json")
     try:
-        record = json.loads(read("results.json"))
+        record = json.loads(text)
         status = record["status"]
     except (TypeError, ValueError, KeyError) as error:
-        why = "no results.json" if read("results.json") is None else f"{type(error).__name__}: {error}"
+        why = "no results.json" if text is None else f"{type(error).__name__}: {error}"
         runs.unreadable.append((f"{where}/results.json", why))
         return
     missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
