@@ -74,6 +74,11 @@ CASES = [
         "invalid config: hydra.launcher.max_pack=0 is invalid: expected an int >= 1",
     ),
     Case(
+        "packed n_jobs=0",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=0", "seed=0,1"],
+        "invalid config: hydra.launcher.n_jobs=0 is invalid: expected an int >= 1",
+    ),
+    Case(
         "listops max_length",
         ["data=listops", "data.task.max_length=0"],
         "invalid config: data.task.max_length=0 is invalid: expected an int >= 1",

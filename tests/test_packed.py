@@ -1,16 +1,21 @@
 """Packed sweeps through the real CLI: every member is a run, trains like its single run, and survives faults."""
 
+import contextlib
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import TINY, cli_env, headlab_train
+from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
+from headlab.training.sweep import usable_cores
 
 pytestmark = pytest.mark.e2e
 FLOAT64 = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.log_every_n_steps=1"]
@@ -154,3 +159,96 @@ def test_a_packed_sweep_on_text_files_prepares_the_data_once(run_cli, tmp_path):
     runs = records(sweep)
     assert [r["status"] for r in runs] == ["completed"] * 3 and {r["pack"]["size"] for r in runs} == {3}
     assert len({r["data"]["cache"] for r in runs}) == 1 and len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes still alive in a session (a command started with start_new_session=True, and its children)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":  # after the name: state, ppid, pgrp, session
+                alive.append(int(stat.parent.name))
+    return alive
+
+
+def pack_workers(parent: int) -> list[int]:
+    """The parent's worker processes that train packs (multiprocessing's spawned children)."""
+    workers = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+            if ppid == parent and b"spawn_main" in command and b"resource_tracker" not in command:
+                workers.append(int(stat.parent.name))
+    return workers
+
+
+def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_cli, tmp_path):
+    """hydra.launcher.n_jobs=2: the two packs (two head counts) train at once, in two processes with half of the
+    cores each, and every member's numbers are those of the packs trained one after another (float64)."""
+    results = {}
+    for n_jobs in (1, 2):
+        sweep = tmp_path / f"sweep{n_jobs}"
+        done = run_cli(
+            "-m", "hydra/launcher=packed", f"hydra.launcher.n_jobs={n_jobs}", "model.attention.n_heads=1,2",
+            "seed=0,1", *FLOAT64, "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"2 pack(s) of at most 64, {n_jobs} at a time" in done.stdout
+        results[n_jobs] = records(sweep)
+    assert [r["status"] for r in results[2]] == ["completed"] * 4
+    assert {r["resources"]["threads"] for r in results[2]} == {max(1, usable_cores() // 2)}
+    for alone, side_by_side in zip(results[1], results[2], strict=True):
+        assert alone["pack"]["id"][-6:] == side_by_side["pack"]["id"][-6:] and alone["seed"] == side_by_side["seed"]
+        for key in ("val/acc_best", "test/acc", "test/loss", "train/loss_epoch"):
+            assert side_by_side["metrics"][key] == pytest.approx(alone["metrics"][key], abs=1e-9)
+
+
+def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(tmp_path):
+    """A worker killed outright fails its own pack's members only; SIGTERM to the launcher stops every worker
+    (each member's last.ckpt saved, every record interrupted) and leaves no process behind."""
+    slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null"]
+    packed = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
+
+    def start(sweep, *overrides):
+        command = [*packed, "model.attention.n_heads=1,2", *overrides, *slow, f"hydra.sweep.dir={sweep}"]
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def training(process, sweep, members):  # both packs past their first validation: both workers training
+        deadline = time.time() + 240
+        while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < members and time.time() < deadline:
+            assert process.poll() is None
+            time.sleep(0.2)
+
+    sweep = tmp_path / "killed"
+    process = start(sweep, "seed=0")
+    training(process, sweep, 2)
+    workers = pack_workers(process.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1 and b"Traceback" not in stderr  # one job failed: the sweep says so
+    statuses = sorted(r["status"] for r in records(sweep))
+    assert statuses == ["completed", "failed"]
+    failed = next(r for r in records(sweep) if r["status"] == "failed")
+    assert "ended with exit code -9 before reporting" in failed["error"]
+
+    sweep = tmp_path / "stopped"
+    process = start(sweep, "seed=0,1")
+    training(process, sweep, 4)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 4
+    assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
+    time.sleep(1)
+    assert session_processes(process.pid) == []
+
+
+def test_a_pack_worker_gets_its_gpu_by_slot():
+    assert [gpu_for_slot(k, 2, None) for k in range(3)] == ["0", "1", "0"]
+    assert gpu_for_slot(1, 2, "3,5") == "5"  # among the GPUs the launcher may see

@@ -56,13 +56,15 @@ def prepare(cfg) -> Job | float:
     return job
 
 
-def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int):
+def launch(
+    hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int, n_jobs: int = 1
+):
     """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher."""
-    from headlab.training import packed
     from headlab.training.config_check import POSITIVE, fail
 
-    if not POSITIVE[0](max_pack):
-        fail("hydra.launcher.max_pack", max_pack, POSITIVE[1])
+    for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
+        if not POSITIVE[0](value):
+            fail(f"hydra.launcher.{key}", value, POSITIVE[1])
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -88,12 +90,34 @@ def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initia
     for ret, job in ready:
         groups.setdefault(pack_key(job.record["config"]), []).append((ret, job))
     packs = [group[i : i + max_pack] for group in groups.values() for i in range(0, len(group), max_pack)]
-    log.info("packed launcher: %d jobs to train in %d pack(s) of at most %d", len(ready), len(packs), max_pack)
+    n_jobs = min(n_jobs, len(packs)) or 1
+    log.info(
+        "packed launcher: %d jobs to train in %d pack(s) of at most %d, %d at a time",
+        len(ready), len(packs), max_pack, n_jobs,
+    )  # fmt: skip
     done = set()
+
+    def close(k: int, results: list) -> None:
+        for (ret, job), result in zip(packs[k], results, strict=True):
+            failed = isinstance(result, BaseException)
+            ret.return_value = close_job(job, error=result) if failed else close_job(job, result)
+            done.add(id(job))
+
+    specs = [
+        (f"{sweep_dir.name}-pack{k}", [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack])
+        for k, pack in enumerate(packs)
+    ]
     try:
-        for k, pack in enumerate(packs):
-            train(pack, f"{sweep_dir.name}-pack{k}", packed)
-            done |= {id(job) for _, job in pack}
+        if n_jobs == 1:
+            for k, (pack_id, members) in enumerate(specs):
+                close(k, train_members(members, pack_id))
+        else:
+            from headlab.cli.pack_workers import run_parallel
+            from headlab.training.sweep import usable_cores
+
+            accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
+            n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
+            run_parallel(specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, close)
     except BaseException as error:  # an interrupt: every job not closed yet records it
         for _, job in ready:
             if id(job) not in done and job.record.get("status") == "running":
@@ -105,34 +129,42 @@ def launch(hydra_context, config, job_overrides: Sequence[Sequence[str]], initia
     return returns
 
 
-def train(pack: list, pack_id: str, packed) -> None:
-    """Build the members of a pack, split them by shape and by what fits in memory, train each part, and close
-    every job with its fields or its error."""
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> list:
+    """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
+    and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
+    trains: in the launcher's process, or in a worker of its own."""
+    from headlab.training import packed
+
+    results: list = [None] * len(specs)
     members = {}
-    for ret, job in pack:
-        member = packed.Member(cfg=job.cfg, run_dir=job.run_dir, flat_config=job.record["config"])
+    for i, (cfg, run_dir, flat_config) in enumerate(specs):
+        member = packed.Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)
         try:
             packed.build_member(member)
         except Exception as error:
-            ret.return_value = close_job(job, error=error)
+            results[i] = error
             continue
-        members[id(job)] = (ret, job, member)
+        members[i] = member
     by_shape: dict[tuple, list] = {}
-    for entry in members.values():
-        by_shape.setdefault(packed.shape_key(entry[2]), []).append(entry)
+    for i, member in members.items():
+        by_shape.setdefault(packed.shape_key(member), []).append(i)
     parts = []
-    for entries in by_shape.values():
-        step = packed.members_that_fit([m for _, _, m in entries])
-        parts += [entries[i : i + step] for i in range(0, len(entries), step)]
+    for indices in by_shape.values():
+        step = packed.members_that_fit([members[i] for i in indices])
+        parts += [indices[i : i + step] for i in range(0, len(indices), step)]
     for p, part in enumerate(parts):
         part_id = pack_id if len(parts) == 1 else f"{pack_id}.{p}"
         log.info("pack %s: %d members", part_id, len(part))
         try:
-            results = packed.train_pack([m for _, _, m in part], part_id)
+            trained = packed.train_pack([members[i] for i in part], part_id, progress)
         except Exception as error:  # the pack itself failed: each member records it; the sweep goes on
-            results = [error] * len(part)
-        for (ret, job, _), result in zip(part, results, strict=True):
-            if isinstance(result, BaseException):
-                ret.return_value = close_job(job, error=result)
-            else:
-                ret.return_value = close_job(job, result)
+            trained = [error] * len(part)
+        for i, result in zip(part, trained, strict=True):
+            results[i] = result
+    return results

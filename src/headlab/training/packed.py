@@ -491,9 +491,9 @@ def members_that_fit(members: list[Member]) -> int:
     return max(1, int(0.7 * free // per_member))
 
 
-def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException]:
+def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
-    or the error that ended it."""
+    or the error that ended it. progress=False: no progress bar (packs trained side by side share a console)."""
     configure_torch(members[0].cfg, torch.get_num_threads())
     for index, member in enumerate(members):
         member.index = index
@@ -509,11 +509,14 @@ def train_pack(members: list[Member], pack_id: str) -> list[dict | BaseException
             started.result()
     meter = ThroughputMeter()
     outputs = MemberOutputs(members, pack_id, meter)
-    callbacks = [meter, outputs, ExactResume()] + [
-        c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)
-    ]
+    bars = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)] if progress else []
     trainer = instantiate_node(
-        members[0].cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False
+        members[0].cfg.trainer,
+        "trainer",
+        callbacks=[meter, outputs, ExactResume(), *bars],
+        logger=False,
+        enable_checkpointing=False,
+        **({} if progress else {"enable_progress_bar": False}),
     )
     failed = True
     try:

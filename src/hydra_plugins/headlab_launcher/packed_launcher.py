@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 class PackedLauncherConf:
     _target_: str = "hydra_plugins.headlab_launcher.packed_launcher.PackedLauncher"
     max_pack: int = 64  # members per pack at most; a memory check may split a pack further
+    n_jobs: int = 1  # packs trained at once, each in its own process
 
 
 ConfigStore.instance().store(
@@ -25,8 +26,8 @@ ConfigStore.instance().store(
 
 
 class PackedLauncher(Launcher):
-    def __init__(self, max_pack: int = 64) -> None:
-        self.max_pack = max_pack
+    def __init__(self, max_pack: int = 64, n_jobs: int = 1) -> None:
+        self.max_pack, self.n_jobs = max_pack, n_jobs
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
@@ -36,4 +37,4 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from headlab.cli.packed import launch
 
-        return launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack)
+        return launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack, self.n_jobs)

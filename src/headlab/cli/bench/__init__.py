@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes, shapes = ((1, 4), ("default run",)) if args.quick else ((1, 4, 16), tuple(packing.SHAPES))
     r["packs"] = packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes)
     r["sweep"] = None if args.quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)
+    r["parallel_packs"] = None if args.quick else packing.parallel_packs(tmp)
     sections = report.sections(args.out)
     sections["cpu"] = report.report(r, args)
     args.out.write_text(report.join(sections))

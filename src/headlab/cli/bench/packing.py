@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import interleaved, synchronized
 from headlab.model import Encoder
+from headlab.training.sweep import usable_cores
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 # the default run's model and batches (pair_recall: 32 positions of two fused tokens, 19 classes), and the SST-2
@@ -167,6 +168,22 @@ def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
         json.loads(p.read_text()).get("metrics", {}).get("test/acc") for p in packed_dir.glob("*/results.json")
     ]
     row["packed_test_acc"] = sorted(a for a in accuracies if a is not None)
+    return row
+
+
+def parallel_packs(tmp: Path, arms: str = "1,2,4,8", seeds: int = 4) -> dict:
+    """An ablation-shaped packed sweep of the default run (one pack per head count), its packs one at a time
+    (hydra.launcher.n_jobs=1) against one pack per core at once, start to end."""
+    env = os.environ | {"WANDB_MODE": "offline"}
+    sweep = ["-m", "hydra/launcher=packed", f"model.attention.n_heads={arms}", f"seed=range({seeds})"]
+    common = [*sweep, "trainer=cpu", "callbacks.progress_bar=null"]
+    at_once = max(2, min(usable_cores(), len(arms.split(","))))
+    row = {"arms": arms, "seeds": seeds, "at_once": at_once}
+    for n_jobs in (1, at_once):
+        out = tmp / f"parallel-{n_jobs}"
+        row[f"s_{n_jobs}"] = _wall([*TRAIN, *common, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={out}"], env)
+        statuses = [json.loads(p.read_text()).get("status") for p in out.glob("*/results.json")]
+        row[f"completed_{n_jobs}"] = statuses.count("completed")
     return row
 
 

@@ -153,6 +153,16 @@ def report(r: dict, args) -> str:
             f"seed='range({s['jobs']})'`) {s['packed_s']:.0f} s, one process per job (`-m seed='range({s['jobs']})'`) "
             f"{s['solo_s']:.0f} s ({s['solo_s'] / s['packed_s']:.2f}x); one run alone {s['one_run_s']:.0f} s.",
         ]
+    if r.get("parallel_packs"):
+        s, k = r["parallel_packs"], r["parallel_packs"]["at_once"]
+        lines += [
+            "",
+            f"Packs side by side: `-m hydra/launcher=packed model.attention.n_heads={s['arms']} "
+            f"seed='range({s['seeds']})'` (one pack per head count) start to end, its packs one at a time "
+            f"(`hydra.launcher.n_jobs=1`) {s['s_1']:.0f} s, {k} at a time with 1/{k} of the cores each "
+            f"(`hydra.launcher.n_jobs={k}`) {s[f's_{k}']:.0f} s ({s['s_1'] / s[f's_{k}']:.2f}x; "
+            f"{s[f'completed_{k}']} runs completed).",
+        ]
     if r.get("sst2_recipe"):
         s = r["sst2_recipe"]
         lines += [

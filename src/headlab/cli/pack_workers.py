@@ -1,0 +1,116 @@
+"""Packs trained side by side (hydra.launcher.n_jobs > 1): each pack in its own process, started fresh (spawn),
+with its share of the CPU cores as torch threads and, on a GPU machine, its own GPU (pack slot k -> GPU k mod the
+number of GPUs).
+
+The parent keeps every job's record: a worker sends back each member's results.json fields or error and the
+parent closes the jobs. A worker that dies without answering (killed, out of memory) fails its own pack only.
+"""
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+log = logging.getLogger("headlab")
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the parent logs
+
+
+class RemoteTraceback(Exception):
+    """Where a worker's error was raised, shown as its cause (concurrent.futures does the same)."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def gpu_for_slot(slot: int, n_gpus: int, visible: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES of pack slot `slot`: GPU slot mod n_gpus, among the GPUs this process may see."""
+    ids = visible.split(",") if visible else [str(i) for i in range(n_gpus)]
+    return ids[slot % len(ids)]
+
+
+def _portable(result):
+    """A result that survives the pipe: fields as they are; an error as (error, its traceback's text), or as a
+    RuntimeError naming it when it cannot be pickled."""
+    if not isinstance(result, BaseException):
+        return result
+    text = "".join(traceback.format_exception(result))
+    try:
+        pickle.loads(pickle.dumps(result))
+    except Exception:
+        result = RuntimeError(f"{type(result).__name__}: {result}")
+    return (result, text)
+
+
+def _restore(result):
+    if isinstance(result, tuple):
+        error, text = result
+        error.__cause__ = RemoteTraceback(text)
+        return error
+    return result
+
+
+def _work(conn, train: Callable, specs: list, pack_id: str, threads: int, gpu: str | None) -> None:
+    """A worker: train one pack and send each member's result."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before CUDA starts in this process
+    handler = logging.StreamHandler()  # the parent's Hydra logging is not inherited: headlab's lines as it logs them
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    from headlab.cli.train import _terminate
+
+    signal.signal(signal.SIGTERM, _terminate)  # outside Lightning's loops too: an interrupt, recorded
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        results = train(specs, pack_id, progress=False)
+    except BaseException as error:  # an interrupt before or after the fit
+        results = [error] * len(specs)
+    conn.send([_portable(r) for r in results])
+
+
+def run_parallel(packs: list, train: Callable, n_jobs: int, threads: int, n_gpus: int, done: Callable) -> None:
+    """Train packs [(pack id, specs)] n_jobs at a time; done(k, results) as each pack k ends, in the parent.
+    An interrupt of the parent (or an error raised by done) stops every worker with SIGTERM, each saving its
+    members' last.ckpt, and is raised once they have exited."""
+    context = multiprocessing.get_context("spawn")
+    pending, running = list(enumerate(packs)), {}  # connection -> (k, process)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while pending or running:
+            while pending and len(running) < n_jobs:
+                k, (pack_id, specs) = pending.pop(0)
+                slot = min(set(range(n_jobs)) - {s for _, _, s in running.values()})  # a free one
+                gpu = gpu_for_slot(slot, n_gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if n_gpus else None
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_work, args=(send, train, specs, pack_id, threads, gpu))
+                process.start()
+                send.close()
+                running[receive] = (k, process, slot)
+            for receive in wait(list(running)):
+                k, process, _ = running.pop(receive)
+                try:
+                    results = [_restore(r) for r in receive.recv()]
+                except EOFError:
+                    process.join()
+                    why = f"the process training pack {packs[k][0]} ended with exit code {process.exitcode} "
+                    results = [RuntimeError(why + "before reporting (killed? out of memory?)")] * len(packs[k][1])
+                process.join()
+                done(k, results)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for _, process, _ in running.values():
+            process.terminate()  # SIGTERM: Lightning stops at its next step, last.ckpt is saved
+        for _, process, _ in running.values():
+            process.join(timeout=300)
+            if process.is_alive():
+                process.kill()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise SystemExit(128 + signum)
