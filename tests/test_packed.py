@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TINY, cli_env, headlab_train
 from headlab.cli.pack_workers import gpu_for_slot
@@ -207,8 +208,9 @@ def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_c
 
 def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(tmp_path):
     """A worker killed outright fails its own pack's members only; SIGTERM to the launcher stops every worker
-    (each member's last.ckpt saved, every record interrupted) and leaves no process behind."""
-    slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null"]
+    (each member's last.ckpt saved, every record interrupted) and leaves no process behind, and so does a
+    launcher killed outright."""
+    slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
     packed = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
 
     def start(sweep, *overrides):
@@ -218,7 +220,7 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
             start_new_session=True,
         )  # fmt: skip
 
-    def training(process, sweep, members):  # both packs past their first validation: both workers training
+    def training(process, sweep, members):  # both packs past their first of 4 epochs: both workers training
         deadline = time.time() + 240
         while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < members and time.time() < deadline:
             assert process.poll() is None
@@ -247,6 +249,20 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
     time.sleep(1)
     assert session_processes(process.pid) == []
+
+    sweep = tmp_path / "launcher killed"  # SIGKILL, as a scheduler ends a job past its time: the workers stop too
+    process = start(sweep, "seed=0")
+    training(process, sweep, 2)
+    process.kill()
+    process.wait(timeout=60)
+    deadline = time.time() + 120
+    while session_processes(process.pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert session_processes(process.pid) == []
+    total = 4 * 4000 // 32  # steps of the whole training: a worker still training stopped where it was (one
+    # left alone would have trained to the end)
+    steps = [torch.load(c, weights_only=False)["global_step"] for c in sweep.glob("*/checkpoints/last.ckpt")]
+    assert len(steps) == 2 and min(steps) < total
 
 
 def test_a_pack_worker_gets_its_gpu_by_slot():

@@ -6,6 +6,8 @@ The parent keeps every job's record: a worker sends back each member's results.j
 parent closes the jobs. A worker that dies without answering (killed, out of memory) fails its own pack only.
 """
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 
 log = logging.getLogger("headlab")
+PR_SET_PDEATHSIG = 1  # prctl(2)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the parent logs
 
 
@@ -53,8 +56,17 @@ def _restore(result):
     return result
 
 
+def _stop_with_parent() -> None:
+    """SIGTERM to this worker when the launcher dies, also by SIGKILL (Linux): it saves its members' last.ckpt
+    and exits instead of training on with nobody to record it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _work(conn, train: Callable, specs: list, pack_id: str, threads: int, gpu: str | None) -> None:
     """A worker: train one pack and send each member's result."""
+    _stop_with_parent()
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before CUDA starts in this process
     handler = logging.StreamHandler()  # the parent's Hydra logging is not inherited: headlab's lines as it logs them
