@@ -28,6 +28,29 @@ def test_the_stack_computes_what_each_model_computes_alone():
         torch.testing.assert_close(out[e], model(tokens[e], mask[e])[0], atol=1e-12, rtol=0)
 
 
+def test_a_stack_in_eval_mode_drops_nothing_as_its_models_in_eval_mode():
+    """Dropout 0.3 everywhere: model.eval() of the pack (validation, test) reaches the members' code, on the CPU
+    path (one member after another) and under vmap (the GPU path), and .train() turns dropout back on."""
+    alone = []
+    for e in range(2):
+        torch.manual_seed(e)
+        alone.append(
+            Encoder(20, 5, 9, d_model=16, n_layers=1, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
+        )
+    module = nn.ModuleDict({"stack": Stacked([copy.deepcopy(m) for m in alone]).double()})  # as the pack holds it
+    stack = module["stack"]
+    tokens = torch.randint(1, 20, (2, 4, 9))
+    mask = torch.zeros(2, 4, 9, dtype=torch.bool)
+    module.eval()
+    expected = torch.stack([m.eval()(tokens[e], mask[e])[0] for e, m in enumerate(alone)])
+    with torch.no_grad():
+        torch.testing.assert_close(stack(tokens, mask), expected, atol=1e-12, rtol=0)
+        vmapped = torch.func.vmap(stack._member({}))(stack.stacked(), stack.stacked_buffers(), tokens, mask)
+        torch.testing.assert_close(vmapped, expected, atol=1e-12, rtol=0)
+        module.train()
+        assert not torch.allclose(stack(tokens, mask), expected)
+
+
 def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
     """Three members with their own lr, weight decay and betas, five steps with gradient clipping at 1.0 (which
     bites: the gradients are scaled up), against three torch.optim.AdamW of their own and clip_grad_norm_."""

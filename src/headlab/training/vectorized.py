@@ -37,6 +37,12 @@ class Stacked(nn.Module):
         code = copy.deepcopy(models[0]).to("meta")  # the forward's code only: functional_call supplies all tensors
         object.__setattr__(self, "code", code)  # not a submodule: no state of the pack
 
+    def train(self, mode: bool = True) -> "Stacked":
+        """Training or evaluation mode, for the code too (its dropout): model.eval() reaches it like a submodule."""
+        super().train(mode)
+        self.code.train(mode)
+        return self
+
     @property
     def size(self) -> int:
         return self.flat.shape[0]
