@@ -7,6 +7,10 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers (CI sets this too)
 
+from headlab.cli import runtime  # noqa: E402
+
+runtime.configure()  # configs composed in a test compose as in the CLI: headlab's resolvers and packed launcher
+
 
 def pytest_configure(config):
     """Under pytest-xdist (`make test`), worker k of n runs on its own share of the usable cores, and so does every
