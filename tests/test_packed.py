@@ -73,6 +73,22 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
         assert ours_point["val/acc"] == pytest.approx(theirs_point["val/acc"], abs=1e-9)
     assert single["curve"][-1]["val/acc"] == pytest.approx(single["metrics"]["val/acc"])
 
+    # its head analysis (measured for all members at once) is its single run's
+    ours_heads, theirs_heads = (
+        json.loads((d / "heads.json").read_text()) for d in (sweep / str(member), tmp_path / "alone")
+    )
+    assert [r["importance"] for r in ours_heads["rows"]] == pytest.approx(
+        [r["importance"] for r in theirs_heads["rows"]], abs=1e-9
+    )
+    for order in ("importance", *theirs_heads["pruning_baselines"]):
+        ours_curve, theirs_curve = (
+            h["pruning_curve"] if order == "importance" else h["pruning_baselines"][order]
+            for h in (ours_heads, theirs_heads)
+        )
+        assert [p["pruned"] for p in ours_curve] == [p["pruned"] for p in theirs_curve]
+        assert [p["metric"] for p in ours_curve] == pytest.approx([p["metric"] for p in theirs_curve], abs=1e-9)
+    assert ours_heads["analysis_examples"] == theirs_heads["analysis_examples"]
+
     # each member is an ordinary run: its files, its checkpoint for headlab-heads, its last.ckpt for resume=
     run = sweep / str(member)
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "heads.json").is_file()

@@ -129,6 +129,15 @@ def png(fig: Figure, dpi: int = DPI) -> bytes:
     return buffer.getvalue()
 
 
+def render_importance(scores, curves: dict[str, list[dict]], split: str, metric: str) -> dict[str, bytes]:
+    """The importance map (scores (L, H), measured on split) and the pruning curves (metric along each curve) as
+    PNG bytes; plain arrays in, bytes out, as render_heads."""
+    return {
+        "heads/importance_map": png(importance_map(scores, split)),
+        "heads/pruning_curves": png(pruning_curves(curves, metric)),
+    }
+
+
 def render_heads(snapshot: dict) -> dict[str, bytes]:
     """The per-layer attention maps and the similarity map of one probe snapshot as PNG bytes.
 

@@ -102,7 +102,7 @@ class AttentionLogger(pl.Callback):
     ):
         self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
         self.sentences, self.importance, self.pruning_step = list(sentences or []), importance, pruning_step
-        self.analysis_batches, self.seed = analysis_batches, seed
+        self.n_analysis_batches, self.seed = analysis_batches, seed
         self.importance_split, self.pruning_split = importance_split, pruning_split
         self.pruning_baselines = list(pruning_baselines or [])
         self.val_epochs = 0
@@ -153,6 +153,62 @@ class AttentionLogger(pl.Callback):
         the analysis (it raises to stop it)."""
         stop = stop or (lambda: None)
         stop()
+        measured = self.measure(model, datamodule, device, stop) if self.importance else None
+        stop()
+        self.publish(model, datamodule, loggers, device, step, checkpoint, measured)
+
+    @property
+    def orders(self) -> list[str]:
+        """The pruning orders measured: by importance, then the baselines."""
+        return ["importance", *self.pruning_baselines]
+
+    def analysis_batches(self, datamodule, device) -> tuple[list[dict], list[dict]]:
+        """The batches importance is measured on, and those the pruning curves are scored on."""
+        return self._batches(datamodule, self.importance_split, device), self._batches(
+            datamodule, self.pruning_split, device
+        )
+
+    def _batches(self, datamodule, split: str, device) -> list[dict]:
+        loader = itertools.islice(datamodule.ordered_dataloader(split), self.n_analysis_batches)
+        return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
+
+    def measure(self, model, datamodule, device, stop=None) -> dict:
+        """Head importance (L, H) and the pruning curves of the model as given (measured), for publish."""
+        ranked_on, scored_on = self.analysis_batches(datamodule, device)
+        was_training = model.training
+        model.eval()
+        started = time.perf_counter()
+        scores = importance.head_importance(model, ranked_on)  # (L, H)
+        measured = {}  # accuracy by mask: the curves share their first and last masks, and often more
+
+        def evaluate(masks: list[torch.Tensor]) -> list[float]:
+            if stop:
+                stop()
+            keys = [mask_key(m) for m in masks]
+            new = {k: m for k, m in zip(keys, masks, strict=True) if k not in measured}
+            measured.update(zip(new, importance.accuracies(model, scored_on, list(new.values())), strict=True))
+            return [measured[k] for k in keys]
+
+        curves = {o: importance.pruning_curve(scores, evaluate, self.pruning_step, o, self.seed) for o in self.orders}
+        model.train(was_training)
+        examples = {self.importance_split: ranked_on, self.pruning_split: scored_on}
+        return self.measured(scores, curves, time.perf_counter() - started, examples)
+
+    def measured(self, scores: torch.Tensor, curves: dict, seconds: float, examples: dict[str, list[dict]]) -> dict:
+        """What publish takes: importance (L, H), the curves by order, the time taken, the batches by split."""
+        return {
+            "scores": scores,
+            "curves": curves,
+            "importance_split": self.importance_split,
+            "pruning_split": self.pruning_split,
+            "analysis_seconds": round(seconds, 3),
+            "analysis_examples": {split: sum(len(b["labels"]) for b in batches) for split, batches in examples.items()},
+        }
+
+    def publish(self, model, datamodule, loggers, device, step: int, checkpoint, measured, media=True) -> dict | None:
+        """heads.json and heads/view.html of the model as given, with what measure() measured (None: statistics
+        only); importance to every logger, and its figures to W&B and TensorBoard: rendered here, or (media=False)
+        returned as a job for log_importance_media, so that a pack can render its members' figures in parallel."""
         probe, weights, report = self._attention(model, datamodule, device)
         result = {
             "checkpoint": str(checkpoint) if checkpoint else None,  # None: the weights at the end of training
@@ -161,9 +217,18 @@ class AttentionLogger(pl.Callback):
             "probe_size": len(probe["tokens"]),
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
-        if self.importance:
-            result.update(self._importance_and_pruning(model, datamodule, loggers, report["rows"], device, step, stop))
-        stop()
+        job = None
+        if measured:
+            scores, curves = measured["scores"], dict(measured["curves"])
+            for row in report["rows"]:
+                row["importance"] = float(scores[row["layer"], row["head"]])
+            job = self._log_importance(loggers, report["rows"], scores, curves, step)
+            if job and media:
+                self.log_importance_media(loggers, job, figures.render_importance(**job["figures"]))
+                job = None
+            fields = ("importance_split", "pruning_split", "analysis_seconds", "analysis_examples")
+            result.update({k: measured[k] for k in fields})
+            result.update(pruning_curve=curves.pop("importance"), pruning_baselines=curves)
         results.write_json_atomic(self.out_dir / "heads.json", result)
         snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, head_view.MAX_EXAMPLES)
         view = self.out_dir / "heads" / "view.html"
@@ -173,57 +238,24 @@ class AttentionLogger(pl.Callback):
             import wandb
 
             logger.experiment.log({"heads/view": wandb.Html(str(view), inject=False), "trainer/global_step": step})
+        return job
 
-    def _batches(self, datamodule, split: str, device) -> list[dict]:
-        loader = itertools.islice(datamodule.ordered_dataloader(split), self.analysis_batches)
-        return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
-
-    def _importance_and_pruning(self, model, datamodule, loggers, rows: list[dict], device, step: int, stop) -> dict:
-        ranked_on = self._batches(datamodule, self.importance_split, device)
-        scored_on = self._batches(datamodule, self.pruning_split, device)
-        was_training = model.training
-        model.eval()
-        started = time.perf_counter()
-        scores = importance.head_importance(model, ranked_on)  # (L, H)
-        measured = {}  # accuracy by mask: the curves share their first and last masks, and often more
-
-        def evaluate(masks: list[torch.Tensor]) -> list[float]:
-            stop()
-            keys = [m.cpu().numpy().tobytes() for m in masks]
-            new = {k: m for k, m in zip(keys, masks, strict=True) if k not in measured}
-            measured.update(zip(new, importance.accuracies(model, scored_on, list(new.values())), strict=True))
-            return [measured[k] for k in keys]
-
-        curves = {}
-        for order in ["importance", *self.pruning_baselines]:
-            curves[order] = importance.pruning_curve(scores, evaluate, self.pruning_step, order=order, seed=self.seed)
-        model.train(was_training)
-        for row in rows:
-            row["importance"] = float(scores[row["layer"], row["head"]])
-        self._log_importance(loggers, rows, scores, curves, step)
-        return {
-            "importance_split": self.importance_split,
-            "pruning_split": self.pruning_split,
-            "pruning_curve": curves.pop("importance"),
-            "pruning_baselines": curves,
-            "analysis_seconds": round(time.perf_counter() - started, 3),
-            "analysis_examples": {
-                self.importance_split: sum(len(b["tokens"]) for b in ranked_on),
-                self.pruning_split: sum(len(b["tokens"]) for b in scored_on),
-            },
-        }
-
-    def _log_importance(self, loggers, rows: list[dict], scores, curves: dict[str, list[dict]], step: int) -> None:
-        """Importance per head to every logger (W&B's summary keeps it); its figure and the pruning curves'
-        to W&B and TensorBoard; the pruning tables and W&B's own line plot to W&B."""
+    def _log_importance(self, loggers, rows: list[dict], scores, curves: dict[str, list[dict]], step: int) -> dict:
+        """Importance per head to every logger (W&B's summary keeps it); the pruning tables and W&B's own line
+        plot to W&B. Returns the figures' job (importance map, pruning curves) where a logger shows figures."""
         for logger in loggers:
             logger.log_metrics({f"heads/L{r['layer']}/H{r['head']}/importance": r["importance"] for r in rows}, step)
         if not _media_loggers(loggers):
-            return
-        pngs = {
-            "heads/importance_map": figures.png(figures.importance_map(scores.cpu(), self.importance_split)),
-            "heads/pruning_curves": figures.png(figures.pruning_curves(curves, f"{self.pruning_split} accuracy")),
-        }
+            return None
+        for logger in _wandb_loggers(loggers):
+            import wandb
+
+            table = wandb.Table(
+                columns=["fraction_pruned", "acc"],
+                data=[[p["fraction_pruned"], p["metric"]] for p in curves["importance"]],
+            )
+            plot = wandb.plot.line(table, "fraction_pruned", "acc", title="pruning curve (Michel et al.)")
+            logger.experiment.log({"heads/pruning_curve": plot, "trainer/global_step": step})
         columns = ["layer", "head", "importance", *statistics.STATISTICS]
         pruning = [
             {
@@ -239,16 +271,15 @@ class AttentionLogger(pl.Callback):
             "heads/importance": (columns, rows),
             "heads/pruning_table": (["order", "fraction_pruned", "heads_pruned", "acc"], pruning),
         }
-        log_images(loggers, pngs, step, tables)
-        for logger in _wandb_loggers(loggers):
-            import wandb
+        plain = {order: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for order, c in curves.items()}
+        figure_args = {"scores": scores.cpu().numpy(), "curves": plain, "split": self.importance_split}
+        figure_args["metric"] = f"{self.pruning_split} accuracy"
+        return {"figures": figure_args, "tables": tables, "step": step}
 
-            table = wandb.Table(
-                columns=["fraction_pruned", "acc"],
-                data=[[p["fraction_pruned"], p["metric"]] for p in curves["importance"]],
-            )
-            plot = wandb.plot.line(table, "fraction_pruned", "acc", title="pruning curve (Michel et al.)")
-            logger.experiment.log({"heads/pruning_curve": plot, "trainer/global_step": step})
+    @staticmethod
+    def log_importance_media(loggers: list, job: dict, pngs: dict[str, bytes]) -> None:
+        """The rendered importance figures of a job (publish) to W&B and TensorBoard, with its tables to W&B."""
+        log_images(loggers, pngs, job["step"], job["tables"])
 
     def is_due(self, epoch: int, max_epochs: int | None) -> bool:
         """Count a validation epoch; True at every n-th and after the last epoch."""
@@ -278,6 +309,11 @@ class AttentionLogger(pl.Callback):
             )
         finally:
             model.load_state_dict(final)
+
+
+def mask_key(mask: torch.Tensor) -> bytes:
+    """A head mask as a dictionary key (the curves share masks: each is measured once)."""
+    return mask.cpu().numpy().tobytes()
 
 
 def probe_snapshot(model, datamodule, probe: dict, weights: list, report: dict, step: int, examples: int) -> dict:

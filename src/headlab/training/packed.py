@@ -20,12 +20,13 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from headlab.analysis.figures import render_heads
+from headlab.analysis.figures import render_heads, render_importance
 from headlab.conventions import IGNORE_INDEX, PAD_ID
 from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoaders, collate
 from headlab.errors import TrainingError
 from headlab.model import count_parameters
 from headlab.training import loggers as loggers_
+from headlab.training import pack_analysis
 from headlab.training.callbacks import AttentionLogger, ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
 from headlab.training.results import save_checkpoint_atomic
@@ -333,6 +334,21 @@ class MemberOutputs(pl.Callback):
             self._pool = ProcessPoolExecutor(workers, mp_context=context)
         return self._pool
 
+    def render_importance(self, jobs: list[tuple[Member, dict]]) -> None:
+        """The members' importance figures (AttentionLogger.publish's jobs), rendered in parallel, then logged."""
+        if not jobs:
+            return
+        started = time.perf_counter()
+        rendered = [self.render_pool().submit(render_importance, **job["figures"]) for _, job in jobs]
+        for (member, job), pngs in zip(jobs, rendered, strict=True):
+            AttentionLogger.log_importance_media(member.loggers, job, pngs.result())
+        log.info(
+            "pack %s: importance figures of %d members in %.1f s",
+            self.pack_id,
+            len(jobs),
+            time.perf_counter() - started,
+        )
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
@@ -429,6 +445,37 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     checkpoint["lr_schedulers"] = [schedule_state]
     checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in member.callbacks if c.state_dict()}
     return checkpoint
+
+
+def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | None]:
+    """Each member's head importance and pruning curves (AttentionLogger.measure), measured for all members at
+    once where their analysis batches stack (pack_analysis), else one member after another; None where its run
+    measures no importance."""
+    analysts = [m.callback(AttentionLogger) for m in members]
+    if not all(a and a.importance for a in analysts):
+        return [None] * len(members)
+    device = module.device
+    batches = [a.analysis_batches(m.datamodule, device) for a, m in zip(analysts, members, strict=True)]
+    stacked = [stack_split([b[i] for b in batches]) for i in (0, 1)]
+    if None in stacked:
+        return [
+            a.measure(MemberOutputs.member_model(m, module), m.datamodule, device)
+            for a, m in zip(analysts, members, strict=True)
+        ]
+    return pack_analysis.measure_members(module.stack, analysts, batches, stacked)
+
+
+def stack_split(per_member: list[list[dict]]) -> list[dict] | None:
+    """Members' batches of a split stacked, batch i of every member as one (E, B, ...) batch; None when the
+    members have different numbers of batches or batch sizes."""
+    if len({len(batches) for batches in per_member}) != 1:
+        return None
+    out = []
+    for batches in zip(*per_member, strict=True):
+        if len({len(b["labels"]) for b in batches}) != 1:
+            return None
+        out.append(stack_batches(list(batches), max(b["padding_mask"].shape[1] for b in batches)))
+    return out
 
 
 def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
@@ -533,6 +580,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         else:
             test = {}
         diverged = module.diverged_at.tolist()
+        measured, jobs = measure_heads(module, members), []
         for member in members:
             if diverged[member.index] >= 0:
                 last = member.run_dir / "checkpoints" / "last.ckpt"
@@ -546,12 +594,16 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
                 logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)
             attention = member.callback(AttentionLogger)
             if attention:  # on the weights its test evaluated, as a single run's
-                model = member.module.model.to(module.device)
-                model.load_state_dict(module.stack.member_state(member.index))
+                model = outputs.member_model(member, module)
                 checkpoint = member.best["path"] if member.best["state"] is not None else None
-                step = trainer.global_step
-                attention.write_report(model, member.datamodule, member.loggers, module.device, step, checkpoint)
+                job = attention.publish(
+                    model, member.datamodule, member.loggers, module.device, trainer.global_step, checkpoint,
+                    measured[member.index], media=False,
+                )  # fmt: skip
+                if job:
+                    jobs.append((member, job))
             results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
+        outputs.render_importance(jobs)
         failed = False
     finally:
         outputs.close()

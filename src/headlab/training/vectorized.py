@@ -63,35 +63,46 @@ class Stacked(nn.Module):
 
     def forward(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
         """Each input (E, ...) -> the first output of each member's model, (E, ...): member e computed from
-        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.)
+        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.) Keyword
+        arguments that are tensors are per member too (a head mask (E, B, L, H)); the others go to every member.
 
         On a GPU the members run as one batched computation (torch.func.vmap): one kernel launch serves them all.
         On a CPU, which is busy with any one member already, they run one after another (`each`)."""
         if inputs[0].device.type == "cpu":
-            return torch.stack(self.each(*(x.unbind(0) for x in inputs), **kwargs))
+            per_member = {k: v.unbind(0) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            return torch.stack(self.each(*(x.unbind(0) for x in inputs), **per_member))
+        return self.batched(*inputs, **kwargs)
+
+    def batched(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
+        """forward as one batched computation over the members (torch.func.vmap), on any device."""
+        tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        fixed = {k: v for k, v in kwargs.items() if k not in tensors}
         params, buffers = self.stacked(), self.stacked_buffers()
-        return vmap(self._member(kwargs), randomness="different")(params, buffers, *inputs)
+        return vmap(self._member(fixed), randomness="different")(params, buffers, tensors, *inputs)
 
     def each(self, *inputs: Sequence[torch.Tensor], **kwargs) -> list[torch.Tensor]:
         """Member e's first output on inputs[.][e], one member after another on views of the stacked parameters,
         each with the single model's fastest kernels (fused attention, native additive kernels); the members'
-        inputs may differ in shape (each its own batch's length)."""
+        inputs may differ in shape (each its own batch's length). Keyword arguments given as sequences are per
+        member, as the inputs."""
         views = MemberViews.apply(self.flat, self.sizes, self.shapes)  # member by member, each of its tensors
         k = len(self.names)
         buffers = {n: t.unbind(0) for n, t in self.stacked_buffers().items()}
-        member = self._member(kwargs)
+        per_member = {n: v for n, v in kwargs.items() if isinstance(v, list | tuple)}
+        member = self._member({n: v for n, v in kwargs.items() if n not in per_member})
         return [
             member(
                 dict(zip(self.names, views[e * k : (e + 1) * k], strict=True)),
                 {n: t[e] for n, t in buffers.items()},
+                {n: v[e] for n, v in per_member.items()},
                 *(x[e] for x in inputs),
             )
             for e in range(self.size)
         ]
 
     def _member(self, kwargs: dict):
-        def member(params, buffers, *member_inputs):
-            return functional_call(self.code, (params, buffers), member_inputs, kwargs)[0]
+        def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
+            return functional_call(self.code, (params, buffers), member_inputs, {**kwargs, **member_kwargs})[0]
 
         return member
 
