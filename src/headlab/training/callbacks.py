@@ -164,9 +164,10 @@ class AttentionLogger(pl.Callback):
 
     def analysis_batches(self, datamodule, device) -> tuple[list[dict], list[dict]]:
         """The batches importance is measured on, and those the pruning curves are scored on."""
-        return self._batches(datamodule, self.importance_split, device), self._batches(
-            datamodule, self.pruning_split, device
+        ranked_on, scored_on = (
+            self._batches(datamodule, s, device) for s in (self.importance_split, self.pruning_split)
         )
+        return ranked_on, scored_on
 
     def _batches(self, datamodule, split: str, device) -> list[dict]:
         loader = itertools.islice(datamodule.ordered_dataloader(split), self.n_analysis_batches)
@@ -240,7 +241,9 @@ class AttentionLogger(pl.Callback):
             logger.experiment.log({"heads/view": wandb.Html(str(view), inject=False), "trainer/global_step": step})
         return job
 
-    def _log_importance(self, loggers, rows: list[dict], scores, curves: dict[str, list[dict]], step: int) -> dict:
+    def _log_importance(
+        self, loggers, rows: list[dict], scores, curves: dict[str, list[dict]], step: int
+    ) -> dict | None:
         """Importance per head to every logger (W&B's summary keeps it); the pruning tables and W&B's own line
         plot to W&B. Returns the figures' job (importance map, pruning curves) where a logger shows figures."""
         for logger in loggers:
