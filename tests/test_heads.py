@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from headlab.analysis.importance import accuracies, head_importance, pruning_curve
+from headlab.analysis.importance import accuracies, curve_masks, head_importance, pruning_curve, pruning_curves
 from headlab.analysis.statistics import head_similarity, head_statistics, js_divergence
 from headlab.model.encoder import Encoder
 
@@ -153,6 +153,18 @@ def test_accuracies_under_many_masks_in_one_pass_equal_one_forward_per_mask():
             expected.append(((logits.argmax(-1) == batch["labels"]) & scored).sum().item() / scored.sum().item())
     assert accuracies(model, [batch, batch], masks) == expected  # 21 masks: two forward passes per batch
     assert len(set(expected)) >= 3  # the masks matter
+
+
+def test_the_curves_of_all_orders_are_measured_once_per_distinct_mask():
+    importance, orders = torch.rand(2, 4), ["importance", "random", "reverse"]
+    masks = curve_masks(importance, 0.25, orders, seed=3)  # 2 heads a step: 5 masks a curve, 15 in all
+    assert len({tuple(m.flatten().tolist()) for m in masks.values()}) == len(masks) <= 13  # first, last shared
+    metrics = {key: float(m[0].sum() * 10 + m[1].sum()) for key, m in masks.items()}
+    curves = pruning_curves(importance, metrics, 0.25, orders, seed=3)
+    for order in orders:  # each equals the curve measured on its own, mask by mask
+        alone = pruning_curve(importance, lambda ms: [float(m[0].sum() * 10 + m[1].sum()) for m in ms], 0.25, order, 3)
+        assert curves[order] == alone
+    assert curves["importance"] != curves["reverse"]
 
 
 def test_pruning_step_rounds_up():

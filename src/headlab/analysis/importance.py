@@ -9,7 +9,7 @@ member's equal to what it gives alone.
 """
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -155,3 +155,25 @@ def pruning_curve(
         {"fraction_pruned": k / total, "heads_pruned": k, "metric": metric, "pruned": pruned_so_far}
         for (k, pruned_so_far, _), metric in zip(steps, evaluate([mask for *_, mask in steps]), strict=True)
     ]
+
+
+def mask_key(mask: torch.Tensor) -> bytes:
+    """A head mask as a dictionary key."""
+    return mask.cpu().numpy().tobytes()
+
+
+def curve_masks(importance: torch.Tensor, step: float, orders: list[str], seed: int = 0) -> dict[bytes, torch.Tensor]:
+    """Every head mask (L, H) the pruning curves of `orders` visit, each once (the curves share their first and
+    last masks, and often more), by mask_key: what to measure for pruning_curves."""
+    return {mask_key(mask): mask for order in orders for *_, mask in pruning_masks(importance, step, order, seed)}
+
+
+def pruning_curves(
+    importance: torch.Tensor, metrics: Mapping[bytes, float], step: float, orders: list[str], seed: int = 0
+) -> dict[str, list[dict]]:
+    """The pruning curve of each order, its metrics those measured of curve_masks (metrics: by mask_key)."""
+
+    def measured(masks: list[torch.Tensor]) -> list[float]:
+        return [metrics[mask_key(m)] for m in masks]
+
+    return {order: pruning_curve(importance, measured, step, order, seed) for order in orders}

@@ -180,17 +180,14 @@ class AttentionLogger(pl.Callback):
         model.eval()
         started = time.perf_counter()
         scores = importance.head_importance(model, ranked_on)  # (L, H)
-        measured = {}  # accuracy by mask: the curves share their first and last masks, and often more
-
-        def evaluate(masks: list[torch.Tensor]) -> list[float]:
+        masks = importance.curve_masks(scores, self.pruning_step, self.orders, self.seed)  # by key, (L, H) each
+        keys, metrics = list(masks), {}
+        for start in range(0, len(keys), importance.MASKS_PER_FORWARD):  # stop() between forward passes' worth
             if stop:
                 stop()
-            keys = [mask_key(m) for m in masks]
-            new = {k: m for k, m in zip(keys, masks, strict=True) if k not in measured}
-            measured.update(zip(new, importance.accuracies(model, scored_on, list(new.values())), strict=True))
-            return [measured[k] for k in keys]
-
-        curves = {o: importance.pruning_curve(scores, evaluate, self.pruning_step, o, self.seed) for o in self.orders}
+            chunk = keys[start : start + importance.MASKS_PER_FORWARD]
+            metrics.update(zip(chunk, importance.accuracies(model, scored_on, [masks[k] for k in chunk]), strict=True))
+        curves = importance.pruning_curves(scores, metrics, self.pruning_step, self.orders, self.seed)
         model.train(was_training)
         examples = {self.importance_split: ranked_on, self.pruning_split: scored_on}
         return self.measured(scores, curves, time.perf_counter() - started, examples)
@@ -312,11 +309,6 @@ class AttentionLogger(pl.Callback):
             )
         finally:
             model.load_state_dict(final)
-
-
-def mask_key(mask: torch.Tensor) -> bytes:
-    """A head mask as a dictionary key (the curves share masks: each is measured once)."""
-    return mask.cpu().numpy().tobytes()
 
 
 def probe_snapshot(model, datamodule, probe: dict, weights: list, report: dict, step: int, examples: int) -> dict:

@@ -10,7 +10,7 @@ import time
 import torch
 
 from headlab.analysis import importance
-from headlab.training.callbacks import AttentionLogger, mask_key
+from headlab.training.callbacks import AttentionLogger
 from headlab.training.vectorized import Stacked
 
 
@@ -40,12 +40,8 @@ def measure_members(
     started = time.perf_counter()
     model = MembersModel(stack)
     scores = importance.head_importance(model, stacked[0])  # (E, L, H)
-    # every mask of every member's curves, each member's distinct ones side by side: slot k holds member e's k-th
-    steps = [
-        [s for o in a.orders for s in importance.pruning_masks(scores[e], a.pruning_step, o, a.seed)]
-        for e, a in enumerate(analysts)
-    ]
-    distinct = [{mask_key(mask): mask for *_, mask in member_steps} for member_steps in steps]
+    # every member's distinct curve masks side by side: slot k holds member e's k-th (or no mask, past its last)
+    distinct = [importance.curve_masks(scores[e], a.pruning_step, a.orders, a.seed) for e, a in enumerate(analysts)]
     slots = max(len(d) for d in distinct)
     unmasked = torch.ones(model.n_layers, model.n_heads, device=scores.device)
     masks = [torch.stack([[*d.values(), *[unmasked] * slots][k] for d in distinct]) for k in range(slots)]
@@ -58,15 +54,8 @@ def measure_members(
     seconds = (time.perf_counter() - started) / E  # a member's share
     out = []
     for e, (analyst, (ranked_on, scored_on)) in enumerate(zip(analysts, batches, strict=True)):
-        by_key = {key: measured[k][e] for k, key in enumerate(distinct[e])}
-
-        def evaluate(masks: list[torch.Tensor], by_key=by_key) -> list[float]:
-            return [by_key[mask_key(m)] for m in masks]
-
-        curves = {
-            o: importance.pruning_curve(scores[e], evaluate, analyst.pruning_step, o, analyst.seed)
-            for o in analyst.orders
-        }
+        metrics = {key: measured[k][e] for k, key in enumerate(distinct[e])}
+        curves = importance.pruning_curves(scores[e], metrics, analyst.pruning_step, analyst.orders, analyst.seed)
         examples = {analyst.importance_split: ranked_on, analyst.pruning_split: scored_on}
         out.append(analyst.measured(scores[e], curves, seconds, examples))
     return out
