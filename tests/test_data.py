@@ -89,6 +89,10 @@ def test_collate_pads_to_the_longest_sequence_of_the_batch():
     assert batch["labels"].tolist() == [1, 0]
     token_level = collate([(np.array([3, 4]), np.array([1, 2])), (np.array([6]), np.array([0]))])
     assert token_level["labels"].tolist() == [[1, 2], [0, IGNORE]]
+    fused = [(np.arange(6).reshape(3, 2) + i, np.array([i, IGNORE, i])) for i in range(4)]  # one shape: stacked
+    same = collate(fused)
+    assert same["tokens"].shape == (4, 3, 2) and not same["padding_mask"].any()
+    assert same["tokens"][3].tolist() == [[3, 4], [5, 6], [7, 8]] and same["labels"][2].tolist() == [2, IGNORE, 2]
 
 
 def test_datamodule_splits_are_seeded_and_disjoint_streams():
