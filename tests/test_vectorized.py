@@ -30,7 +30,8 @@ def test_the_stack_computes_what_each_model_computes_alone():
 
 def test_a_stack_in_eval_mode_drops_nothing_as_its_models_in_eval_mode():
     """Dropout 0.3 everywhere: model.eval() of the pack (validation, test) reaches the members' code, on the CPU
-    path (one member after another) and under vmap (the GPU path), and .train() turns dropout back on."""
+    path (one member after another) and under vmap (the GPU path); .train(), or setting .training on every
+    submodule as Lightning's loops restore the mode after validation, turns dropout back on."""
     alone = []
     for e in range(2):
         torch.manual_seed(e)
@@ -48,6 +49,11 @@ def test_a_stack_in_eval_mode_drops_nothing_as_its_models_in_eval_mode():
         torch.testing.assert_close(stack.batched(tokens, mask), expected, atol=1e-12, rtol=0)
         module.train()
         assert not torch.allclose(stack(tokens, mask), expected)
+        module.eval()
+        for submodule in module.modules():  # lightning.pytorch.utilities.model_helpers._ModuleMode.restore
+            submodule.training = True
+        assert not torch.allclose(stack(tokens, mask), expected)
+        assert not torch.allclose(stack.batched(tokens, mask), expected)
 
 
 def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():

@@ -37,12 +37,6 @@ class Stacked(nn.Module):
         code = copy.deepcopy(models[0]).to("meta")  # the forward's code only: functional_call supplies all tensors
         object.__setattr__(self, "code", code)  # not a submodule: no state of the pack
 
-    def train(self, mode: bool = True) -> "Stacked":
-        """Training or evaluation mode, for the code too (its dropout): model.eval() reaches it like a submodule."""
-        super().train(mode)
-        self.code.train(mode)
-        return self
-
     @property
     def size(self) -> int:
         return self.flat.shape[0]
@@ -101,6 +95,10 @@ class Stacked(nn.Module):
         ]
 
     def _member(self, kwargs: dict):
+        # the code runs in the pack's mode (its dropout), read at each forward: Lightning's loops restore a
+        # module's mode by setting .training on each submodule, which a .train() override would never see
+        self.code.train(self.training)
+
         def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
             return functional_call(self.code, (params, buffers), member_inputs, {**kwargs, **member_kwargs})[0]
 
