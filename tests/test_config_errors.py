@@ -47,7 +47,7 @@ CASES = [
     value("model.attention.d_k=0", "an int >= 1 or null"),
     value("model.attention.scoring=cosine", "one of dot, additive"),
     value("model.attention.scale=maybe", "true or false"),
-    value("model.readout=max", "one of null, cls, mean, token"),
+    value("model.readout=sum", "one of null, cls, mean, max, token"),
     value("model.dropout=1.0", "a number in [0, 1)"),
     value("model.attention.dropout=-0.1", "a number in [0, 1)"),
     value("model.norm=middle", "one of post, pre"),

@@ -25,7 +25,7 @@ def test_sinusoidal_positions_follow_vaswani():
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
-@pytest.mark.parametrize("readout", ["cls", "mean"])
+@pytest.mark.parametrize("readout", ["cls", "mean", "max"])
 def test_sequence_readouts_give_one_prediction_per_example(norm, readout):
     model = encoder(norm=norm, readout=readout)
     logits, weights = model(torch.randint(1, 20, (3, 10)), need_weights=True)
@@ -39,7 +39,7 @@ def test_token_readout_gives_one_prediction_per_position_and_no_weights_by_defau
     assert logits.shape == (3, 10, 5) and weights is None
 
 
-@pytest.mark.parametrize("readout", ["cls", "mean", "token"])
+@pytest.mark.parametrize("readout", ["cls", "mean", "max", "token"])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_padding_does_not_change_predictions(readout, positional):
     model = encoder(readout=readout, positional=positional)
@@ -51,6 +51,19 @@ def test_padding_does_not_change_predictions(readout, positional):
     if readout == "token":
         with_padding = with_padding[:, :6]
     torch.testing.assert_close(with_padding, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("readout", ["mean", "max"])
+def test_pooled_readouts_pool_the_real_positions_of_the_last_layer(readout):
+    model = encoder(readout=readout, norm="pre")
+    hidden = {}
+    model.final_norm.register_forward_hook(lambda module, args, out: hidden.update(x=out))  # (B, n, d)
+    tokens = torch.randint(1, 20, (2, 7))
+    mask = torch.tensor([[False] * 7, [False] * 4 + [True] * 3])
+    logits, _ = model(tokens, key_padding_mask=mask)
+    pool = (lambda h: h.mean(dim=0)) if readout == "mean" else (lambda h: h.max(dim=0).values)
+    expected = torch.stack([pool(hidden["x"][0]), pool(hidden["x"][1, :4])])  # (B, d), padding left out
+    torch.testing.assert_close(logits, model.head(expected))
 
 
 def test_fused_positions_sum_their_token_embeddings():

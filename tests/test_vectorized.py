@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -9,16 +10,17 @@ from headlab.model import Encoder
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 
-def models(E: int, seed: int = 0) -> list[Encoder]:
+def models(E: int, seed: int = 0, readout: str = "mean") -> list[Encoder]:
     out = []
     for e in range(E):
         torch.manual_seed(seed + e)
-        out.append(Encoder(20, 5, 9, readout="mean", d_model=16, n_layers=2, dropout=0.0).double())
+        out.append(Encoder(20, 5, 9, readout=readout, d_model=16, n_layers=2, dropout=0.0).double())
     return out
 
 
-def test_the_stack_computes_what_each_model_computes_alone():
-    alone = models(3)
+@pytest.mark.parametrize("readout", ["mean", "max"])
+def test_the_stack_computes_what_each_model_computes_alone(readout):
+    alone = models(3, readout=readout)
     stack = Stacked([copy.deepcopy(m) for m in alone]).double()
     tokens = torch.randint(1, 20, (3, 4, 9))
     mask = torch.zeros(3, 4, 9, dtype=torch.bool)
@@ -115,7 +117,7 @@ def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
     what each model computes on its own batch (its single run's shapes), for sequence and token outputs."""
     from headlab.training.packed import PackedModule
 
-    for readout in ("mean", "token"):
+    for readout in ("mean", "max", "token"):
         alone = []
         for e in range(3):
             torch.manual_seed(e)

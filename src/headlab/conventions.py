@@ -14,7 +14,7 @@ IGNORE_INDEX = -100  # label of positions that are not scored (token-level tasks
 CHOICES: dict[str, tuple] = {
     "model.norm": ("post", "pre"),
     "model.positional": ("sinusoidal", "learned"),
-    "model.readout": (None, "cls", "mean", "token"),
+    "model.readout": (None, "cls", "mean", "max", "token"),
     "model.attention.scoring": ("dot", "additive"),
     "data.tokenizer.kind": ("wordpiece", "bpe"),
 }

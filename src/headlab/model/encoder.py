@@ -47,7 +47,7 @@ class Block(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Token classifier ('token' readout) or sequence classifier ('cls' or 'mean' readout).
+    """Token classifier ('token' readout) or sequence classifier ('cls', 'mean' or 'max' readout).
 
     forward(tokens, key_padding_mask, need_weights, head_mask) -> (logits, weights):
       tokens (B, n) ids, or (B, n, c) when a position holds c tokens whose embeddings are summed (id 0 adds nothing);
@@ -131,6 +131,10 @@ class Encoder(nn.Module):
             else:
                 real = (~key_padding_mask).unsqueeze(-1).to(x.dtype)  # (B, n, 1)
                 x = (x * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)  # (B, d)
+        elif self.readout == "max":
+            if key_padding_mask is not None:
+                x = x.masked_fill(key_padding_mask.unsqueeze(-1), torch.finfo(x.dtype).min)  # (B, n, d), pads lose
+            x = x.amax(dim=1)  # (B, d)
         return self.head(x), (weights if need_weights else None)
 
 
