@@ -33,17 +33,20 @@ sweep: $(STAMP)  ## a small sweep: 1 and 4 heads, 3 seeds
 # with failed runs (a diverged learning rate) still gets its table, which lists them
 EXPERIMENTS ?= heads_fixed_width key_size scoring fixed_head_size head_pruning heads_vs_depth
 SST2 ?=
-SST2_FILES = data=files data.files.train=$(SST2)/train.tsv data.files.test=$(SST2)/dev.tsv data.text_column=sentence
+SST2_FILES.sst2_heads_fixed_width = data=files data.files.train=$(SST2)/train.tsv data.files.test=$(SST2)/dev.tsv \
+  data.text_column=sentence
+SST2_FILES.sst2_scoring = data.files.train=$(SST2)/train.tsv data.files.val=$(SST2)/dev.tsv \
+  data.files.test=$(SST2)/test_labeled_senteval.tsv
 
 experiments: $(STAMP)  ## run every ablation (hours on a CPU, ARGS=trainer=gpu: minutes) into experiments/RESULTS.md
 	for e in $(EXPERIMENTS); do \
 	  $(BIN)/headlab-train experiment=$$e hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
 	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md \
 	    --archive experiments/results/$$e/runs.tar.xz || exit 1; done
-	if [ -n "$(SST2)" ]; then for e in sst2_heads_fixed_width sst2_scoring; do \
-	  $(BIN)/headlab-train experiment=$$e $(SST2_FILES) hydra.sweep.dir=multirun/experiments/$$e $(ARGS); \
-	  $(BIN)/headlab-compare multirun/experiments/$$e --out experiments/results/$$e --into experiments/RESULTS.md \
-	    --archive experiments/results/$$e/runs.tar.xz || exit 1; done; fi
+	if [ -n "$(SST2)" ]; then $(foreach e,sst2_heads_fixed_width sst2_scoring, \
+	  $(BIN)/headlab-train experiment=$(e) $(SST2_FILES.$(e)) hydra.sweep.dir=multirun/experiments/$(e) $(ARGS); \
+	  $(BIN)/headlab-compare multirun/experiments/$(e) --out experiments/results/$(e) --into experiments/RESULTS.md \
+	    --archive experiments/results/$(e)/runs.tar.xz || exit 1;) fi
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code

@@ -25,10 +25,11 @@ ROOT = Path(__file__).parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 SST2 = ROOT / ".." / "shared" / "data" / "sst2"
 SST2_FILES = ["data=files", f"data.files.train={SST2 / 'train.tsv'}", "data.text_column=sentence"]
+SST2_SENTENCE_SPLITS = (("train", "train.tsv"), ("val", "dev.tsv"), ("test", "test_labeled_senteval.tsv"))
 OFFLINE_DATA = {  # experiments on hub data run here on the same data from local files
     "sst2_recipe": [*SST2_FILES, f"data.files.val={SST2 / 'dev.tsv'}"],
     "sst2_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
-    "sst2_scoring": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
+    "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }
 RECIPES = ("sst2_recipe",)  # one run, not an ablation
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
