@@ -106,5 +106,5 @@ def test_parameter_counts_and_flops():
 def test_unknown_choices_fail_at_construction():
     with pytest.raises(ValueError, match="norm='middle' is unknown; choose one of post, pre"):
         encoder(norm="middle")
-    with pytest.raises(ValueError, match="readout='max' is unknown"):
-        encoder(readout="max")
+    with pytest.raises(ValueError, match="readout='sum' is unknown; choose one of cls, mean, max, token"):
+        encoder(readout="sum")
