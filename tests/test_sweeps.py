@@ -60,6 +60,24 @@ def test_failed_job_is_recorded_others_complete_and_resume_reruns_only_it(run_cl
     assert second.stdout.count("skipping") + second.stderr.count("skipping") == 2
 
 
+@pytest.mark.parametrize("launcher", ["basic", "packed"])
+def test_a_setting_every_job_shares_is_reported_once_not_once_per_job(run_cli, tmp_path, launcher):
+    args = ["-m", *QUICK, "model.attention.n_heads=3", "seed=range(12)", f"hydra/launcher={launcher}"]
+    result = run_cli(*args, "hydra.sweep.dir=sweep")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("headlab-train")]
+    reason = "model.attention.n_heads=3 is invalid: expected a divisor of model.d_model=16"
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(f"headlab-train: invalid config: {reason}")
+    sweep = tmp_path / "sweep"
+    assert lines[1].startswith(
+        "headlab-train: not completed: 12 jobs in sweep (0, 1, 2, 3, 4, 5, 6, 7 and 4 more) (failed: ConfigError: "
+        + reason
+    )
+    assert lines[2].startswith("headlab-train: 12 of 12 jobs did not complete")
+    assert [status(sweep / str(j))["status"] for j in range(12)] == ["failed"] * 12
+
+
 @pytest.mark.e2e
 def test_local_launcher_runs_two_jobs_at_once_sharing_the_cores(run_cli, tmp_path):
     result = run_cli("-m", *QUICK, "hydra/launcher=local", "seed=0,1", "hydra.sweep.dir=sweep")

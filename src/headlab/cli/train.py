@@ -43,6 +43,7 @@ _KIND = {
 }
 TRACEBACKS = "HEADLAB_TRACEBACKS"  # "1": the user asked for whole tracebacks (HYDRA_FULL_ERROR=1 when started)
 _job_started = False  # False while Hydra parses, composes and creates the output directory
+_said: set[str] = set()  # the errors this process has reported: a sweep says each once (its summary counts the jobs)
 
 
 @dataclass
@@ -110,7 +111,11 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
                 (job.run_dir / "results.json").write_text(job.previous)
         else:
             _finish(job, error)
-        print(f"headlab-train: {_KIND[type(error).__name__]}: {error}", file=sys.stderr)
+        line = f"headlab-train: {_KIND[type(error).__name__]}: {error}"
+        if line not in _said:
+            print(line, file=sys.stderr)
+        if job.in_sweep:
+            _said.add(line)
         if _debug():
             raise error
         if not job.in_sweep:

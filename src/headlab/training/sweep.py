@@ -82,17 +82,20 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         statuses = {}
-        for path in sorted(sweep_dir.glob("*/results.json")):
+        for path in sorted(
+            sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name)
+        ):  # 2 < 10
             try:
                 statuses[path.parent] = json.loads(path.read_text())
             except (OSError, ValueError):
                 statuses[path.parent] = {"status": "unreadable"}
         failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
+        by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
         for job_dir, record in failed.items():
-            print(
-                f"headlab-train: not completed: {job_dir} ({record.get('status')}: {record.get('error', '')})",
-                file=sys.stderr,
-            )
+            by_reason.setdefault(f"{record.get('status')}: {record.get('error', '')}", []).append(job_dir.name)
+        for reason, names in by_reason.items():
+            jobs = str(sweep_dir / names[0]) if len(names) == 1 else f"{len(names)} jobs in {sweep_dir} ({_few(names)})"
+            print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
         done = len(statuses) - len(failed)
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
         if failed:
@@ -102,3 +105,9 @@ class SweepSummary(Callback):
                 file=sys.stderr,
             )
             sys.exit(1)
+
+
+def _few(names: list[str], shown: int = 8) -> str:
+    """Job directory names for one line: the first few, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
