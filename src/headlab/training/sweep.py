@@ -82,9 +82,8 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         statuses = {}
-        for path in sorted(
-            sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name)
-        ):  # 2 < 10
+        records = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
+        for path in records:
             try:
                 statuses[path.parent] = json.loads(path.read_text())
             except (OSError, ValueError):
