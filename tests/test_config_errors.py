@@ -10,8 +10,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
+from headlab.errors import ConfigError
 from headlab.model.encoder import Encoder
-from headlab.training.config_check import check_config
+from headlab.training.config_check import check_config, check_launch
 
 
 @dataclass
@@ -296,3 +297,25 @@ def test_bad_input_exits_with_one_line_and_no_success(run_cli, tmp_path, case):
 def test_every_shipped_data_config_composes_and_validates(data):
     with initialize_config_module("headlab.conf", version_base="1.3"):
         check_config(compose("train", overrides=[f"data={data}"]))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("callbacks=early_stopping", "callbacks.early_stopping='EarlyStopping' is invalid: expected null with"),
+        (
+            "+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging",
+            "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
+            "headlab's own callbacks only: train it with the default launcher)",
+        ),
+    ],
+)
+def test_a_pack_refuses_callbacks_it_would_never_call(override, message):
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        cfg = compose("train", overrides=[override])
+        plain = compose("train")
+    with pytest.raises(ConfigError) as error:
+        check_launch(cfg, in_sweep=True, launcher="packed")
+    assert str(error.value).startswith(message)
+    check_launch(cfg, in_sweep=True, launcher="basic")  # the default launcher runs any Lightning callback
+    check_launch(plain, in_sweep=True, launcher="packed")  # and a pack runs the default ones itself

@@ -147,6 +147,9 @@ def _is_text(cfg: DictConfig) -> bool:
     return str(cfg.data.get("_target_", "")).startswith("headlab.data.text.")
 
 
+PACKED_CALLBACKS = {"model_checkpoint", "last_checkpoint", "progress_bar", "attention"}  # what a pack does itself
+
+
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
     """Strategies that re-launch the command line in every rank cannot run inside a local multirun; a pack trains
     on one device and starts its members from scratch."""
@@ -156,9 +159,14 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
             fail("trainer.devices", cfg.trainer.get("devices"), "1 with hydra/launcher=packed (one device per pack)")
         if cfg.get("resume"):
             fail("resume", cfg.resume, "null with hydra/launcher=packed (resume one run with the default launcher)")
-        if (cfg.get("callbacks") or {}).get("early_stopping"):
+        callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
+        if "early_stopping" in callbacks:
             rule = "null with hydra/launcher=packed (a pack trains its members for the same epochs; the test "
             fail("callbacks.early_stopping", "EarlyStopping", rule + "evaluates each one's best checkpoint)")
+        for name in callbacks.keys() - PACKED_CALLBACKS:  # a pack would build it and never call it
+            target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
+            rule = "null with hydra/launcher=packed (a pack runs headlab's own callbacks only: "
+            fail(f"callbacks.{name}", target, rule + "train it with the default launcher)")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",
