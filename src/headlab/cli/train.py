@@ -114,8 +114,7 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
         line = f"headlab-train: {_KIND[type(error).__name__]}: {error}"
         if line not in _said:
             print(line, file=sys.stderr)
-        if job.in_sweep:
-            _said.add(line)
+        _said.add(line)
         if _debug():
             raise error
         if not job.in_sweep:

@@ -148,6 +148,9 @@ def _is_text(cfg: DictConfig) -> bool:
 
 
 PACKED_CALLBACKS = {"model_checkpoint", "last_checkpoint", "progress_bar", "attention"}  # what a pack does itself
+PACKED_REFUSALS = {  # why a pack refuses a callback, where there is more to say than that it would not run it
+    "early_stopping": "a pack trains its members for the same epochs; the test evaluates each one's best checkpoint",
+}
 
 
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
@@ -160,13 +163,12 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
         if cfg.get("resume"):
             fail("resume", cfg.resume, "null with hydra/launcher=packed (resume one run with the default launcher)")
         callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
-        if "early_stopping" in callbacks:
-            rule = "null with hydra/launcher=packed (a pack trains its members for the same epochs; the test "
-            fail("callbacks.early_stopping", "EarlyStopping", rule + "evaluates each one's best checkpoint)")
-        for name in callbacks.keys() - PACKED_CALLBACKS:  # a pack would build it and never call it
+        for name in sorted(callbacks.keys() - PACKED_CALLBACKS):  # a pack would build it and never call it
             target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
-            rule = "null with hydra/launcher=packed (a pack runs headlab's own callbacks only: "
-            fail(f"callbacks.{name}", target, rule + "train it with the default launcher)")
+            why = PACKED_REFUSALS.get(
+                name, "a pack runs headlab's own callbacks only: train it with the default launcher"
+            )
+            fail(f"callbacks.{name}", target, f"null with hydra/launcher=packed ({why})")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",
