@@ -3,7 +3,8 @@
 Every member stays a run: it is built exactly as `headlab.training.run` builds a single run (same seed, same
 data, same initialisation), trained by the same AdamW update and schedule with its own hyperparameters, and
 writes what a single run writes into its own run directory (results.json fields, best and last checkpoints in
-the single run's format, heads.json, its own loggers). One Lightning Trainer drives the pack.
+the single run's format, heads.json, its own loggers). One Lightning Trainer drives the pack. Dropout masks
+come from the pack's one random stream, not each member's own: with dropout a member's exact numbers are its pack's.
 
 Shapes: E members, B batch, n positions, C classes.
 """
