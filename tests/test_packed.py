@@ -20,6 +20,7 @@ from headlab.training.sweep import usable_cores
 
 pytestmark = pytest.mark.e2e
 FLOAT64 = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.log_every_n_steps=1"]
+DROPOUT = ["model.dropout=0.1", "model.attention.dropout=0.1"]  # each member draws from its own stream
 
 
 def records(sweep) -> list[dict]:
@@ -38,15 +39,15 @@ def test_pack_key_ignores_what_members_may_differ_in():
 
 
 def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path):
-    """float64 on the CPU: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job run alone. The
-    losses agree to rounding (1e-15 at the first step; AdamW's different order of rounding grows to ~1e-9 over
-    16 steps of this size)."""
+    """float64 on the CPU, dropout 0.1: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job run
+    alone (it draws its single run's dropout masks from its own stream). The losses agree to rounding (1e-15 at
+    the first step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size)."""
     sweep = tmp_path / "sweep"
     packed = run_cli(
-        "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, f"hydra.sweep.dir={sweep}"
+        "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, *DROPOUT, f"hydra.sweep.dir={sweep}"
     )
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, "hydra.run.dir=alone")
+    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, "hydra.run.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
 
     runs = records(sweep)
@@ -93,6 +94,11 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     run = sweep / str(member)
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "heads.json").is_file()
     assert len(list((run / "checkpoints").glob("best-*.ckpt"))) == 1 and (run / "checkpoints" / "last.ckpt").is_file()
+    ours_state, theirs_state = (
+        torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["random_state"]["torch"]
+        for d in (run, tmp_path / "alone")
+    )
+    assert torch.equal(ours_state, theirs_state)  # its own dropout stream, where its single run's stands: resumable
     heads = subprocess.run(
         [sys.executable, "-m", "headlab.cli.heads", str(run)],
         env=cli_env(),
@@ -101,7 +107,8 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
         timeout=300,
     )
     assert heads.returncode == 0, heads.stderr[-2000:]
-    resumed = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, f"resume={run}")  # training done: it tests the best again
+    # training done: the resumed run tests the best checkpoint again
+    resumed = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, f"resume={run}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = json.loads((run / "results.json").read_text())
     assert again["metrics"]["test/acc"] == pytest.approx(runs[member]["metrics"]["test/acc"], abs=1e-9)

@@ -112,6 +112,35 @@ def test_a_frozen_member_does_not_move_and_the_others_do():
     assert all(not torch.equal(p[0], b[0]) for p, b in zip(params, before, strict=True))
 
 
+def test_on_the_cpu_each_member_draws_its_dropout_from_its_own_stream_whatever_its_pack():
+    """Dropout 0.3 in training mode: member e of a stack with streams computes what its model computes alone
+    from that random state, two steps running, in a pack of 3 and as the only member of a pack of 1; the
+    process's own random state is left as it was."""
+    alone = []
+    for e in range(3):
+        torch.manual_seed(e)
+        alone.append(
+            Encoder(20, 5, 9, d_model=16, n_layers=1, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
+        )
+    streams = [torch.Generator().manual_seed(100 + e).get_state() for e in range(3)]
+    tokens = torch.randint(1, 20, (3, 4, 9)).expand(2, 3, 4, 9)  # (steps, E, B, n): the same batch twice
+    mask = torch.zeros(3, 4, 9, dtype=torch.bool)
+    expected = []  # (steps, E, B, C): each model alone, its stream in the process's place
+    for e, model in enumerate(alone):
+        torch.set_rng_state(streams[e])
+        expected.append(torch.stack([model(tokens[step, e], mask[e])[0] for step in range(2)]))
+    expected = torch.stack(expected, dim=1)
+    pack = Stacked([copy.deepcopy(m) for m in alone], streams).double()
+    single = Stacked([copy.deepcopy(alone[2])], streams[2:]).double()
+    torch.manual_seed(7)
+    outer = torch.get_rng_state()
+    for step in range(2):
+        torch.testing.assert_close(pack(tokens[step], mask), expected[step], atol=1e-12, rtol=0)
+        torch.testing.assert_close(single(tokens[step, 2:], mask[2:])[0], expected[step, 2], atol=1e-12, rtol=0)
+    assert torch.equal(torch.get_rng_state(), outer)
+    assert not torch.allclose(expected[0], expected[1])  # each stream goes on: new masks at the next step
+
+
 def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
     """Members' batches of different lengths (bucketed text), padded to the longest of them: the pack computes
     what each model computes on its own batch (its single run's shapes), for sequence and token outputs."""

@@ -3,8 +3,9 @@
 Every member stays a run: it is built exactly as `headlab.training.run` builds a single run (same seed, same
 data, same initialisation), trained by the same AdamW update and schedule with its own hyperparameters, and
 writes what a single run writes into its own run directory (results.json fields, best and last checkpoints in
-the single run's format, heads.json, its own loggers). One Lightning Trainer drives the pack. Dropout masks
-come from the pack's one random stream, not each member's own: with dropout a member's exact numbers are its pack's.
+the single run's format, heads.json, its own loggers). One Lightning Trainer drives the pack. On a CPU each member
+draws its dropout masks from its own random stream, the one its single run draws from; on a GPU (one batched
+computation) the members draw theirs in one batched draw from the pack's stream.
 
 Shapes: E members, B batch, n positions, C classes.
 """
@@ -140,12 +141,13 @@ class PackedModule(pl.LightningModule):
     """E encoders of one architecture as one model: per-member losses, accuracies and AdamW hyperparameters.
 
     optim: one dict per member (lr, weight_decay, warmup, betas), as the single run's HeadLabModule takes them.
+    streams: each member's CPU random state where its single run starts training (Stacked).
     A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
     """
 
-    def __init__(self, models: list, optim: list[dict]):
+    def __init__(self, models: list, optim: list[dict], streams: list[torch.Tensor] | None = None):
         super().__init__()
-        self.stack = Stacked(models)
+        self.stack = Stacked(models, streams)
         self.optim = optim
         E = len(models)
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
@@ -250,6 +252,7 @@ class Member:
     callbacks: list = field(default_factory=list)
     module: HeadLabModule | None = None
     datamodule: object = None
+    stream: torch.Tensor | None = None  # the CPU random state its single run starts training from
     best: dict = field(default_factory=lambda: {"score": None, "path": None, "state": None})
     metrics: dict = field(default_factory=dict)
     wandb: dict | None = None
@@ -422,6 +425,8 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     e, step = member.index, pack_checkpoint["global_step"]
     skip = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "hyper_parameters", "hparams_name")
     checkpoint = {k: v for k, v in pack_checkpoint.items() if k not in skip}
+    if "random_state" in checkpoint and pl_module.stack.streams is not None:  # its own stream, where it is now
+        checkpoint["random_state"] = {**checkpoint["random_state"], "torch": pl_module.stack.streams[e].clone()}
     checkpoint["state_dict"] = {f"model.{name}": tensor.cpu() for name, tensor in state.items()}
     checkpoint["hyper_parameters"] = dict(member.module.hparams)
     module = member.module
@@ -514,6 +519,7 @@ def build_member(member: Member) -> None:
     member.datamodule, model = build(member.cfg)
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
     member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
+    member.stream = torch.get_rng_state()  # what its single run's dropout goes on to draw from
 
 
 def shape_key(member: Member) -> tuple:
@@ -547,7 +553,9 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         member.index = index
     size = len(members)
     pl.seed_everything(members[0].cfg.seed, workers=True)
-    module = PackedModule([m.module.model for m in members], [m.module.hparams for m in members])
+    module = PackedModule(
+        [m.module.model for m in members], [m.module.hparams for m in members], [m.stream for m in members]
+    )
     for member in members:
         member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
     with ThreadPoolExecutor(8) as pool:  # W&B runs start in about 0.3 s each, mostly waiting on its service
