@@ -267,3 +267,20 @@ def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path, caplog):
     third = datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})
     third.setup()
     assert third.loaded_from_cache
+
+
+def test_a_cache_entry_another_process_completed_meanwhile_is_kept_not_replaced(tmp_path):
+    """Two packs preparing the same data at once: the second writer must not delete the entry the first reads."""
+    from headlab.data import text_pipeline as pipeline
+
+    rows = "text,label\n" + "".join(f"word{i} word{i + 1},{i % 2}\n" for i in range(60))
+    (tmp_path / "train.csv").write_text(rows)
+    dm = datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})
+    dm.setup()  # the first writer's complete entry
+    written = {name: (dm.cache_path / name).read_bytes() for name in pipeline.CACHE_FILES}
+    with np.load(dm.cache_path / "arrays.npz") as arrays:
+        other = {"train": {k.removeprefix("train_"): arrays[k][:2] for k in arrays.files if k.startswith("train_")}}
+    pipeline.write_cache(dm.cache_path, other, dm.tokenizer, ["x", "y"])  # a second writer that prepared it too
+    assert {name: (dm.cache_path / name).read_bytes() for name in pipeline.CACHE_FILES} == written
+    assert pipeline.cache_state(dm.cache_path) == "complete"
+    assert not list(tmp_path.rglob(".tmp-*"))  # the loser's temporary directory is removed

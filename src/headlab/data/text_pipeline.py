@@ -262,7 +262,8 @@ def cache_state(entry: Path) -> str:
 
 def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
     """Write into a temporary directory, then rename: a crash leaves no half-written cache entry; the checksums
-    are written last, so an entry damaged later is detected on reading."""
+    are written last, so an entry damaged later is detected on reading. Where another process completed the entry
+    meanwhile (two packs preparing the same data), its entry is kept: that process may be reading it."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
     try:
@@ -270,6 +271,9 @@ def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
         tokenizer.save(str(tmp / "tokenizer.json"))
         (tmp / "labels.json").write_text(json.dumps(labels))
         (tmp / COMPLETE).write_text(json.dumps({name: sha256(tmp / name) for name in CACHE_FILES}))
+        if cache_state(entry) == "complete":  # a concurrent writer won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         if entry.exists():  # a corrupt entry being rebuilt
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
