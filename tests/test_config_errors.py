@@ -56,6 +56,7 @@ CASES = [
     value("data.batch_size=1.5", "an int >= 1"),
     value("optim.lr=-1", "a number > 0"),
     value("optim.warmup=2", "a number in [0, 1)"),
+    value("optim.sam_rho=-0.05", "a number >= 0 (0: plain AdamW steps)"),
     value("trainer.max_epochs=0", "an int >= 1"),
     value("seed=x", "an int"),
     value("callbacks.attention.every_n_val_epochs=0", "an int >= 1"),

@@ -79,6 +79,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "optim.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "optim.warmup": PROBABILITY,
+    "optim.sam_rho": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: plain AdamW steps)"),
     "trainer.max_epochs": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),

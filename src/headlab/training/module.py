@@ -1,4 +1,5 @@
-"""LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay."""
+"""LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay (and, with
+sam_rho > 0, sharpness-aware steps)."""
 
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from headlab.conventions import IGNORE_INDEX
 from headlab.errors import TrainingError
 from headlab.model import Encoder
+from headlab.training.sharpness import SharpnessAware
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
@@ -27,7 +29,7 @@ def non_finite_loss(step: int, last: Path | None) -> str:
     return f"non-finite training loss at step {step}; lower optim.lr or keep trainer.gradient_clip_val; {saved}"
 
 
-class HeadLabModule(pl.LightningModule):
+class HeadLabModule(SharpnessAware, pl.LightningModule):
     """Trains `model`; logs {train,val,test}/loss and /acc (accuracy over scored positions for token tasks)."""
 
     def __init__(
@@ -38,6 +40,7 @@ class HeadLabModule(pl.LightningModule):
         weight_decay: float = 0.01,
         warmup: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.98),
+        sam_rho: float = 0.0,
     ):
         super().__init__()
         self.model = model
@@ -53,10 +56,16 @@ class HeadLabModule(pl.LightningModule):
     def forward(self, batch: dict, **kwargs):
         return self.model(batch["tokens"], batch["padding_mask"], **kwargs)
 
-    def _step(self, batch: dict, split: str) -> torch.Tensor:
-        logits, _ = self(batch)  # (B, C) or (B, n, C)
+    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean cross-entropy over scored positions, and the logits (B, C) or (B, n, C)."""
+        logits, _ = self(batch)
         labels = batch["labels"]  # (B,) or (B, n)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return loss, logits
+
+    def _step(self, batch: dict, split: str) -> torch.Tensor:
+        loss, logits = self._loss(batch)
+        labels = batch["labels"]
         self.acc[f"{split}_acc"](logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         on_step = split == "train"
         self.log(
@@ -78,6 +87,8 @@ class HeadLabModule(pl.LightningModule):
         self.global_batch_size = global_batch  # data.batch_size is per device
 
     def training_step(self, batch, batch_idx):
+        if self.ascended:  # sharpness-aware minimisation's second pass: its loss is not the run's
+            return self._loss(batch)[0]
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
         loss = self._step(batch, "train")
@@ -112,6 +123,12 @@ class HeadLabModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
+
+    def sam_rho(self) -> float:
+        return self.hparams.sam_rho
+
+    def gradient_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))  # ()
 
     def parameter_groups(self) -> list[dict]:
         """AdamW's groups: matrices decay; biases, norms and vectors do not."""

@@ -40,8 +40,9 @@ from headlab.training.run import (
     instantiate_node,
     model_fields,
 )
+from headlab.training.sharpness import SharpnessAware
 from headlab.training.sweep import usable_cores
-from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
+from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member, member_norms
 
 log = logging.getLogger("headlab")
 SPLITS = ("train", "val", "test")
@@ -137,10 +138,11 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
         return DataLoader(data, sampler=sampler, batch_size=None, num_workers=0)
 
 
-class PackedModule(pl.LightningModule):
+class PackedModule(SharpnessAware, pl.LightningModule):
     """E encoders of one architecture as one model: per-member losses, accuracies and AdamW hyperparameters.
 
-    optim: one dict per member (lr, weight_decay, warmup, betas), as the single run's HeadLabModule takes them.
+    optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho), as the single run's HeadLabModule takes
+    them; sam_rho is the same for all (Stacked members' gradients are each scaled by their own norm).
     streams: each member's CPU random state where its single run starts training (Stacked).
     A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
     """
@@ -208,6 +210,8 @@ class PackedModule(pl.LightningModule):
         self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
 
     def training_step(self, batch, batch_idx):
+        if self.ascended:  # sharpness-aware minimisation's second pass: its losses are not the members'
+            return torch.where(self.alive, self._measure(batch)[0], 0).sum()
         losses, sums = self._measure(batch)
         finite = torch.isfinite(losses)
         self.diverged_at = torch.where(self.alive & ~finite, self.global_step, self.diverged_at)
@@ -222,6 +226,12 @@ class PackedModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._add("test", self._measure(batch)[1])
+
+    def sam_rho(self) -> float:
+        return self.optim[0].get("sam_rho", 0.0)  # one for the pack: packs never mix values (pack_key)
+
+    def gradient_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        return member_norms(grads)  # (E,)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """trainer.gradient_clip_val clips each member's gradient norm on its own, as its single run would."""
@@ -529,13 +539,15 @@ def shape_key(member: Member) -> tuple:
 
 def members_that_fit(members: list[Member]) -> int:
     """How many members of this architecture fit in the memory of the device they train on, by an estimate:
-    20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor) and, per layer and position
+    20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor; 24 with optim.sam_rho, whose
+    ascent is kept through the second pass) and, per layer and position
     of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head; 70% of what
     is free."""
     model, data = members[0].module.model, members[0].datamodule
     n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
     activations = 4 * data.batch_size * model.n_layers * n * (20 * model.head.in_features + 3 * attn.n_heads * n)
-    per_member = 20 * count_parameters(model)["total"] + activations
+    per_param = 24 if members[0].cfg.optim.get("sam_rho") else 20
+    per_member = per_param * count_parameters(model)["total"] + activations
     if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
         free = torch.cuda.mem_get_info()[0]
     else:

@@ -240,9 +240,14 @@ def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     """torch.nn.utils.clip_grad_norm_ for each member on its own: the global 2-norm of member e's gradients,
     scaled down to max_norm where above. Returns the (E,) norms."""
     grads = [p.grad for p in params if p.grad is not None]
-    # each tensor's norms, then the norm of those, as torch's clip_grad_norm_ computes it (and no squared copy)
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]).norm(dim=0)  # (E,)
+    norms = member_norms(grads)  # (E,)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for g in grads:
         g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))))
     return norms
+
+
+def member_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm of each member's gradients (E,) from stacked tensors (E, ...): each tensor's norms, then
+    the norm of those, as torch's clip_grad_norm_ computes it (and no squared copy)."""
+    return torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]).norm(dim=0)
