@@ -6,6 +6,8 @@ a radius rho of the weights, so the optimiser prefers flat minima. Twice the com
 
 import torch
 
+from headlab.training.vectorized import per_row
+
 
 class SharpnessAware:
     """A LightningModule mixin: with sam_rho() > 0, optimizer_step runs the training closure (training_step and
@@ -36,7 +38,7 @@ class SharpnessAware:
         # no ascent where the gradient is not finite (a float16 overflow the scaler skips, a diverged member)
         scale = torch.where(torch.isfinite(norms) & (norms > 0), rho / norms, 0.0)
         with torch.no_grad():
-            ascent = [g * scale.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for g in grads]  # rows: members
+            ascent = [g * per_row(scale, g) for g in grads]
             for p, e in zip(params, ascent, strict=True):
                 p.add_(e)
         self.ascended = True

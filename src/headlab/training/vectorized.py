@@ -243,8 +243,13 @@ def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     norms = member_norms(grads)  # (E,)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for g in grads:
-        g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))))
+        g.mul_(per_row(coef, g))
     return norms
+
+
+def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(E,) values, one a member, broadcasting against a stacked tensor like `like` (E, ...); a () value against any."""
+    return values.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
 
 def member_norms(grads: list[torch.Tensor]) -> torch.Tensor:
