@@ -116,23 +116,26 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     assert [p["step"] for p in again["curve"]] == [p["step"] for p in runs[member]["curve"]]  # kept by the resume
 
 
-def test_a_sharpness_aware_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path):
-    """With optim.sam_rho each member ascends along its own gradient, scaled by its own norm (float64, dropout):
-    the member with seed 1 of a pack of two against that job alone, and a pack never mixes radii."""
+@pytest.mark.parametrize("option", ["optim.sam_rho=0.05", "optim.rdrop=1.0"])
+def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path, option):
+    """With optim.sam_rho each member ascends along its own gradient, scaled by its own norm; with optim.rdrop each
+    member's two passes draw its own dropout masks (float64, dropout): the member with seed 1 of a pack of two
+    against that job alone, and a pack never mixes values."""
     sweep = tmp_path / "sweep"
-    sam = ["optim.sam_rho=0.05", *FLOAT64, *DROPOUT]
-    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *sam, f"hydra.sweep.dir={sweep}")
+    two_pass = [option, *FLOAT64, *DROPOUT]
+    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *two_pass, f"hydra.sweep.dir={sweep}")
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("seed=1", *sam, "hydra.run.dir=alone")
+    alone = run_cli("seed=1", *two_pass, "hydra.run.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
     plain = run_cli("seed=1", *FLOAT64, *DROPOUT, "hydra.run.dir=plain")
     assert plain.returncode == 0, plain.stderr[-3000:]
     ours, theirs, without = (step_losses(d) for d in (sweep / "1", tmp_path / "alone", tmp_path / "plain"))
     assert len(ours) == len(theirs) == 16
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-7
-    assert max(abs(a - b) for a, b in zip(theirs, without, strict=True)) > 1e-4  # the ascent changes training
-    base = {"seed": 0, "optim.sam_rho": 0.0}
-    assert pack_key(base) != pack_key({**base, "optim.sam_rho": 0.05})
+    assert max(abs(a - b) for a, b in zip(theirs, without, strict=True)) > 1e-4  # the option changes training
+    key, _, value = option.partition("=")
+    base = {"seed": 0, key: 0.0}
+    assert pack_key(base) != pack_key({**base, key: float(value)})
 
 
 def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(run_cli, tmp_path):

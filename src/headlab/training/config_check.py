@@ -80,6 +80,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "optim.warmup": PROBABILITY,
     "optim.sam_rho": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: plain AdamW steps)"),
+    "optim.rdrop": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: one pass a batch, no consistency term)"),
     "trainer.max_epochs": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
@@ -129,6 +130,10 @@ def check_config(cfg: DictConfig) -> None:
         fail("model.attention.n_heads", att.n_heads, rule)
     if att.n_kv_heads is not None and att.n_heads % att.n_kv_heads:
         fail("model.attention.n_kv_heads", att.n_kv_heads, f"a divisor of model.attention.n_heads={att.n_heads}")
+    if _value(cfg, "optim.rdrop") not in (_ABSENT, 0) and not (cfg.model.dropout or att.get("dropout")):
+        rule = "0 while model.dropout and model.attention.dropout are 0 (R-Drop compares two dropout masks)"
+        rule += "; set optim.rdrop=0 (text data's defaults set 3)"
+        fail("optim.rdrop", cfg.optim.rdrop, rule)
     task = cfg.data.get("task", {})
     if task.get("lookups") == 2 and task.get("fused") is False:
         fail("data.task.fused", False, "true when data.task.lookups=2 (a query position holds both keys)")

@@ -1,5 +1,5 @@
 """LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay (and, with
-sam_rho > 0, sharpness-aware steps)."""
+sam_rho > 0, sharpness-aware steps; with rdrop > 0, R-Drop's consistency term)."""
 
 import math
 from pathlib import Path
@@ -12,6 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from headlab.conventions import IGNORE_INDEX
 from headlab.errors import TrainingError
 from headlab.model import Encoder
+from headlab.training.rdrop import disagreement
 from headlab.training.sharpness import SharpnessAware
 
 
@@ -41,6 +42,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         warmup: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.98),
         sam_rho: float = 0.0,
+        rdrop: float = 0.0,
     ):
         super().__init__()
         self.model = model
@@ -63,9 +65,19 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
         return loss, logits
 
-    def _step(self, batch: dict, split: str) -> torch.Tensor:
+    def _training_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(objective, cross-entropy, logits of the first pass). With rdrop > 0 the batch runs twice (R-Drop): the
+        two passes' mean cross-entropy plus rdrop times their disagreement; otherwise the objective is the loss."""
         loss, logits = self._loss(batch)
-        labels = batch["labels"]
+        if not self.hparams.rdrop:
+            return loss, loss, logits
+        second, other = self._loss(batch)
+        C, labels = logits.shape[-1], batch["labels"].reshape(-1)
+        penalty = disagreement(logits.reshape(-1, C), other.reshape(-1, C), labels != IGNORE_INDEX)  # ()
+        loss = (loss + second) / 2
+        return loss + self.hparams.rdrop * penalty, loss, logits
+
+    def _log(self, split: str, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         self.acc[f"{split}_acc"](logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
         on_step = split == "train"
         self.log(
@@ -78,7 +90,6 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
             batch_size=labels.shape[0],
         )
         self.log(f"{split}/acc", self.acc[f"{split}_acc"], on_step=False, on_epoch=True, prog_bar=True)
-        return loss
 
     def on_fit_start(self):
         global_batch = (
@@ -88,12 +99,13 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if self.ascended:  # sharpness-aware minimisation's second pass: its loss is not the run's
-            return self._loss(batch)[0]
+            return self._training_loss(batch)[0]
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
-        loss = self._step(batch, "train")
-        self._watch_loss(loss)
-        return loss
+        objective, loss, logits = self._training_loss(batch)
+        self._log("train", loss, logits, batch["labels"])
+        self._watch_loss(objective)
+        return objective
 
     def _watch_loss(self, loss: torch.Tensor) -> None:
         """Stop on a non-finite training loss; checkpoints so far stay as they are. On a CPU every step is read.
@@ -119,10 +131,10 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         return None
 
     def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
+        self._log("val", *self._loss(batch), batch["labels"])
 
     def test_step(self, batch, batch_idx):
-        self._step(batch, "test")
+        self._log("test", *self._loss(batch), batch["labels"])
 
     def sam_rho(self) -> float:
         return self.hparams.sam_rho

@@ -31,6 +31,7 @@ from headlab.training import loggers as loggers_
 from headlab.training import pack_analysis
 from headlab.training.callbacks import AttentionLogger, ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.module import HeadLabModule, non_finite_loss, warmup_cosine
+from headlab.training.rdrop import disagreement
 from headlab.training.results import save_checkpoint_atomic
 from headlab.training.run import (
     TRAIN_METRICS,
@@ -141,8 +142,8 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
 class PackedModule(SharpnessAware, pl.LightningModule):
     """E encoders of one architecture as one model: per-member losses, accuracies and AdamW hyperparameters.
 
-    optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho), as the single run's HeadLabModule takes
-    them; sam_rho is the same for all (Stacked members' gradients are each scaled by their own norm).
+    optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho, rdrop), as the single run's HeadLabModule
+    takes them; sam_rho and rdrop are the same for all (Stacked members' gradients are each scaled by their own norm).
     streams: each member's CPU random state where its single run starts training (Stacked).
     A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
     """
@@ -171,8 +172,9 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         )
         return torch.stack([F.pad(x, (0, 0, 0, n - x.shape[1])) if x.dim() == 3 else x for x in logits])
 
-    def _measure(self, batch: dict) -> tuple[torch.Tensor, dict]:
-        """Per-member mean loss (E,) as F.cross_entropy gives a single run, and the epoch sums it adds to."""
+    def _measure(self, batch: dict) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """Per-member mean loss (E,) as F.cross_entropy gives a single run, the epoch sums it adds to, and the
+        logits (E, N, C) over the N = B or B n positions."""
         logits = self(batch)
         E, C = logits.shape[0], logits.shape[-1]
         labels = batch["labels"].reshape(E, -1)  # (E, N)
@@ -187,7 +189,20 @@ class PackedModule(SharpnessAware, pl.LightningModule):
             "correct": ((logits.argmax(-1) == labels) & scored).sum(1).float(),
             "scored": scored.sum(1).float(),
         }
-        return losses, sums
+        return losses, sums, logits
+
+    def _training_losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Per-member (objective, cross-entropy), each (E,), and the first pass's epoch sums, as HeadLabModule's
+        _training_loss: with optim.rdrop (one for the pack) two passes, each member's own dropout masks in each."""
+        losses, sums, logits = self._measure(batch)
+        rdrop = self.optim[0].get("rdrop", 0.0)
+        if not rdrop:
+            return losses, losses, sums
+        second, _, other = self._measure(batch)
+        scored = batch["labels"].reshape(logits.shape[:2]) != IGNORE_INDEX  # (E, N)
+        losses = (losses + second) / 2
+        sums["loss"] = losses.detach() * sums["examples"]
+        return losses + rdrop * disagreement(logits, other, scored), losses, sums
 
     def _add(self, split: str, sums: dict) -> None:
         total = self.sums.setdefault(split, {})
@@ -211,15 +226,15 @@ class PackedModule(SharpnessAware, pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if self.ascended:  # sharpness-aware minimisation's second pass: its losses are not the members'
-            return torch.where(self.alive, self._measure(batch)[0], 0).sum()
-        losses, sums = self._measure(batch)
-        finite = torch.isfinite(losses)
+            return torch.where(self.alive, self._training_losses(batch)[0], 0).sum()
+        objectives, losses, sums = self._training_losses(batch)
+        finite = torch.isfinite(objectives)
         self.diverged_at = torch.where(self.alive & ~finite, self.global_step, self.diverged_at)
         self.alive &= finite
         self.optimizers().optimizer.alive = self.alive
         self._add("train", {k: torch.where(self.alive, v, 0) for k, v in sums.items()})
         self.last_losses = losses.detach()
-        return torch.where(self.alive, losses, 0).sum()  # members' gradients never mix: each sees its own loss
+        return torch.where(self.alive, objectives, 0).sum()  # members' gradients never mix: each sees its own loss
 
     def validation_step(self, batch, batch_idx):
         self._add("val", self._measure(batch)[1])
@@ -541,11 +556,12 @@ def members_that_fit(members: list[Member]) -> int:
     """How many members of this architecture fit in the memory of the device they train on, by an estimate:
     20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor; 24 with optim.sam_rho, whose
     ascent is kept through the second pass) and, per layer and position
-    of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head; 70% of what
-    is free."""
+    of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head (twice that
+    with optim.rdrop, whose two passes are kept for one backward); 70% of what is free."""
     model, data = members[0].module.model, members[0].datamodule
     n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
     activations = 4 * data.batch_size * model.n_layers * n * (20 * model.head.in_features + 3 * attn.n_heads * n)
+    activations *= 2 if members[0].cfg.optim.get("rdrop") else 1
     per_param = 24 if members[0].cfg.optim.get("sam_rho") else 20
     per_member = per_param * count_parameters(model)["total"] + activations
     if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
