@@ -88,13 +88,14 @@ def test_text_data_brings_its_own_model_defaults_and_what_is_given_still_wins():
             model.dropout,
             model.readout,
             cfg.optim.weight_decay,
+            cfg.optim.rdrop,
             cfg.trainer.max_epochs,
         )
 
-    assert defaults(files) == defaults(hub) == (128, 16, 0.3, "mean", 0.1, 5)
-    assert defaults(generated) == (64, 4, 0.0, None, 0.01, 5)
-    assert defaults(given) == (32, 16, 0.3, "mean", 0.1, 2)
-    assert defaults(recipe) == (256, 4, 0.3, "mean", 0.1, 4)
+    assert defaults(files) == defaults(hub) == (128, 16, 0.3, "mean", 0.1, 3.0, 5)
+    assert defaults(generated) == (64, 4, 0.0, None, 0.01, 0.0, 5)
+    assert defaults(given) == (32, 16, 0.3, "mean", 0.1, 3.0, 2)
+    assert defaults(recipe) == (256, 4, 0.3, "mean", 0.1, 0.0, 4)
 
 
 def test_multirun_writes_one_directory_per_job(run_cli, tmp_path):

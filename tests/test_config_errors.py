@@ -57,6 +57,7 @@ CASES = [
     value("optim.lr=-1", "a number > 0"),
     value("optim.warmup=2", "a number in [0, 1)"),
     value("optim.sam_rho=-0.05", "a number >= 0 (0: plain AdamW steps)"),
+    value("optim.rdrop=-1", "a number >= 0 (0: one pass a batch, no consistency term)"),
     value("trainer.max_epochs=0", "an int >= 1"),
     value("seed=x", "an int"),
     value("callbacks.attention.every_n_val_epochs=0", "an int >= 1"),
@@ -91,6 +92,19 @@ CASES = [
         ["model.d_model=30"],
         "invalid config: model.attention.n_heads=4 is invalid: expected a divisor of model.d_model=30 while "
         "model.attention.d_k is null (or set d_k)",
+    ),
+    Case(
+        "R-Drop without dropout",
+        ["optim.rdrop=1"],
+        "invalid config: optim.rdrop=1 is invalid: expected 0 while model.dropout and model.attention.dropout are 0 "
+        "(R-Drop compares two dropout masks); set optim.rdrop=0 (text data's defaults set 3)",
+    ),
+    Case(
+        "text defaults without dropout",
+        [*FILES, "model.dropout=0"],
+        "invalid config: optim.rdrop=3.0 is invalid: expected 0 while model.dropout and model.attention.dropout are "
+        "0 (R-Drop compares two dropout masks); set optim.rdrop=0 (text data's defaults set 3)",
+        files={"train.csv": GOOD_CSV},
     ),
     Case(
         "kv heads not dividing heads",
