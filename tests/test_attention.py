@@ -163,12 +163,12 @@ def test_grouped_query_attention_equals_mha_with_shared_key_value_weights():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_heads": 0}, "n_heads=0 must be >= 1"),
-        ({"n_heads": 5}, "d_model=32 is not divisible by n_heads=5"),
-        ({"n_heads": 4, "d_k": 0}, "d_k=0"),
-        ({"n_heads": 4, "n_kv_heads": 3}, "n_kv_heads=3 must be >= 1 and divide n_heads=4"),
-        ({"n_heads": 4, "scoring": "cosine"}, "scoring='cosine' is unknown; choose one of dot, additive"),
-        ({"n_heads": 4, "dropout": 1.0}, "dropout=1.0 must be in [0, 1)"),
+        ({"n_heads": 0}, "n_heads=0 is invalid: expected an int >= 1"),
+        ({"n_heads": 5}, "n_heads=5 is invalid: expected a divisor of d_model=32 while d_k is null (or set d_k)"),
+        ({"n_heads": 4, "d_k": 0}, "d_k=0 is invalid"),
+        ({"n_heads": 4, "n_kv_heads": 3}, "n_kv_heads=3 is invalid: expected a divisor of n_heads=4"),
+        ({"n_heads": 4, "scoring": "cosine"}, "scoring='cosine' is invalid: expected one of additive, dot"),
+        ({"n_heads": 4, "dropout": 1.0}, "dropout=1.0 is invalid: expected a number in [0, 1)"),
     ],
 )
 def test_impossible_configurations_fail_at_construction(kwargs, message):

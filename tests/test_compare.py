@@ -14,7 +14,9 @@ from scipy import stats
 
 from conftest import TINY
 from headlab.analysis import inference
-from headlab.cli.compare import Design, compare, load_dirs, main
+from headlab.analysis.comparison import Design, compare
+from headlab.analysis.runs import load_dirs
+from headlab.cli.compare import main
 
 
 def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **config):

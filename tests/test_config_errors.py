@@ -46,7 +46,7 @@ CASES = [
     value("model.attention.n_heads=abc", "an int >= 1"),
     value("model.d_model=-8", "an int >= 1"),
     value("model.attention.d_k=0", "an int >= 1 or null"),
-    value("model.attention.scoring=cosine", "one of dot, additive"),
+    value("model.attention.scoring=cosine", "one of additive, dot"),
     value("model.attention.scale=maybe", "true or false"),
     value("model.readout=sum", "one of null, cls, mean, max, token"),
     value("model.dropout=1.0", "a number in [0, 1)"),

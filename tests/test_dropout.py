@@ -58,7 +58,7 @@ def test_extreme_probabilities():
 
 
 def test_encoder_keeps_its_state_dict_and_trains_with_dropout():
-    model = Encoder(50, 2, 16, dropout=0.3, attention={"n_heads": 4, "dropout": 0.2})
+    model = Encoder(50, 2, 16, readout="cls", dropout=0.3, attention={"n_heads": 4, "dropout": 0.2})
     assert not any("drop" in key for key in model.state_dict())
     tokens = torch.randint(1, 50, (8, 16))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

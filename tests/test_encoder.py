@@ -11,7 +11,7 @@ torch.manual_seed(0)
 
 
 def encoder(**kwargs):
-    defaults = dict(vocab_size=20, n_classes=5, max_len=12, d_model=16, n_layers=2, dropout=0.0)
+    defaults = dict(vocab_size=20, n_classes=5, max_len=12, readout="cls", d_model=16, n_layers=2, dropout=0.0)
     return Encoder(**{**defaults, **kwargs}).eval()
 
 
@@ -63,7 +63,7 @@ def test_pooled_readouts_pool_the_real_positions_of_the_last_layer(readout):
     logits, _ = model(tokens, key_padding_mask=mask)
     pool = (lambda h: h.mean(dim=0)) if readout == "mean" else (lambda h: h.max(dim=0).values)
     expected = torch.stack([pool(hidden["x"][0]), pool(hidden["x"][1, :4])])  # (B, d), padding left out
-    torch.testing.assert_close(logits, model.head(expected))
+    torch.testing.assert_close(logits, model.classifier(expected))
 
 
 def test_fused_positions_sum_their_token_embeddings():
@@ -104,7 +104,7 @@ def test_parameter_counts_and_flops():
 
 
 def test_unknown_choices_fail_at_construction():
-    with pytest.raises(ValueError, match="norm='middle' is unknown; choose one of post, pre"):
+    with pytest.raises(ValueError, match="norm='middle' is invalid: expected one of post, pre"):
         encoder(norm="middle")
-    with pytest.raises(ValueError, match="readout='sum' is unknown; choose one of cls, mean, max, token"):
+    with pytest.raises(ValueError, match="readout='sum' is invalid: expected one of cls, mean, max, token"):
         encoder(readout="sum")

@@ -1,17 +1,30 @@
 """The layout is the architecture: science below data below training below the command line, nothing upward."""
 
 import ast
+import importlib
 import importlib.util
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig, OmegaConf
 
-from headlab.conventions import CHOICES
+from headlab.data.text_pipeline import TOKENIZERS
+from headlab.errors import InvalidSetting
+from headlab.model import rules
 
-SRC = Path(__file__).parents[1] / "src" / "headlab"
-DOCS = Path(__file__).parents[1] / "docs"
+ROOT = Path(__file__).parents[1]
+SRC = ROOT / "src" / "headlab"
+DOCS = ROOT / "docs"
+CHOICES = {  # every key that is a choice among names: the model or the data raises with these, the docs list them
+    "model.norm": rules.NORMS,
+    "model.positional": rules.POSITIONALS,
+    "model.readout": (None, *rules.READOUTS),
+    "model.attention.scoring": tuple(rules.scoring_names()),
+    "data.tokenizer.kind": TOKENIZERS,
+}
 LAYERS = {"conventions": 0, "errors": 0, "model": 1, "analysis": 1, "data": 2, "training": 3, "cli": 4}
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 
@@ -67,6 +80,72 @@ def test_the_configuration_reference_lists_each_choice(key):
     row = next(line for line in (DOCS / "configuration.md").read_text().splitlines() if line.startswith(f"| `{key}`"))
     words = set(row.replace(",", " ").replace("`", " ").replace("|", " ").split())
     assert [a for a in CHOICES[key] if ("null" if a is None else a) not in words] == []
+
+
+def test_no_source_file_is_over_400_lines():
+    """One idea a file: a module that grows past 400 lines holds several."""
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_an_unknown_scoring_raises_naming_the_ones_there_are():
+    from headlab.model import MultiHeadAttention
+
+    with pytest.raises(InvalidSetting, match=r"scoring='cosine' is invalid: expected one of additive, dot"):
+        MultiHeadAttention(16, 2, scoring="cosine")
+
+
+def _targets() -> list[tuple[str, str, DictConfig]]:
+    """(file, key, node) of every config node of conf/ that instantiates one of headlab's own classes."""
+    found = []
+
+    def walk(node, key, file):
+        if isinstance(node, DictConfig):
+            if str(node.get("_target_", "")).startswith("headlab."):
+                found.append((file, key, node))
+            for k, v in node.items_ex(resolve=False):
+                walk(v, f"{key}.{k}" if key else str(k), file)
+
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        walk(OmegaConf.load(path), "", str(path.relative_to(ROOT)))
+    return found
+
+
+def _defaults(target: str) -> dict:
+    module, _, name = target.rpartition(".")
+    obj = getattr(importlib.import_module(module), name)
+    return {
+        k: p.default for k, p in inspect.signature(obj).parameters.items() if p.default is not inspect.Parameter.empty
+    }
+
+
+def _disagreements(node: DictConfig, defaults: dict) -> dict:
+    out = {}
+    for key, value in node.items_ex(resolve=False):
+        if key not in defaults or OmegaConf.is_interpolation(node, key) or isinstance(value, DictConfig):
+            continue
+        plain = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+        default = list(defaults[key]) if isinstance(defaults[key], tuple) else defaults[key]
+        if plain != default:
+            out[key] = (plain, defaults[key])
+    return out
+
+
+def test_every_python_default_agrees_with_the_configs():
+    """A default is stated once in substance: where a config and the class it instantiates both give a value, they
+    are the same (the encoder's attention and the optimiser's settings too)."""
+    disagree = {}
+    for file, key, node in _targets():
+        for name, pair in _disagreements(node, _defaults(node._target_)).items():
+            disagree[f"{file}: {key}.{name}" if key else f"{file}: {name}"] = pair
+    model = OmegaConf.load(ROOT / "conf" / "model" / "encoder.yaml")
+    attention = _disagreements(model.attention, _defaults("headlab.model.attention.MultiHeadAttention"))
+    optim = _disagreements(
+        OmegaConf.load(ROOT / "conf" / "train.yaml").optim, _defaults("headlab.training.module.HeadLabModule")
+    )
+    disagree |= {f"model.attention.{k}": v for k, v in attention.items()}
+    disagree |= {f"optim.{k}": v for k, v in optim.items()}
+    assert disagree == {}
 
 
 def test_docs_and_code_refer_to_nothing_outside_the_repository():

@@ -9,9 +9,9 @@ import torch
 
 from headlab.analysis.importance import accuracies, head_importance
 from headlab.model.encoder import Encoder
-from headlab.training.callbacks import AttentionLogger
-from headlab.training.pack_analysis import MembersModel, measure_members
-from headlab.training.packed import stack_split
+from headlab.training.attention_logging import AttentionLogger
+from headlab.training.pack.analysis import MembersModel, analyse_members
+from headlab.training.pack.data import stack_split
 from headlab.training.vectorized import Stacked
 
 E, B, N, VOCAB, C = 3, 6, 10, 15, 4
@@ -70,7 +70,7 @@ def test_members_measured_at_once_match_each_measured_alone(readout, path):
 
 
 def test_a_packs_pruning_curves_are_each_members_own(tmp_path):
-    """measure_members against AttentionLogger.measure's arithmetic, member by member: the importance curve and
+    """analyse_members against AttentionLogger.analyse's arithmetic, member by member: the importance curve and
     the random baseline drawn with each member's own seed."""
     readout = "mean"
     alone, stack = members(readout)
@@ -80,12 +80,12 @@ def test_a_packs_pruning_curves_are_each_members_own(tmp_path):
     ]
     own = [(batches(readout, seed=10 + e), batches(readout, seed=20 + e)) for e in range(E)]
     stacked = [stack_split([b[i] for b in own]) for i in (0, 1)]
-    measured = measure_members(stack, analysts, own, stacked)
+    measured = analyse_members(stack, analysts, own, stacked)
     for e, single in enumerate(alone):
         scores = head_importance(single, own[e][0])
-        torch.testing.assert_close(measured[e]["scores"], scores, atol=1e-10, rtol=0)
+        torch.testing.assert_close(measured[e].scores, scores, atol=1e-10, rtol=0)
         for order in ("importance", "random", "reverse"):
-            curve = measured[e]["curves"][order]
+            curve = measured[e].curves[order]
             assert [p["heads_pruned"] for p in curve] == [0, 2, 4, 6, 8]
             masks = [torch.ones(2, 4)]
             for p in curve[1:]:
@@ -95,6 +95,6 @@ def test_a_packs_pruning_curves_are_each_members_own(tmp_path):
                 masks.append(mask)
             expected = accuracies(single, own[e][1], masks)
             assert [p["metric"] for p in curve] == pytest.approx(expected, abs=1e-12)
-        assert measured[e]["analysis_examples"] == {"train": 2 * B, "val": 2 * B}
-    random_orders = {tuple(map(tuple, m["curves"]["random"][2]["pruned"])) for m in measured}
+        assert measured[e].examples == {"train": 2 * B, "val": 2 * B}
+    random_orders = {tuple(map(tuple, m.curves["random"][2]["pruned"])) for m in measured}
     assert len(random_orders) > 1  # each member's own seed

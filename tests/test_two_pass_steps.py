@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from headlab.model import Encoder
 from headlab.training.module import HeadLabModule
-from headlab.training.rdrop import disagreement
+from headlab.training.objective import disagreement
 
 RHO, ALPHA, LR, CLIP, SEED = 0.5, 2.0, 1e-2, 1.0, 7
 

@@ -38,7 +38,7 @@ def test_a_stack_in_eval_mode_drops_nothing_as_its_models_in_eval_mode():
     for e in range(2):
         torch.manual_seed(e)
         alone.append(
-            Encoder(20, 5, 9, d_model=16, n_layers=1, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
+            Encoder(20, 5, 9, "cls", d_model=16, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
         )
     module = nn.ModuleDict({"stack": Stacked([copy.deepcopy(m) for m in alone]).double()})  # as the pack holds it
     stack = module["stack"]
@@ -120,7 +120,7 @@ def test_on_the_cpu_each_member_draws_its_dropout_from_its_own_stream_whatever_i
     for e in range(3):
         torch.manual_seed(e)
         alone.append(
-            Encoder(20, 5, 9, d_model=16, n_layers=1, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
+            Encoder(20, 5, 9, "cls", d_model=16, dropout=0.3, attention={"n_heads": 2, "dropout": 0.3}).double()
         )
     streams = [torch.Generator().manual_seed(100 + e).get_state() for e in range(3)]
     tokens = torch.randint(1, 20, (3, 4, 9)).expand(2, 3, 4, 9)  # (steps, E, B, n): the same batch twice
@@ -144,7 +144,7 @@ def test_on_the_cpu_each_member_draws_its_dropout_from_its_own_stream_whatever_i
 def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
     """Members' batches of different lengths (bucketed text), padded to the longest of them: the pack computes
     what each model computes on its own batch (its single run's shapes), for sequence and token outputs."""
-    from headlab.training.packed import PackedModule
+    from headlab.training.pack.module import PackedModule
 
     for readout in ("mean", "max", "token"):
         alone = []

@@ -1,6 +1,6 @@
-"""Facts shared by the data, the model, the analysis and the config check, each stated once.
+"""Facts shared by the data, the model, the analysis, training and the command line, each stated once.
 
-No imports beyond the standard library: the config check reads CHOICES before torch is imported.
+No imports beyond the standard library: the config check reads them before torch is imported.
 """
 
 import os
@@ -8,16 +8,12 @@ from pathlib import Path
 
 PAD_ID = 0  # token id of padding everywhere (its embedding is zero and adds nothing to a fused position)
 IGNORE_INDEX = -100  # label of positions that are not scored (token-level tasks)
+SPLITS = ("train", "val", "test")  # a dataset's splits, in this order
 
-# the allowed values of every key that is a choice among names: the model raises with them, the config check
-# reports them, docs/configuration.md lists them (a test keeps the three in step)
-CHOICES: dict[str, tuple] = {
-    "model.norm": ("post", "pre"),
-    "model.positional": ("sinusoidal", "learned"),
-    "model.readout": (None, "cls", "mean", "max", "token"),
-    "model.attention.scoring": ("dot", "additive"),
-    "data.tokenizer.kind": ("wordpiece", "bpe"),
-}
+# config keys that say how a run is started, not what it is: they may differ between attempts of one run
+RESUME_KEYS = ("resume", "sweep.resume")
+# suffixes of config keys that say where a run writes (they differ between runs without defining them)
+PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")
 
 
 def cache_root() -> Path:

@@ -9,6 +9,16 @@ class ConfigError(UsageError):
     """An invalid configuration value."""
 
 
+class InvalidSetting(ConfigError):
+    """A setting that breaks a rule of the model or of a task, raised by the rule itself (headlab.model.rules, a
+    task's check): `key` names the setting as the caller named it, so that the config check can name the config
+    key and the model its own argument."""
+
+    def __init__(self, key: str, value, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"{key}={value!r} is invalid: expected {expected}")
+
+
 class DataError(UsageError):
     """Data that cannot be read or does not fit the configuration."""
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-SPLITS = ("train", "val", "test")
+from headlab.conventions import SPLITS
 
 
 def main(argv: list[str] | None = None) -> None:

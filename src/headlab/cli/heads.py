@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from headlab.analysis import figures, head_view, statistics
     from headlab.cli import saved_run
-    from headlab.training.callbacks import probe_snapshot, write_head_view
+    from headlab.training.attention_logging import probe_snapshot, write_head_view
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:

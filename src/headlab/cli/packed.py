@@ -13,20 +13,14 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli.train import Job, check_job, close_job, open_job
+from headlab.cli.train import Job, check_job, close_job, open_job, skipped
+from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
+from headlab.training import optim
 from headlab.training.loggers import run_identity
-from headlab.training.results import PATH_SUFFIXES, RESUME_KEYS
 
 log = logging.getLogger("headlab")
-PER_MEMBER = (
-    "seed",
-    "data.seed",
-    "callbacks.attention.seed",
-    "optim.lr",
-    "optim.weight_decay",
-    "optim.warmup",
-    "optim.betas",
-)
+# what a pack's members may differ in: their seeds, and the AdamW settings the vectorized optimizer takes per member
+PER_MEMBER = ("seed", "data.seed", "callbacks.attention.seed", *(f"optim.{key}" for key in optim.PER_MEMBER))
 PER_JOB = ("logger.wandb.name", "logger.wandb.group")  # set for each job from Hydra's job information
 
 
@@ -42,8 +36,8 @@ def prepare(cfg) -> Job | float:
     """The task each job runs under Hydra: open and check it, and resolve its config while Hydra's job
     information (its directory, its overrides) is its own. Returns the job, or its objective when it ends here."""
     job = open_job(cfg)
-    if not isinstance(job, Job):
-        return job
+    if (objective := skipped(job)) is not None:
+        return objective
     try:
         check_job(job)
         wandb = (cfg.get("logger") or {}).get("wandb")
@@ -57,7 +51,7 @@ def prepare(cfg) -> Job | float:
 
 
 def launch(
-    hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int, n_jobs: int = 1
+    hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int, n_jobs: int
 ):
     """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher."""
     from headlab.training.config_check import POSITIVE, fail
@@ -108,6 +102,8 @@ def launch(
         for k, pack in enumerate(packs)
     ]
     try:
+        from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
+
         if n_jobs == 1:
             for k, (pack_id, members) in enumerate(specs):
                 close(k, train_members(members, pack_id))
@@ -133,38 +129,3 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> list:
-    """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
-    and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
-    trains: in the launcher's process, or in a worker of its own."""
-    from headlab.training import packed
-
-    results: list = [None] * len(specs)
-    members = {}
-    for i, (cfg, run_dir, flat_config) in enumerate(specs):
-        member = packed.Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)
-        try:
-            packed.build_member(member)
-        except Exception as error:
-            results[i] = error
-            continue
-        members[i] = member
-    by_shape: dict[tuple, list] = {}
-    for i, member in members.items():
-        by_shape.setdefault(packed.shape_key(member), []).append(i)
-    parts = []
-    for indices in by_shape.values():
-        step = packed.members_that_fit([members[i] for i in indices])
-        parts += [indices[i : i + step] for i in range(0, len(indices), step)]
-    for p, part in enumerate(parts):
-        part_id = pack_id if len(parts) == 1 else f"{pack_id}.{p}"
-        log.info("pack %s: %d members", part_id, len(part))
-        try:
-            trained = packed.train_pack([members[i] for i in part], part_id, progress)
-        except Exception as error:  # the pack itself failed: each member records it; the sweep goes on
-            trained = [error] * len(part)
-        for i, result in zip(part, trained, strict=True):
-            results[i] = result
-    return results

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, open_dict
 
 from headlab.cli import runtime
 from headlab.cli.hydra_errors import one_line
-from headlab.errors import DiskFull, TrainingError, UsageError
+from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.training import sweep
 from headlab.training.config_check import check_config, check_launch, check_resume
 from headlab.training.results import flat_config, git_sha, versions, write_json_atomic
@@ -34,13 +34,12 @@ from headlab.training.results import flat_config, git_sha, versions, write_json_
 runtime.configure()
 
 log = logging.getLogger("headlab")
-_KIND = {
-    "ConfigError": "invalid config",
-    "DataError": "data error",
-    "DiskFull": "training stopped",
-    "TrainingError": "training stopped",
-    "UsageError": "error",
-}
+_KIND = (  # how a user's mistake is introduced, by its type (the first that applies)
+    (ConfigError, "invalid config"),
+    (DataError, "data error"),
+    (TrainingError, "training stopped"),
+    (UsageError, "error"),
+)
 TRACEBACKS = "HEADLAB_TRACEBACKS"  # "1": the user asked for whole tracebacks (HYDRA_FULL_ERROR=1 when started)
 _job_started = False  # False while Hydra parses, composes and creates the output directory
 _said: set[str] = set()  # the errors this process has reported: a sweep says each once (its summary counts the jobs)
@@ -58,9 +57,9 @@ class Job:
     previous: str | None = None  # results.json of the run being resumed, restored if the resume is refused
 
 
-def open_job(cfg: DictConfig) -> Job | float:
-    """The job Hydra is running, checked before anything heavy is imported; the objective of its earlier result
-    when sweep.resume skips it. A refused resume leaves the run it refused as it was."""
+def open_job(cfg: DictConfig) -> Job:
+    """The job Hydra is running, before anything heavy is imported. A refused resume leaves the run it refused as
+    it was (job.previous)."""
     global _job_started
     _job_started = True
     hydra_cfg = HydraConfig.get()
@@ -78,9 +77,6 @@ def open_job(cfg: DictConfig) -> Job | float:
         "versions": versions(),
         "wandb": {"id": None, "url": None},
     }
-    if cfg.sweep.resume and sweep.completed_before(run_dir, record["config"]):
-        log.info("skipping %s: completed before with the same config (sweep.resume=true)", run_dir)
-        return sweep.objective(cfg, _read_results(run_dir))
     job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN)
     if cfg.resume and (run_dir / "results.json").is_file():
         job.previous = (run_dir / "results.json").read_text()
@@ -88,6 +84,15 @@ def open_job(cfg: DictConfig) -> Job | float:
             before = json.loads(job.previous)["config"]  # group (data=..., model=...) is known from its record only
             record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}
     return job
+
+
+def skipped(job: Job) -> float | None:
+    """The objective of the job's earlier result when sweep.resume skips it (it completed before with the same
+    config); None when it is to run."""
+    if job.cfg.sweep.resume and sweep.completed_before(job.run_dir, job.record["config"]):
+        log.info("skipping %s: completed before with the same config (sweep.resume=true)", job.run_dir)
+        return sweep.objective(job.cfg, _read_results(job.run_dir))
+    return None
 
 
 def check_job(job: Job) -> None:
@@ -111,7 +116,8 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
                 (job.run_dir / "results.json").write_text(job.previous)
         else:
             _finish(job, error)
-        line = f"headlab-train: {_KIND[type(error).__name__]}: {error}"
+        kind = next(text for kind, text in _KIND if isinstance(error, kind))
+        line = f"headlab-train: {kind}: {error}"
         if line not in _said:
             print(line, file=sys.stderr)
         _said.add(line)
@@ -151,8 +157,8 @@ def _terminate(signum, frame) -> None:
 @hydra.main(version_base="1.3", config_path="pkg://headlab.conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     job = open_job(cfg)
-    if not isinstance(job, Job):
-        return job
+    if (objective := skipped(job)) is not None:
+        return objective
     signal.signal(signal.SIGTERM, _terminate)
     try:
         check_job(job)

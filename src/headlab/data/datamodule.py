@@ -6,9 +6,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Sampler
 
-from headlab.conventions import IGNORE_INDEX, PAD_ID
-
-Example = tuple[np.ndarray, np.ndarray | int]  # token ids (n,) or (n, c), and a label or one label per position
+from headlab.conventions import IGNORE_INDEX, PAD_ID, SPLITS
+from headlab.data.task import Example, Task
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
@@ -23,7 +22,7 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
 
 def _padded(arrays: list[np.ndarray], value: int) -> torch.Tensor:
     """Arrays (n_i, ...) -> (B, max n_i, ...), padded with value; stacked at once when all have one shape (a
-    generated task's examples: a whole split collates ~10x faster)."""
+    generated task's examples: a whole split collates at once)."""
     if len({a.shape for a in arrays}) == 1:
         return torch.from_numpy(np.stack(arrays))
     return pad_sequence([torch.from_numpy(a) for a in arrays], batch_first=True, padding_value=value)
@@ -186,14 +185,21 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
 
 
 class TaskDataModule(ExampleDataModule):
-    """A task generated from the run's seed: each split from its own random stream."""
+    """A task (headlab.data.task.Task) generated from the run's seed: each split from its own random stream."""
 
     def __init__(
-        self, task, n_train: int, n_val: int, n_test: int, batch_size: int = 64, num_workers: int = 0, seed: int = 0
+        self,
+        task: Task,
+        n_train: int,
+        n_val: int,
+        n_test: int,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        seed: int = 0,
     ):
         super().__init__(batch_size, num_workers, bucketing=False, seed=seed)
         self.task = task
-        self.sizes = {"train": n_train, "val": n_val, "test": n_test}
+        self.sizes = dict(zip(SPLITS, (n_train, n_val, n_test), strict=True))
 
     @property
     def level(self) -> str:

@@ -8,6 +8,10 @@ information once each operator ends with "]"); `to_string` writes the released f
 
 import numpy as np
 
+from headlab.data.task import positive
+from headlab.errors import InvalidSetting
+from headlab.model.rules import same
+
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
 VOCAB = ("<pad>", *OPERATORS, END, *(str(d) for d in range(10)))
@@ -75,13 +79,26 @@ def to_string(tree: Tree) -> str:
 
 
 class ListOps:
+    """The Task (headlab.data.task) of ListOps expressions."""
+
     level = "sequence"
     vocab_size = len(VOCAB)
     n_classes = 10
 
     def __init__(self, max_depth: int = 5, max_args: int = 5, max_length: int = 100, operator_p: float = 0.25):
+        self.check(max_depth, max_args, max_length, operator_p)
         self.max_depth, self.max_args, self.max_length, self.operator_p = max_depth, max_args, max_length, operator_p
         self.max_len = max_length
+
+    @staticmethod
+    def check(max_depth, max_args, max_length, operator_p, name=same) -> None:
+        for key, value in (("max_depth", max_depth), ("max_length", max_length)):
+            if not positive(value):
+                raise InvalidSetting(name(key), value, "an int >= 1")
+        if not positive(max_args) or max_args < 2:
+            raise InvalidSetting(name("max_args"), max_args, "an int >= 2")
+        if not isinstance(operator_p, int | float) or isinstance(operator_p, bool) or not 0 <= operator_p < 1:
+            raise InvalidSetting(name("operator_p"), operator_p, "a number in [0, 1)")
 
     def vocab(self) -> list[str]:
         return list(VOCAB)

@@ -15,32 +15,38 @@ Vocabulary: 0 padding, then n_keys keys, n_values values, and (lookups=2) n_keys
 
 import numpy as np
 
-Example = tuple[np.ndarray, np.ndarray]
+from headlab.data.task import Example, positive
+from headlab.errors import InvalidSetting
+from headlab.model.rules import same
 
 
 class AssociativeRecall:
+    """The Task (headlab.data.task) of MQAR and its fused variants."""
+
     level = "token"
 
-    def __init__(
-        self,
-        n_keys: int = 64,
-        n_values: int = 10,
-        n_pairs: int = 16,
-        n_queries: int = 16,
-        lookups: int = 1,
-        fused: bool = True,
-    ):
-        if lookups not in (1, 2):
-            raise ValueError(f"lookups={lookups} is unsupported; choose 1 or 2")
-        if lookups == 2 and not fused:
-            raise ValueError("lookups=2 needs fused=True (a query position holds both keys)")
-        if n_pairs > n_keys or n_pairs < lookups:
-            raise ValueError(f"n_pairs={n_pairs} must be between lookups={lookups} and n_keys={n_keys}")
+    def __init__(self, n_keys: int, n_values: int, n_pairs: int, n_queries: int, lookups: int, fused: bool):
+        """The settings have no defaults: the data configs (pair_recall, mqar) state each variant whole."""
+        self.check(n_keys, n_values, n_pairs, n_queries, lookups, fused)
         self.n_keys, self.n_values, self.n_pairs, self.n_queries = n_keys, n_values, n_pairs, n_queries
         self.lookups, self.fused = lookups, fused
         self.vocab_size = 1 + n_keys + n_values + (n_keys if lookups == 2 else 0)
         self.n_classes = n_values if lookups == 1 else 2 * n_values - 1
         self.max_len = (1 if fused else 2) * n_pairs + n_queries
+
+    @staticmethod
+    def check(n_keys, n_values, n_pairs, n_queries, lookups, fused, name=same) -> None:
+        for key, value in (("n_keys", n_keys), ("n_values", n_values), ("n_pairs", n_pairs), ("n_queries", n_queries)):
+            if not positive(value):
+                raise InvalidSetting(name(key), value, "an int >= 1")
+        if lookups not in (1, 2):
+            raise InvalidSetting(name("lookups"), lookups, "one of 1, 2")
+        if lookups == 2 and fused is not True:
+            rule = f"true when {name('lookups')}=2 (a query position holds both keys)"
+            raise InvalidSetting(name("fused"), fused, rule)
+        if not lookups <= n_pairs <= n_keys:
+            rule = f"between {name('lookups')}={lookups} and {name('n_keys')}={n_keys}"
+            raise InvalidSetting(name("n_pairs"), n_pairs, rule)
 
     def vocab(self) -> list[str]:
         """Token strings by id, for attention maps."""

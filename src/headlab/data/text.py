@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headlab.conventions import cache_root
+from headlab.conventions import SPLITS, cache_root
 from headlab.data import text_pipeline as pipeline
 from headlab.data.datamodule import ExampleDataModule
 
@@ -52,7 +52,7 @@ class TextDataModule(ExampleDataModule):
         self.columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
         self.declared_classes, self.hub, self.hub_config = n_classes, hub, hub_config
         self.hub_splits = dict(hub_splits or {"train": "train", "val": "validation", "test": "test"})
-        self.files = {role: (files or {}).get(role) for role in pipeline.ROLES}
+        self.files = {role: (files or {}).get(role) for role in SPLITS}
         self.column_names, self.val_fraction, self.max_length = column_names, val_fraction, max_length
         defaults = {"kind": "wordpiece", "vocab_size": 8000, "lowercase": True, "path": None, "hub": None}
         self.tokenizer_config = {**defaults, **(tokenizer or {})}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headlab.conventions import PAD_ID
+from headlab.conventions import PAD_ID, SPLITS
 from headlab.errors import DataError, first_line
 
 log = logging.getLogger("headlab")
@@ -27,7 +27,7 @@ FORMATS = {  # extension -> (datasets builder, its options)
     ".jsonl": ("json", {}),
     ".parquet": ("parquet", {}),
 }
-ROLES = ("train", "val", "test")
+TOKENIZERS = ("wordpiece", "bpe")  # the kinds make_tokenizer trains
 SPECIAL = ["[PAD]", "[UNK]", "[SEP]"]  # [PAD] first: its id is PAD_ID
 CACHE_VERSION = 2
 CACHE_FILES = ("arrays.npz", "tokenizer.json", "labels.json")
@@ -292,7 +292,7 @@ def read_cache(entry: Path, max_length: int) -> tuple:
     labels = json.loads((entry / "labels.json").read_text())
     splits = {}
     with np.load(entry / "arrays.npz") as arrays:
-        for role in ROLES:
+        for role in SPLITS:
             if f"{role}_ids" not in arrays:
                 continue
             ids, offsets = arrays[f"{role}_ids"].astype(np.int64), arrays[f"{role}_offsets"]

@@ -1,7 +1,7 @@
 """Which implementation computes attention: every path choice of headlab's attention, in one place.
 
-MultiHeadAttention is written as the definition (scores, softmax, values); these functions substitute an
-equivalent implementation where one applies:
+MultiHeadAttention is written as the definition (scores, softmax, values); the scoring functions
+(headlab.model.scoring) call these to substitute an equivalent implementation where one applies:
 - dot scoring without weights asked for: torch's fused scaled_dot_product_attention, except with attention
   dropout on the CPU, where SDPA would fall back to its unfused path and torch's slow dropout mask (the explicit
   path with headlab's dropout is faster there);
@@ -80,28 +80,32 @@ def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.
     return AdditiveScores.apply(q, k, w, ops, queries_per_chunk(q, k, ops, fused=False))
 
 
-def fused_attention(attn, q, k, v, key_padding_mask, p_drop: float) -> torch.Tensor | None:
-    """softmax(scores) @ v, (B, H, n, d_v), by a fused path that stores no (B, H, n, n) weights; None where
-    the explicit path must run. q (B, H, n, d_k), k (B, G, n, d_k), v (B, G, n, d_v); attn: the module."""
+def dot_attention(q, k, v, key_padding_mask, p_drop: float, scale: float) -> torch.Tensor | None:
+    """softmax(q k^T scale) @ v by torch's fused SDPA, (B, H, n, d_v); None where the explicit path must run
+    (inside torch.func transforms; attention dropout on the CPU). q (B, H, n, d_k), k (B, G, m, d_k), v (B, G, m,
+    d_v)."""
+    if in_transform(q) or (p_drop and q.device.type == "cpu"):
+        return None
+    keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, m)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=keep, dropout_p=p_drop, scale=scale, enable_gqa=k.shape[1] < q.shape[1]
+    )
+
+
+def additive_attention(q, k, v, key_padding_mask, p_drop: float, w: torch.Tensor) -> torch.Tensor | None:
+    """softmax(w_h^T tanh(q_i + k_j)) @ v fused, (B, H, n, d_v), storing no weights: the Triton kernels on a GPU,
+    else AdditiveAttention; None where the explicit path must run (transforms, attention dropout, or weights
+    small enough that storing them is cheaper). Shapes as dot_attention; w (H, d_k)."""
     B, H, n, _ = q.shape
     G = k.shape[1]
-    if in_transform(q):
-        return None
-    if attn.scoring == "dot":
-        if p_drop and q.device.type == "cpu":
-            return None
-        keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, n)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=keep, dropout_p=p_drop, scale=attn.scale, enable_gqa=G < H
-        )
-    if p_drop or B * H * n * n <= FUSED_ABOVE:
+    if in_transform(q) or p_drop or B * H * n * n <= FUSED_ABOVE:
         return None
     if G < H:
-        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k), (B, H, n, d_v)
-    bias = torch.zeros(B, 1, 1, n, dtype=torch.float32, device=q.device)
+        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # (B, H, m, d_k), (B, H, m, d_v)
+    bias = torch.zeros(B, 1, 1, k.shape[2], dtype=torch.float32, device=q.device)
     if key_padding_mask is not None:
         bias = bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     if q.is_cuda and triton_kernels():
-        return triton_kernels().TritonAdditiveAttention.apply(q, k, v, attn.score_vector, bias)
+        return triton_kernels().TritonAdditiveAttention.apply(q, k, v, w, bias)
     ops = additive_ops(q)
-    return AdditiveAttention.apply(q, k, v, attn.score_vector, bias, ops, queries_per_chunk(q, k, ops, fused=True))
+    return AdditiveAttention.apply(q, k, v, w, bias, ops, queries_per_chunk(q, k, ops, fused=True))

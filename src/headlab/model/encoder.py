@@ -9,7 +9,8 @@ import math
 import torch
 from torch import nn
 
-from headlab.conventions import CHOICES, PAD_ID
+from headlab.conventions import PAD_ID
+from headlab.model import rules
 from headlab.model.attention import MultiHeadAttention
 from headlab.model.dropout import Dropout  # headlab's dropout: a cheap CPU mask, F.dropout elsewhere
 
@@ -61,20 +62,19 @@ class Encoder(nn.Module):
         vocab_size: int,
         n_classes: int,
         max_len: int,
-        readout: str = "cls",
+        readout: str,
         d_model: int = 64,
-        n_layers: int = 2,
+        n_layers: int = 1,
         d_ff: int | None = None,
-        dropout: float = 0.1,
+        dropout: float = 0.0,
         attention: dict | None = None,
         norm: str = "post",
         positional: str = "sinusoidal",
     ):
         super().__init__()
-        for name, value in (("readout", readout), ("norm", norm), ("positional", positional)):
-            allowed = [a for a in CHOICES[f"model.{name}"] if a is not None]
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(allowed)}")
+        rules.one_of("readout", readout, rules.READOUTS)
+        rules.one_of("norm", norm, rules.NORMS)
+        rules.one_of("positional", positional, rules.POSITIONALS)
         self.readout, self.n_layers = readout, n_layers
         n_pos = max_len + (readout == "cls")
         self.tok_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
@@ -84,12 +84,12 @@ class Encoder(nn.Module):
             self.register_buffer("pos_emb", sinusoidal_positions(n_pos, d_model), persistent=False)
         self.cls = nn.Parameter(torch.randn(1, 1, d_model) * 0.02) if readout == "cls" else None
         self.drop = Dropout(dropout)
-        attention = dict(attention or {"n_heads": 4})
+        attention = dict(attention or {})  # MultiHeadAttention's own defaults
         self.blocks = nn.ModuleList(
             Block(d_model, d_ff or 4 * d_model, dropout, norm, attention) for _ in range(n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
-        self.head = nn.Linear(d_model, n_classes)
+        self.classifier = nn.Linear(d_model, n_classes)
 
     @property
     def n_heads(self) -> int:
@@ -135,7 +135,7 @@ class Encoder(nn.Module):
             if key_padding_mask is not None:
                 x = x.masked_fill(key_padding_mask.unsqueeze(-1), torch.finfo(x.dtype).min)  # (B, n, d), pads lose
             x = x.amax(dim=1)  # (B, d)
-        return self.head(x), (weights if need_weights else None)
+        return self.classifier(x), (weights if need_weights else None)
 
 
 def count_parameters(model: Encoder) -> dict[str, int]:

@@ -1,15 +1,18 @@
 """Validate a composed config before anything heavy is imported: one ConfigError naming key, value and rule.
 
-Only omegaconf is imported here, so that a wrong value is reported in well under a second.
+Only omegaconf (and the model's and tasks' own rules, which need no torch) is imported here, so that a wrong
+value is reported in well under a second. The types of keys are checked here; the rules of the model
+(headlab.model.rules) and of a generated task (its `check`) are theirs, called with the config's key names.
 """
 
+import importlib
 from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from headlab.conventions import CHOICES
+from headlab.conventions import RESUME_KEYS, SPLITS
 from headlab.errors import ConfigError
-from headlab.training.results import RESUME_KEYS
+from headlab.model import rules
 
 
 def _is_int(v) -> bool:
@@ -47,15 +50,14 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.n_layers": POSITIVE,
     "model.d_ff": OPTIONAL_POSITIVE,
     "model.dropout": PROBABILITY,
-    "model.norm": one_of(*CHOICES["model.norm"]),
-    "model.positional": one_of(*CHOICES["model.positional"]),
-    "model.readout": one_of(*CHOICES["model.readout"]),
+    "model.norm": one_of(*rules.NORMS),
+    "model.positional": one_of(*rules.POSITIONALS),
+    "model.readout": one_of(None, *rules.READOUTS),
     "model.compile": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.n_heads": POSITIVE,
     "model.attention.d_k": OPTIONAL_POSITIVE,
     "model.attention.d_v": OPTIONAL_POSITIVE,
     "model.attention.n_kv_heads": OPTIONAL_POSITIVE,
-    "model.attention.scoring": one_of(*CHOICES["model.attention.scoring"]),
     "model.attention.scale": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.dropout": PROBABILITY,
     "data.batch_size": POSITIVE,
@@ -63,19 +65,11 @@ RULES: dict[str, tuple[Callable, str]] = {
     "data.n_val": POSITIVE,
     "data.n_test": POSITIVE,
     "data.num_workers": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
-    "data.task.max_length": POSITIVE,
     "data.max_length": POSITIVE,
     "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)"),
     "data.bucketing": (lambda v: isinstance(v, bool), "true or false"),
-    "data.tokenizer.kind": one_of(*CHOICES["data.tokenizer.kind"]),
+    "data.tokenizer.kind": one_of("wordpiece", "bpe"),
     "data.tokenizer.vocab_size": (lambda v: _is_int(v) and v > 3, "an int > 3 (room for [PAD], [UNK], [SEP])"),
-    "data.task.max_depth": POSITIVE,
-    "data.task.max_args": (lambda v: _is_int(v) and v >= 2, "an int >= 2"),
-    "data.task.n_keys": POSITIVE,
-    "data.task.n_values": POSITIVE,
-    "data.task.n_pairs": POSITIVE,
-    "data.task.n_queries": POSITIVE,
-    "data.task.lookups": one_of(1, 2),
     "optim.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "optim.weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "optim.warmup": PROBABILITY,
@@ -98,8 +92,8 @@ RULES: dict[str, tuple[Callable, str]] = {
         lambda v: isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v),
         "a list of strings",
     ),
-    "callbacks.attention.importance_split": one_of("train", "val", "test"),
-    "callbacks.attention.pruning_split": one_of("train", "val", "test"),
+    "callbacks.attention.importance_split": one_of(*SPLITS),
+    "callbacks.attention.pruning_split": one_of(*SPLITS),
     "callbacks.attention.pruning_baselines": (
         lambda v: isinstance(v, list | tuple | ListConfig) and all(x in ("reverse", "random") for x in v),
         "a list of reverse, random",
@@ -125,20 +119,14 @@ def check_config(cfg: DictConfig) -> None:
             fail(key, value, allowed)
 
     att = cfg.model.attention
-    if att.d_k is None and cfg.model.d_model % att.n_heads:
-        rule = f"a divisor of model.d_model={cfg.model.d_model} while model.attention.d_k is null (or set d_k)"
-        fail("model.attention.n_heads", att.n_heads, rule)
-    if att.n_kv_heads is not None and att.n_heads % att.n_kv_heads:
-        fail("model.attention.n_kv_heads", att.n_kv_heads, f"a divisor of model.attention.n_heads={att.n_heads}")
+    model_key = lambda key: "model.d_model" if key == "d_model" else f"model.attention.{key}"  # noqa: E731
+    rules.head_sizes(cfg.model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, model_key)
+    rules.check_scoring(att.scoring, "model.attention.scoring")
     if _value(cfg, "optim.rdrop") not in (_ABSENT, 0) and not (cfg.model.dropout or att.get("dropout")):
         rule = "0 while model.dropout and model.attention.dropout are 0 (R-Drop compares two dropout masks)"
         rule += "; set optim.rdrop=0 (text data's defaults set 3)"
         fail("optim.rdrop", cfg.optim.rdrop, rule)
-    task = cfg.data.get("task", {})
-    if task.get("lookups") == 2 and task.get("fused") is False:
-        fail("data.task.fused", False, "true when data.task.lookups=2 (a query position holds both keys)")
-    if _value(cfg, "data.task.n_pairs") is not _ABSENT and task.n_pairs > task.n_keys:
-        fail("data.task.n_pairs", task.n_pairs, f"at most data.task.n_keys={task.n_keys}")
+    check_task(cfg)
     sentences = _value(cfg, "callbacks.attention.sentences")
     if sentences not in (_ABSENT, None) and len(sentences) and not _is_text(cfg):
         target = cfg.data.get("task", {}).get("_target_", cfg.data.get("_target_"))
@@ -146,6 +134,24 @@ def check_config(cfg: DictConfig) -> None:
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") and cfg.trainer.get("devices") == 1 and cfg.trainer.get("num_nodes", 1) == 1:
         fail("trainer.devices", 1, f"at least 2 with trainer.strategy={strategy} (or trainer=cpu for one process)")
+
+
+def check_task(cfg: DictConfig) -> None:
+    """The rules of a generated task, stated by the task class itself (its static `check`, headlab.data.task)."""
+    task = _value(cfg, "data.task")
+    if task in (_ABSENT, None) or "_target_" not in task:
+        return
+    module, _, name = str(task._target_).rpartition(".")
+    try:
+        check = getattr(getattr(importlib.import_module(module), name), "check", None)
+    except (ImportError, AttributeError) as error:
+        fail("data.task._target_", str(task._target_), f"an importable task class ({error})")
+    if check is not None:
+        settings = {k: v for k, v in OmegaConf.to_container(task, resolve=True).items() if k != "_target_"}
+        try:
+            check(**settings, name=lambda key: f"data.task.{key}")
+        except TypeError as error:  # a setting the task does not take
+            raise ConfigError(f"data.task: {error}") from None
 
 
 def _is_text(cfg: DictConfig) -> bool:
@@ -182,16 +188,6 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
             "ddp_spawn (or ddp_fork on CPU) inside a local sweep: Lightning's ddp "
             "re-runs the whole -m command in every rank; or keep ddp with hydra/launcher=slurm",
         )
-
-
-def check_readout(readout: str | None, level: str) -> str:
-    """The readout a task of this level gets: its own when null, and an error on a mismatch."""
-    if readout is None:
-        return "token" if level == "token" else "cls"
-    if (readout == "token") != (level == "token"):
-        allowed = "token (or null)" if level == "token" else "cls, mean (or null)"
-        fail("model.readout", readout, f"{allowed} for this {level}-level task")
-    return readout
 
 
 def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:

@@ -74,8 +74,8 @@ def wandb_mode() -> tuple[str, str | None]:
 
 
 def _stop_reporting_errors() -> None:
-    """W&B's own error reports would hold the process up at exit, trying the server that failed (~10 s measured
-    with a server that accepts connections and never answers)."""
+    """W&B's own error reports would hold the process up at exit, trying the server that failed (docs/runs.md has
+    the figures, with a server that accepts connections and never answers)."""
     os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 
 
@@ -107,7 +107,7 @@ def wandb_logger(
     name: str | None = None,
     group: str | None = None,
     job_type: str = "train",
-    tags: list[str] | None = None,
+    tags: tuple[str, ...] = (),
     resume_from: str | None = None,
 ):
     """Lightning's WandbLogger, offline when W&B cannot be reached (with a warning saying how to sync later).
@@ -130,7 +130,7 @@ def wandb_logger(
         name=name,
         group=group,
         job_type=job_type,
-        tags=list(tags or []),
+        tags=list(tags),
         id=_previous_run_id(resume_from),
         resume="allow",
         save_dir=save_dir,
@@ -158,7 +158,7 @@ def _init_or_go_offline(logger) -> None:
 def run_facts(fields: dict, config: dict) -> dict:
     """What a run derives from its config, as flat keys for the dashboards' configs (so that a plot can put
     accuracy against head size, parameters or compute): the resolved head sizes (resolved.d_k, ...), parameter
-    counts, training FLOPs per token, the dataset and the commit. fields: results.json's (run.model_fields)."""
+    counts, training FLOPs per token, the dataset and the commit. fields: results.json's (records.model_fields)."""
     from headlab.training.results import git_sha
 
     dataset = config.get("data.hub") or config.get("data.files.train") or config.get("data")

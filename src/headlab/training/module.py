@@ -1,33 +1,17 @@
-"""LightningModule: cross-entropy training of an Encoder with AdamW, linear warm-up and cosine decay (and, with
-sam_rho > 0, sharpness-aware steps; with rdrop > 0, R-Drop's consistency term)."""
+"""LightningModule: a single run's training of an Encoder, on the objective of headlab.training.objective, with
+AdamW as headlab.training.optim states it (and, with sam_rho > 0, sharpness-aware steps)."""
 
-import math
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from headlab.conventions import IGNORE_INDEX
+from headlab.conventions import IGNORE_INDEX, SPLITS
 from headlab.errors import TrainingError
 from headlab.model import Encoder
-from headlab.training.rdrop import disagreement
+from headlab.training import objective, optim
 from headlab.training.sharpness import SharpnessAware
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Learning-rate multiplier: linear from 0 to 1 over warm-up, then cosine down to 0 at total_steps."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def non_finite_loss(step: int, last: Path | None) -> str:
-    """What a run that stopped on a non-finite training loss says, truthfully about its checkpoints."""
-    saved = f"{last} holds the last validated epoch" if last else "no checkpoint was written before it"
-    return f"non-finite training loss at step {step}; lower optim.lr or keep trainer.gradient_clip_val; {saved}"
 
 
 class HeadLabModule(SharpnessAware, pl.LightningModule):
@@ -49,10 +33,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
         self._first_bad: torch.Tensor | None = None  # the first step with a non-finite loss, or -1 (on the device)
         self.acc = torch.nn.ModuleDict(
-            {
-                f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX)
-                for s in ("train", "val", "test")
-            }
+            {f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX) for s in SPLITS}
         )
 
     def forward(self, batch: dict, **kwargs):
@@ -61,21 +42,13 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean cross-entropy over scored positions, and the logits (B, C) or (B, n, C)."""
         logits, _ = self(batch)
-        labels = batch["labels"]  # (B,) or (B, n)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
-        return loss, logits
+        loss, _ = objective.cross_entropy(logits[None], batch["labels"][None])  # a member axis of one
+        return loss[0], logits
 
     def _training_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(objective, cross-entropy, logits of the first pass). With rdrop > 0 the batch runs twice (R-Drop): the
-        two passes' mean cross-entropy plus rdrop times their disagreement; otherwise the objective is the loss."""
-        loss, logits = self._loss(batch)
-        if not self.hparams.rdrop:
-            return loss, loss, logits
-        second, other = self._loss(batch)
-        C, labels = logits.shape[-1], batch["labels"].reshape(-1)
-        penalty = disagreement(logits.reshape(-1, C), other.reshape(-1, C), labels != IGNORE_INDEX)  # ()
-        loss = (loss + second) / 2
-        return loss + self.hparams.rdrop * penalty, loss, logits
+        """(objective, cross-entropy, logits of the first pass) of a training batch (objective.training_step)."""
+        step = objective.training_step(lambda: self(batch)[0][None], batch["labels"][None], self.hparams.rdrop)
+        return step.objective[0], step.loss[0], step.logits[0]
 
     def _log(self, split: str, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         self.acc[f"{split}_acc"](logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -119,7 +92,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
 
     def _stop_if_diverged(self) -> None:
         if self._first_bad is not None and int(self._first_bad) >= 0:
-            raise TrainingError(non_finite_loss(int(self._first_bad), self._last_checkpoint()))
+            raise TrainingError(objective.non_finite_loss(int(self._first_bad), self._last_checkpoint()))
 
     def on_validation_start(self):
         self._stop_if_diverged()
@@ -142,15 +115,10 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
     def gradient_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))  # ()
 
-    def parameter_groups(self) -> list[dict]:
-        """AdamW's groups: matrices decay; biases, norms and vectors do not."""
-        decay = [p for p in self.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.dim() < 2]
-        return [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": no_decay, "weight_decay": 0}]
-
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=self.hparams.lr, betas=tuple(self.hparams.betas))
+        groups = optim.parameter_groups(self, self.hparams.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas))
         total = self.trainer.estimated_stepping_batches
-        warmup = max(1, int(self.hparams.warmup * total))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total))
+        warmup = optim.warmup_steps(self.hparams.warmup, total)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: optim.warmup_cosine(s, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -14,8 +14,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import DiskFull
 
-RESUME_KEYS = ("resume", "sweep.resume")  # say how a run is started, not what it is: may differ between attempts
-PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")  # where a run writes
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
 
 

@@ -13,14 +13,14 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
-from headlab.model import Encoder, describe
+from headlab.model import Encoder, rules
 from headlab.training import loggers as loggers_
-from headlab.training import results, sweep
+from headlab.training import records, results, sweep
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
-from headlab.training.config_check import check_readout, fail
+from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
+from headlab.training.records import TRAIN_METRICS
 
-TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, in results.json beside val/ and test/
 log = logging.getLogger("headlab")
 _threaded = False  # whether this process has run torch on more than one CPU thread (see train)
 
@@ -95,18 +95,13 @@ def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
     """The datamodule and the model of a config; the model's sizes come from the data."""
     datamodule = instantiate_node(cfg.data, "data", _convert_="all")
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
-    readout = check_readout(cfg.model.readout, datamodule.level)
+    readout = rules.readout_for(cfg.model.readout, datamodule.level, "model.readout")
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
     model = instantiate_node(architecture, "model", **sizes, readout=readout, _convert_="all")
     if cfg.model.get("compile"):
         model.compile()  # in place: parameter names and checkpoints stay those of the eager model
     return datamodule, model
-
-
-def model_fields(model: Encoder, datamodule) -> dict:
-    """The results.json fields about the data and the model: resolved head sizes, parameters, FLOPs per token."""
-    return {"data": datamodule.describe(), **describe(model, datamodule.max_len)}
 
 
 def configure_torch(cfg: DictConfig, threads: int) -> None:
@@ -193,8 +188,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()], **devices
     )
 
-    fields = model_fields(model, datamodule)
-    config = {**flat_config, **loggers_.run_facts(fields, flat_config)}
+    facts = records.model_fields(model, datamodule)
+    config = {**flat_config, **loggers_.run_facts(facts, flat_config)}
     metrics, failed, progress = {}, True, {}
     try:
         loggers_.start(loggers, config, resumed_step)
@@ -220,15 +215,15 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
         failed = False
     finally:
         wandb = loggers_.finish(loggers, failed, metrics, config, progress.get("global_step", trainer.global_step))
-    return {
-        "metrics": metrics,
-        **fields,
-        "throughput": {"train_tokens_per_s": rate, "fit_s": round(fit_seconds, 3)},
-        "resources": {"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
-        "checkpoints": {
+    return records.run_fields(
+        metrics=metrics,
+        model_facts=facts,
+        throughput={"train_tokens_per_s": rate, "fit_s": round(fit_seconds, 3)},
+        resources={"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
+        checkpoints={
             "best": best or None,
             "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
         },
-        "wandb": wandb,
-        **progress,
-    }
+        progress=progress,
+        wandb=wandb,
+    )

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.training.results import RESUME_KEYS
+from headlab.conventions import RESUME_KEYS
 
 log = logging.getLogger("headlab")
 

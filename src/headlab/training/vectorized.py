@@ -13,14 +13,17 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from headlab.training import optim
+
 
 class Stacked(nn.Module):
     """The parameters of E models of one architecture in one flat (E, P) parameter: `forward(*inputs)` runs
     model e on inputs[.][e] with row e. One tensor for all parameters of all members makes the optimizer step and
     gradient clipping a handful of kernels, whatever the number of members and parameter tensors.
 
-    A copy of the first model serves as the code (its forward); the models themselves are left as they were.
-    `decay_mask` (P,) marks the entries of matrices (weight decay applies to them, as in a single run's AdamW).
+    `template`, a copy of the first model on the meta device, gives the forward that every member runs with its own
+    tensors; the models themselves are left as they were. `decay_mask` (P,) marks the entries that weight decay
+    applies to (headlab.training.optim.decays, as in a single run's AdamW).
     `streams`: each member's own CPU random state (torch.get_rng_state()), from which its dropout draws when the
     members run one after another (`each`): member e then draws the masks its single run would draw, whatever
     its pack. None: every member draws from the process's stream.
@@ -34,13 +37,14 @@ class Stacked(nn.Module):
         self.names, self.shapes = list(params), [tuple(t.shape[1:]) for t in params.values()]
         self.sizes = [t[0].numel() for t in params.values()]
         self.flat = nn.Parameter(torch.cat([t.reshape(E, -1) for t in params.values()], dim=1))  # (E, P)
-        mask = torch.cat([torch.full((n,), len(shape) >= 2) for n, shape in zip(self.sizes, self.shapes, strict=True)])
+        sized = zip(self.sizes, self.shapes, strict=True)
+        mask = torch.cat([torch.full((n,), optim.decays(shape)) for n, shape in sized])
         self.register_buffer("decay_mask", mask, persistent=False)
         for name, tensor in buffers.items():
             self.register_buffer("buffer__" + name.replace(".", "__"), tensor, persistent=False)
         self.buffer_names = list(buffers)
-        code = copy.deepcopy(models[0]).to("meta")  # the forward's code only: functional_call supplies all tensors
-        object.__setattr__(self, "code", code)  # not a submodule: no state of the pack
+        template = copy.deepcopy(models[0]).to("meta")  # the forward only: functional_call supplies all tensors
+        object.__setattr__(self, "template", template)  # not a submodule: no state of the pack
 
     @property
     def size(self) -> int:
@@ -118,12 +122,12 @@ class Stacked(nn.Module):
             torch.set_rng_state(outer)
 
     def _member(self, kwargs: dict):
-        # the code runs in the pack's mode (its dropout), read at each forward: Lightning's loops restore a
+        # the template runs in the pack's mode (its dropout), read at each forward: Lightning's loops restore a
         # module's mode by setting .training on each submodule, which a .train() override would never see
-        self.code.train(self.training)
+        self.template.train(self.training)
 
         def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
-            return functional_call(self.code, (params, buffers), member_inputs, {**kwargs, **member_kwargs})[0]
+            return functional_call(self.template, (params, buffers), member_inputs, {**kwargs, **member_kwargs})[0]
 
         return member
 
@@ -210,30 +214,22 @@ class PackedAdamW(torch.optim.Optimizer):
                 decay = group["decay"]
                 if isinstance(decay, torch.Tensor):  # 1 - lr wd on the masked entries, 1 elsewhere
                     torch.mul(p, decay.to(p.dtype), out=scratch)
-                    p.sub_(scratch.mul_(_column(lr * self.weight_decay.to(lr.device), p)))
+                    p.sub_(scratch.mul_(per_row(lr * self.weight_decay.to(lr.device), p)))
                 elif decay:
-                    p.mul_(_column(1 - lr * self.weight_decay.to(lr.device), p))
-                exp_avg.lerp_(grad, _column(1 - beta1, p))
-                exp_avg_sq.mul_(_column(beta2, p))
+                    p.mul_(per_row(1 - lr * self.weight_decay.to(lr.device), p))
+                exp_avg.lerp_(grad, per_row(1 - beta1, p))
+                exp_avg_sq.mul_(per_row(beta2, p))
                 if (beta2 == beta2[0]).all():
                     exp_avg_sq.addcmul_(grad, grad, value=float(1 - beta2[0]))
                 else:
-                    exp_avg_sq.addcmul_(grad, grad * _column(1 - beta2, p))
-                step_size = _column(lr / (1 - beta1**t).to(lr.device), p)  # (E,)
-                denom = torch.sqrt(exp_avg_sq, out=scratch).div_(_column((1 - beta2**t).sqrt(), p)).add_(group["eps"])
+                    exp_avg_sq.addcmul_(grad, grad * per_row(1 - beta2, p))
+                step_size = per_row(lr / (1 - beta1**t).to(lr.device), p)  # (E,)
+                denom = torch.sqrt(exp_avg_sq, out=scratch).div_(per_row((1 - beta2**t).sqrt(), p)).add_(group["eps"])
                 if isinstance(step_size, float):
                     p.addcdiv_(exp_avg, denom, value=-step_size)
                 else:  # exp_avg / (denom / step): a frozen member's step 0 makes it exp_avg / inf = 0
                     p.addcdiv_(exp_avg, denom.div_(step_size), value=-1)
         return loss
-
-
-def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor | float:
-    """(E,) values broadcasting against a stacked tensor like `like` (E, ...); a plain number when they are on the
-    CPU and all equal (cheaper, and exactly torch's arithmetic)."""
-    if values.device.type == "cpu" and (values == values[0]).all():
-        return float(values[0])
-    return values.to(like.device, like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
 
 def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -247,9 +243,13 @@ def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     return norms
 
 
-def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(E,) values, one a member, broadcasting against a stacked tensor like `like` (E, ...); a () value against any."""
-    return values.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
+def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor | float:
+    """(E,) values, one a member, broadcasting against a stacked tensor like `like` (E, ...), or a () value against
+    any tensor; a plain number when the values are on the CPU and all equal (cheaper, and exactly the arithmetic of
+    torch's own optimizer)."""
+    if values.dim() and values.device.type == "cpu" and (values == values[0]).all():
+        return float(values[0])
+    return values.to(like.device, like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
 
 def member_norms(grads: list[torch.Tensor]) -> torch.Tensor:

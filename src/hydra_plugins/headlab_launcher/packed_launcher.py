@@ -1,32 +1,19 @@
 """hydra/launcher=packed: the jobs of a sweep that share an architecture trained as one vectorized model.
 
-The plugin is a thin shell: the work is in headlab.cli.packed.
+The plugin is a thin shell: its settings and their defaults are conf/hydra/launcher/packed.yaml, the work is in
+headlab.cli.packed.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 
-@dataclass
-class PackedLauncherConf:
-    _target_: str = "hydra_plugins.headlab_launcher.packed_launcher.PackedLauncher"
-    max_pack: int = 64  # members per pack at most; a memory check may split a pack further
-    n_jobs: int = 1  # packs trained at once, each in its own process
-
-
-ConfigStore.instance().store(
-    group="hydra/launcher", name="_headlab_packed", node=PackedLauncherConf, provider="headlab"
-)
-
-
 class PackedLauncher(Launcher):
-    def __init__(self, max_pack: int = 64, n_jobs: int = 1) -> None:
+    def __init__(self, max_pack: int, n_jobs: int) -> None:
         self.max_pack, self.n_jobs = max_pack, n_jobs
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None

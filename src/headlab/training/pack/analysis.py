@@ -1,6 +1,6 @@
 """A pack's end-of-training head analysis, every member at once: head importance and pruning curves measured
 through the stacked model (on a GPU one batched computation for all members, where member after member would
-pay every kernel launch E times). What each member gets is what AttentionLogger.measure gives its single run.
+pay every kernel launch E times). What each member gets is what AttentionLogger.analyse gives its single run.
 
 Shapes: E members, B batch, L layers, H heads.
 """
@@ -10,7 +10,7 @@ import time
 import torch
 
 from headlab.analysis import importance
-from headlab.training.callbacks import AttentionLogger
+from headlab.training.attention_logging import AttentionLogger, HeadAnalysis
 from headlab.training.vectorized import Stacked
 
 
@@ -20,16 +20,16 @@ class MembersModel:
 
     def __init__(self, stack: Stacked):
         self.stack = stack
-        self.n_layers, self.n_heads = stack.code.n_layers, stack.code.n_heads
+        self.n_layers, self.n_heads = stack.template.n_layers, stack.template.n_heads
 
     def __call__(self, tokens, padding_mask, head_mask=None):
         return self.stack(tokens, padding_mask, head_mask=head_mask), None
 
 
-def measure_members(
+def analyse_members(
     stack: Stacked, analysts: list[AttentionLogger], batches: list[tuple[list, list]], stacked: tuple[list, list]
-) -> list[dict]:
-    """Each member's measured importance and pruning curves (AttentionLogger.measured), measured together.
+) -> list[HeadAnalysis]:
+    """Each member's importance and pruning curves (AttentionLogger.head_analysis), measured together.
 
     analysts: each member's AttentionLogger (their settings are the pack's, but for the random order's seed);
     batches: each member's (importance, pruning) batches, as its single run draws them; stacked: the same batches
@@ -57,5 +57,5 @@ def measure_members(
         metrics = {key: measured[k][e] for k, key in enumerate(distinct[e])}
         curves = importance.pruning_curves(scores[e], metrics, analyst.pruning_step, analyst.orders, analyst.seed)
         examples = {analyst.importance_split: ranked_on, analyst.pruning_split: scored_on}
-        out.append(analyst.measured(scores[e], curves, seconds, examples))
+        out.append(analyst.head_analysis(scores[e], curves, seconds, examples))
     return out

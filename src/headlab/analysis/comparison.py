@@ -1,0 +1,205 @@
+"""A sweep as groups of runs and their statistics: the configuration keys that vary, runs grouped by them (seeds
+pooled), each metric summarised over seeds, a value chosen per arm on validation, and each group compared with a
+baseline group (headlab.analysis.inference). What headlab-compare prints is rendered from what this computes.
+"""
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from headlab.analysis import inference
+from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
+
+# keys that differ between runs without defining the experiment: where files go, and the seed itself
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", "compare", *RESUME_KEYS)
+METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
+IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
+
+
+class CompareError(ValueError):
+    """An analysis that cannot be made from these runs (a key that does not vary, an ambiguous baseline)."""
+
+
+def improving_at_end(curve: list[dict], margin: float = IMPROVING_MARGIN) -> bool:
+    """Whether the last validation beat every earlier one by more than margin: training stopped while the run
+    was still getting better."""
+    return len(curve) > 1 and curve[-1]["val/acc"] > max(p["val/acc"] for p in curve[:-1]) + margin
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
+
+
+def varying_keys(records: list[dict]) -> list[str]:
+    """Config keys whose value differs between runs, leaving out the seed and output locations."""
+    keys = sorted({k for r in records for k in r["config"]})
+    varying = []
+    for key in keys:
+        if key in IGNORED_KEYS or key.endswith(PATH_SUFFIXES):
+            continue
+        if len({_hashable(r["config"].get(key)) for r in records}) > 1:
+            varying.append(key)
+    return varying
+
+
+def summarise(values: list[float]) -> dict:
+    """n, mean, sample standard deviation, and the 95% percentile bootstrap interval of the mean (low, high)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    low, high = inference.bootstrap_interval(values)
+    return {"n": n, "mean": mean, "std": std, "low": low, "high": high}
+
+
+def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(_hashable(r["config"].get(k)) for k in keys), []).append(r)
+    return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
+
+
+@dataclass
+class Design:
+    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE),
+    whether by Welch's or a paired test over seeds, and the keys a row must share with its baseline (within;
+    default: every other varying key); what counts as solving the task (metric, threshold); and a key whose best
+    value per arm is chosen on a validation metric (select KEY, ON)."""
+
+    metrics: list[str]
+    baseline: tuple[str, str] | None = None
+    paired: bool = False
+    solved: tuple[str, float] | None = None
+    select: tuple[str, str] | None = None
+    within: list[str] = field(default_factory=list)  # the keys a row shares with its baseline (default: all others)
+
+
+def compare(records: list[dict], design: Design) -> tuple[list, list]:
+    """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
+    if design.select:
+        records = select_best(records, *design.select)
+    keys = varying_keys(records)
+    if design.select and design.select[0] not in keys:
+        keys.append(design.select[0])  # every arm chose the same value: still shown
+    rows = []
+    for values, runs in group_runs(records, keys).items():
+        row = dict(zip(keys, values, strict=True))
+        row["runs"] = len(runs)
+        for metric in design.metrics:
+            found = [(_seed(r, i), _metric(r, metric)) for i, r in enumerate(runs) if _metric(r, metric) is not None]
+            if found:
+                seeds, values = (list(column) for column in zip(*found, strict=True))
+                row[metric] = {**summarise(values), "values": values, "seeds": seeds}
+        if design.solved:
+            metric, threshold = design.solved
+            found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
+            row["solved"] = inference.solve_rate(found, threshold) if found else None
+        curves = [r["curve"] for r in runs if r.get("curve")]
+        row["improving"] = (sum(map(improving_at_end, curves)), len(curves)) if curves else None
+        row["curves"] = curves
+        params = [r["params"]["total"] for r in runs if r.get("params")]
+        speed = [
+            r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
+        ]
+        row["params"] = params[0] if params else None
+        row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
+        rows.append(row)
+    if design.baseline:
+        add_baseline(rows, keys, design)
+    return keys, rows
+
+
+def _metric(record: dict, metric: str):
+    return (record.get("metrics") or {}).get(metric)
+
+
+def _seed(record: dict, index: int):
+    return record["config"].get("seed", index)
+
+
+def select_best(records: list[dict], key: str, on: str) -> list[dict]:
+    """Per arm (the groups of the other varying keys), the runs at the value of `key` whose mean `on` (a
+    validation metric) is highest over seeds; the other values' runs are dropped."""
+    others = [k for k in varying_keys(records) if k != key]
+    if key not in {k for r in records for k in r["config"]}:
+        raise CompareError(f"--select key {key!r} is not in the runs' configs")
+    chosen = []
+    for runs in group_runs(records, others).values():
+        by_value = group_runs(runs, [key])
+        scores = {v: [_metric(r, on) for r in rs if _metric(r, on) is not None] for v, rs in by_value.items()}
+        best = max((v for v in scores if scores[v]), key=lambda v: sum(scores[v]) / len(scores[v]), default=None)
+        chosen += by_value.get(best, [])
+    return chosen
+
+
+def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
+    """Difference of each group to the group with key=value and the other keys equal (a selected key may
+    differ); Welch's t-test or a paired t-test over shared seeds, Fisher's exact test for solve rates, and Holm's
+    correction over all the comparisons of a metric."""
+    key, value = design.baseline
+    if key not in keys:
+        raise CompareError(f"--baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
+    others = design.within or [k for k in keys if k != key and (not design.select or k != design.select[0])]
+    if unknown := [k for k in design.within if k not in keys]:
+        raise CompareError(f"--within key(s) {', '.join(unknown)} do not vary; varying: {', '.join(keys)}")
+    for row in rows:
+        bases = [b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)]
+        if len(bases) > 1:
+            raise CompareError(
+                f"{len(bases)} groups have {key}={value} and the same {', '.join(others)}: name the keys that pick "
+                "one baseline per group with --within"
+            )
+        base = bases[0] if bases else None
+        for metric in design.metrics:
+            if base is None or metric not in row or metric not in base:
+                continue
+            a, b = row[metric], base[metric]
+            if row is base:
+                p = math.nan
+            elif design.paired:
+                pairs = [dict(zip(s["seeds"], s["values"], strict=True)) for s in (a, b)]
+                p = inference.paired_p(*pairs)
+            else:
+                p = inference.welch_p(a["values"], b["values"])
+            a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
+        if base is not None and row.get("solved") and base.get("solved"):
+            row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])
+    for metric in [*design.metrics, "solved"]:
+        summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
+        for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
+            summary["p_holm"] = adjusted
+
+
+def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:
+    """Per group whose runs have pruning curves (heads.json): at each step, the accuracy after pruning in importance
+    order and in each baseline order (summarised over runs), and the paired difference importance - baseline with
+    its p-value (paired t-test over runs). [{"group": {key: value}, "runs", "split", "orders", "steps"}]."""
+    out = []
+    for values, runs in group_runs(records, keys).items():
+        analysed = [r["heads"] for r in runs if r.get("heads", {}).get("pruning_curve")]
+        if not analysed:
+            continue
+        curves = [{"importance": h["pruning_curve"], **h.get("pruning_baselines", {})} for h in analysed]
+        orders = [o for o in curves[0] if all(o in c for c in curves)]
+        steps = []
+        for step in range(min(len(c[o]) for c in curves for o in orders)):
+            at = {o: [c[o][step]["metric"] for c in curves] for o in orders}
+            point = curves[0]["importance"][step]
+            differences = {
+                b: {
+                    "delta": (sum(at["importance"]) - sum(at[b])) / len(curves),
+                    "p": inference.paired_p(dict(enumerate(at["importance"])), dict(enumerate(at[b]))),
+                }
+                for b in orders[1:]
+            }
+            steps.append(
+                {
+                    "heads_pruned": point["heads_pruned"],
+                    "fraction": point["fraction_pruned"],
+                    "orders": {o: summarise(at[o]) for o in orders},
+                    "differences": differences,
+                }
+            )
+        group = dict(zip(keys, values, strict=True))
+        split = analysed[0].get("pruning_split", "validation")
+        out.append({"group": group, "runs": len(curves), "split": split, "orders": orders, "steps": steps})
+    return out

@@ -1,0 +1,101 @@
+"""A sweep's run records read back: every results.json below some directories, or in a run archive
+(headlab.analysis.archive), with each run's heads.json and learning curve. Failed, missing and corrupt records are
+kept apart with the reason, never silently dropped.
+"""
+
+import csv
+import functools
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from headlab.analysis import archive
+
+HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
+
+
+@dataclass
+class Runs:
+    completed: list[dict] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (where, error)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
+
+
+def load_dirs(dirs: list[Path]) -> Runs:
+    """The runs below sweep directories (or any directories with results.json below them), results.json files,
+    or run archives (headlab.analysis.archive)."""
+    runs = Runs()
+    for root in dirs:
+        if archive.is_archive(root):
+            found = {where: files.get for where, files in archive.read(root).items()}
+        else:
+            files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
+            found = {str(path.parent): functools.partial(_text, path.parent) for path in files}
+        if not found:
+            runs.unreadable.append((str(root), "no results.json below it"))
+        for where, read in found.items():
+            _add_run(runs, where, read)
+    return runs
+
+
+def _add_run(runs: Runs, where: str, read) -> None:
+    """One run's records, read(name) the text of its results.json, heads.json, metrics.csv (None if absent)."""
+    text = read("results.json")
+    try:
+        record = json.loads(text)
+        status = record["status"]
+    except (TypeError, ValueError, KeyError) as error:
+        why = "no results.json" if text is None else f"{type(error).__name__}: {error}"
+        runs.unreadable.append((f"{where}/results.json", why))
+        return
+    missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
+    if status == "completed" and missing:
+        runs.unreadable.append((f"{where}/results.json", f"a completed record without {' or '.join(missing)}"))
+    elif status == "completed":
+        record["heads"] = _read_heads(read("heads.json"))
+        record["curve"] = record.get("curve") or _csv_curve(read("metrics.csv"))
+        record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
+        runs.completed.append({**record, "where": where})
+    else:
+        runs.failed.append((where, record.get("error", status)))
+
+
+def _text(run_dir: Path, name: str) -> str | None:
+    try:
+        return (run_dir / name).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _csv_curve(text: str | None) -> list[dict]:
+    """The learning curve from a CSV logger's metrics.csv, for runs whose results.json has none."""
+    try:
+        rows = [r for r in csv.DictReader(io.StringIO(text)) if r.get("val/acc")]
+        return [{"epoch": int(r["epoch"]), "step": int(r["step"]), "val/acc": float(r["val/acc"])} for r in rows]
+    except (TypeError, ValueError, KeyError):
+        return []
+
+
+def _read_heads(text: str | None) -> dict:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return {}  # no head analysis (analysis off, or a run that never got there)
+
+
+def _head_scalars(rows: list[dict]) -> dict[str, float]:
+    return {
+        f"heads/L{r['layer']}/H{r['head']}/{k}": v for r in rows for k, v in r.items() if k not in ("layer", "head")
+    }
+
+
+def head_means(metrics: dict) -> dict[str, float]:
+    """heads/<stat>: the mean over every head of every layer of heads/L<l>/H<h>/<stat> (entropy, score_std, ...),
+    a metric like any other (--metric heads/entropy)."""
+    per_stat: dict[str, list[float]] = {}
+    for key, value in metrics.items():
+        if (match := HEAD_KEY.match(key)) and isinstance(value, int | float) and not isinstance(value, bool):
+            per_stat.setdefault(match.group(1), []).append(value)
+    return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}

@@ -1,0 +1,143 @@
+"""headlab-compare's outputs: the table (markdown, CSV, the console), its provenance, and the pruning table, rendered
+from what headlab.analysis.comparison computed."""
+
+import csv
+import math
+import shlex
+from pathlib import Path
+
+from headlab.analysis.comparison import IMPROVING_MARGIN, Design
+from headlab.analysis.runs import Runs
+from headlab.cli.compare_plots import plot, plot_curves
+from headlab.training.results import git_sha
+
+
+def _p(summary: dict) -> str:
+    if math.isnan(summary.get("p_value", math.nan)):
+        return ""
+    return f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
+
+
+def _mean_interval(summary: dict) -> str:
+    interval = "" if math.isnan(summary["low"]) else f" [{summary['low']:.4f}, {summary['high']:.4f}]"
+    return f"{summary['mean']:.4f}{interval}"
+
+
+def _cell(summary: dict | None) -> str:
+    if summary is None:
+        return ""
+    text = _mean_interval(summary)
+    if not math.isnan(summary["low"]):
+        text += f" (sd {summary['std']:.4f})"
+    if summary.get("is_baseline"):
+        text += " (baseline)"
+    elif "delta" in summary:
+        text += f" Δ {summary['delta']:+.4f}" + _p(summary)
+    return text
+
+
+def _solved_cell(solved: dict | None) -> str:
+    if solved is None:
+        return ""
+    return f"{solved['k']}/{solved['n']} [{solved['low']:.2f}, {solved['high']:.2f}]" + _p(solved)
+
+
+def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[str], list[list[str]]]:
+    names = [f"{k} (selected on {design.select[1]})" if design.select and k == design.select[0] else k for k in keys]
+    header = [*names, "runs", *(f"{m} (mean [95% bootstrap CI])" for m in design.metrics)]
+    if design.solved:
+        header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
+    header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "train tokens/s"]
+    body = []
+    for row in rows:
+        speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
+        cells = [*(str(row[k]) for k in keys), str(row["runs"]), *(_cell(row.get(m)) for m in design.metrics)]
+        if design.solved:
+            cells.append(_solved_cell(row.get("solved")))
+        improving = f"{row['improving'][0]}/{row['improving'][1]}" if row["improving"] else ""
+        body.append([*cells, improving, str(row["params"] or ""), speed])
+    return header, body
+
+
+def provenance(runs: list[dict], command: list[str]) -> list[str]:
+    """Markdown lines saying how the table was made: the command, headlab's commit now, and the commits and
+    hardware the runs record."""
+    commits: dict[str, int] = {}
+    hardware: dict[str, int] = {}
+    for r in runs:
+        commits[r.get("git_sha") or "unknown"] = commits.get(r.get("git_sha") or "unknown", 0) + 1
+        res = r.get("resources") or {}
+        name = f"{res.get('accelerator', '?')} x{res.get('devices', '?')}, {res.get('threads', '?')} threads"
+        hardware[name] = hardware.get(name, 0) + 1
+    return [
+        f"Command: `{shlex.join(command)}`",
+        f"headlab commit (compare): {git_sha() or 'unknown'}",
+        "Runs' commits: " + ", ".join(f"{c} ({n} runs)" for c, n in commits.items()),
+        "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
+        "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
+        "Clopper-Pearson; p: Welch's t-test (or paired over shared seeds with --paired), Fisher's exact test for "
+        "solve rates, Holm-adjusted over the comparisons of each column.",
+        "",
+    ]
+
+
+def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command) -> list[Path]:
+    header, body = table_rows(keys, rows, design)
+    lines = provenance(runs.completed, command)
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    if runs.failed or runs.unreadable:
+        lines += ["", "Left out:"] + [f"- {w}: {e}" for w, e in runs.failed + runs.unreadable]
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm")
+    with (out / "compare.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
+        writer.writerow(
+            [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved]
+            + ["improving_k", "improving_n", "params", "tokens_per_s"]
+        )
+        for row in rows:
+            stats_ = [row.get(m, {}).get(s, "") for m in design.metrics for s in fields]
+            rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
+            improving = list(row["improving"] or ("", ""))
+            writer.writerow(
+                [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"], row["tokens_per_s"]]
+            )
+    return [
+        out / "compare.md",
+        out / "compare.csv",
+        *plot(out, keys, rows, design.metrics),
+        *plot_curves(out, keys, rows),
+    ]
+
+
+def pruning_table(summary: list[dict]) -> list[str]:
+    """Markdown per group of comparison.pruning_summary: accuracy after pruning each fraction of heads, mean [95%
+    CI] over runs, in importance order and each baseline order, with the paired difference importance - baseline."""
+    lines = []
+    for group in summary:
+        title = ", ".join(f"{k}={v}" for k, v in group["group"].items()) or "all runs"
+        orders, baselines = group["orders"], group["orders"][1:]
+        header = [
+            "heads pruned",
+            "fraction",
+            *(f"{o} order" for o in orders),
+            *(f"importance - {b}" for b in baselines),
+        ]
+        lines += [
+            f"Pruning curve ({title}; {group['runs']} runs; {group['split']} accuracy, mean [95% bootstrap CI]; "
+            "differences: mean, paired t-test over runs):",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for step in group["steps"]:
+            cells = [str(step["heads_pruned"]), f"{step['fraction']:.2f}"]
+            cells += [_mean_interval(step["orders"][o]) for o in orders]
+            for b in baselines:
+                d = step["differences"][b]
+                cells.append(f"{d['delta']:+.4f}" + ("" if math.isnan(d["p"]) else f" p={d['p']:.3g}"))
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines

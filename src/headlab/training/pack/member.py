@@ -1,0 +1,50 @@
+"""One job of a pack: its config, its run directory, and what its single run would build and write.
+
+Shapes: E members.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from headlab.training.callbacks import LearningCurve
+from headlab.training.module import HeadLabModule
+from headlab.training.run import build, instantiate_all
+
+
+@dataclass
+class Member:
+    """One job of the pack: its config (resolved), run directory, and what its run writes."""
+
+    cfg: DictConfig
+    run_dir: Path
+    flat_config: dict
+    index: int = 0
+    loggers: list = field(default_factory=list)
+    callbacks: list = field(default_factory=list)
+    module: HeadLabModule | None = None
+    datamodule: object = None
+    stream: torch.Tensor | None = None  # the CPU random state its single run starts training from
+    best: dict = field(default_factory=lambda: {"score": None, "path": None, "state": None})
+    metrics: dict = field(default_factory=dict)
+    wandb: dict | None = None
+
+    def callback(self, kind):
+        return next((c for c in self.callbacks if isinstance(c, kind)), None)
+
+
+def build_member(member: Member) -> None:
+    """The member's data and model exactly as its single run builds them: seeded, then built."""
+    pl.seed_everything(member.cfg.seed, workers=True)
+    member.datamodule, model = build(member.cfg)
+    member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
+    member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
+    member.stream = torch.get_rng_state()  # what its single run's dropout goes on to draw from
+
+
+def shape_key(member: Member) -> tuple:
+    """What must be equal for members to share a vectorized model: every parameter's name and shape."""
+    return tuple((n, tuple(p.shape)) for n, p in member.module.model.named_parameters())

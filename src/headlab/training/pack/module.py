@@ -1,0 +1,116 @@
+"""A pack's LightningModule: E encoders of one architecture as one model (headlab.training.vectorized), each member
+trained on the objective of its single run (headlab.training.objective) with its own AdamW settings.
+
+Shapes: E members, B batch, n positions, c tokens summed per position, C classes.
+"""
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from headlab.training import objective, optim
+from headlab.training.sharpness import SharpnessAware
+from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member, member_norms
+
+
+class PackedModule(SharpnessAware, pl.LightningModule):
+    """E encoders of one architecture as one model: per-member losses, accuracies and AdamW hyperparameters.
+
+    optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho, rdrop), as the single run's HeadLabModule
+    takes them; sam_rho and rdrop are the same for all (Stacked members' gradients are each scaled by their own norm).
+    streams: each member's CPU random state where its single run starts training (Stacked).
+    A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
+    """
+
+    def __init__(self, models: list, optim: list[dict], streams: list[torch.Tensor] | None = None):
+        super().__init__()
+        self.stack = Stacked(models, streams)
+        self.optim = optim
+        E = len(models)
+        self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
+        self.register_buffer("diverged_at", torch.full((E,), -1, dtype=torch.long), persistent=False)
+        self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """(E, B, C) or (E, B, n, C) logits. A batch is padded to the longest example of any member's batch; on the
+        CPU, where members run one after another, each runs on its own batch's positions, as its single run does
+        (with length-bucketed text, members' batches differ in length: the padding would multiply the work)."""
+        tokens, padding = batch["tokens"], batch["padding_mask"]  # (E, B, n[, c]), (E, B, n)
+        if tokens.device.type != "cpu":
+            return self.stack(tokens, padding)
+        n = tokens.shape[2]
+        lengths = (~padding).sum(-1).amax(-1).tolist()  # (E,): each member's longest example
+        logits = self.stack.each(
+            [t[:, :k] for t, k in zip(tokens, lengths, strict=True)],
+            [m[:, :k] for m, k in zip(padding, lengths, strict=True)],
+        )
+        return torch.stack([F.pad(x, (0, 0, 0, n - x.shape[1])) if x.dim() == 3 else x for x in logits])
+
+    def _measure(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The epoch sums of an evaluation batch, each (E,) (objective.cross_entropy)."""
+        return objective.cross_entropy(self(batch), batch["labels"])[1]
+
+    def _training_step(self, batch: dict) -> objective.Step:
+        """The members' objectives (E,), as a single run's (objective.training_step): with optim.rdrop (one for the
+        pack) two passes, each member drawing its own dropout masks in each."""
+        return objective.training_step(lambda: self(batch), batch["labels"], self.optim[0].get("rdrop", 0.0))
+
+    def _add(self, split: str, sums: dict) -> None:
+        total = self.sums.setdefault(split, {})
+        for k, v in sums.items():
+            total[k] = total[k] + v if k in total else v
+
+    def epoch_metrics(self, split: str) -> dict[str, torch.Tensor]:
+        """{split}/loss and {split}/acc per member (E,) over the epoch so far; the sums start again."""
+        sums = self.sums.pop(split, {})
+        if not sums:
+            return {}
+        return {f"{split}/loss": sums["loss"] / sums["examples"], f"{split}/acc": sums["correct"] / sums["scored"]}
+
+    def lr_scale(self, step: int) -> torch.Tensor:
+        """The schedule's multiplier of each member's learning rate at a step (warm-up, then cosine decay)."""
+        total, warmups = self.schedule
+        return torch.tensor([optim.warmup_cosine(step, warmup, total) for warmup in warmups])
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
+
+    def training_step(self, batch, batch_idx):
+        if self.ascended:  # sharpness-aware minimisation's second pass: its losses are not the members'
+            return torch.where(self.alive, self._training_step(batch).objective, 0).sum()
+        step = self._training_step(batch)
+        finite = torch.isfinite(step.objective)
+        self.diverged_at = torch.where(self.alive & ~finite, self.global_step, self.diverged_at)
+        self.alive &= finite
+        self.optimizers().optimizer.alive = self.alive
+        self._add("train", {k: torch.where(self.alive, v, 0) for k, v in step.sums.items()})
+        self.last_losses = step.loss.detach()
+        return torch.where(self.alive, step.objective, 0).sum()  # members' gradients never mix: each sees its own loss
+
+    def validation_step(self, batch, batch_idx):
+        self._add("val", self._measure(batch))
+
+    def test_step(self, batch, batch_idx):
+        self._add("test", self._measure(batch))
+
+    def sam_rho(self) -> float:
+        return self.optim[0].get("sam_rho", 0.0)  # one for the pack: packs never mix values (pack_key)
+
+    def gradient_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        return member_norms(grads)  # (E,)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """trainer.gradient_clip_val clips each member's gradient norm on its own, as its single run would."""
+        if gradient_clip_val:
+            clip_per_member([self.stack.flat], float(gradient_clip_val))
+
+    def configure_optimizers(self):
+        total = self.trainer.estimated_stepping_batches  # once: Lightning computes it anew on every access
+        self.schedule = (total, [optim.warmup_steps(o["warmup"], total) for o in self.optim])
+        groups = [{"params": [self.stack.flat], "decay": self.stack.decay_mask}]  # optim.decays, as in a single run
+        return PackedAdamW(
+            groups,
+            lr=[o["lr"] for o in self.optim],
+            weight_decay=[o["weight_decay"] for o in self.optim],
+            betas=[list(o["betas"]) for o in self.optim],
+        )

@@ -1,0 +1,219 @@
+"""Training a pack: its members (built as their single runs build them) grouped by shape and by what fits in
+memory, each group trained as one vectorized model by one Lightning Trainer, tested on each member's best
+checkpoint, and analysed; each member gets the results.json fields of its single run, or the error that ended it.
+
+On a CPU each member draws its dropout masks from its own random stream, the one its single run draws from; on a
+GPU (one batched computation) the members draw theirs in one batched draw from the pack's stream.
+Shapes: E members, B batch, L layers, H heads.
+"""
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import lightning.pytorch as pl
+import torch
+
+from headlab.errors import TrainingError
+from headlab.model import count_parameters
+from headlab.training import loggers as loggers_
+from headlab.training import objective, records
+from headlab.training.attention_logging import AttentionLogger
+from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
+from headlab.training.pack import analysis
+from headlab.training.pack.data import PackedData, stack_split
+from headlab.training.pack.member import Member, build_member, shape_key
+from headlab.training.pack.module import PackedModule
+from headlab.training.pack.writer import MemberWriter
+from headlab.training.run import configure_torch, instantiate_all, instantiate_node
+
+log = logging.getLogger("headlab")
+
+
+def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | None]:
+    """Each member's head importance and pruning curves (AttentionLogger.analyse), measured for all members at
+    once where their analysis batches stack (pack.analysis), else one member after another; None where its run
+    measures no importance."""
+    analysts = [m.callback(AttentionLogger) for m in members]
+    if not all(a and a.importance for a in analysts):
+        return [None] * len(members)
+    device = module.device
+    batches = [a.analysis_batches(m.datamodule, device) for a, m in zip(analysts, members, strict=True)]
+    stacked = [stack_split([b[i] for b in batches]) for i in (0, 1)]
+    if None in stacked:
+        return [
+            a.analyse(MemberWriter.member_model(m, module), m.datamodule, device)
+            for a, m in zip(analysts, members, strict=True)
+        ]
+    return analysis.analyse_members(module.stack, analysts, batches, stacked)
+
+
+def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
+    """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
+    (rate: the pack's training tokens/s)."""
+    return records.run_fields(
+        metrics=member.metrics,
+        model_facts=records.model_fields(member.module.model, member.datamodule),
+        throughput={
+            "train_tokens_per_s": rate / size if rate else None,  # the member's share of the pack's rate
+            "pack_train_tokens_per_s": rate,
+            "fit_s": round(fit_seconds, 3),
+        },
+        resources={"threads": torch.get_num_threads(), "devices": 1, "accelerator": member.cfg.trainer.accelerator},
+        checkpoints={
+            "best": str(member.best["path"]) if member.best["path"] else None,
+            "last": str(member.run_dir / "checkpoints" / "last.ckpt"),
+        },
+        progress={
+            "epochs": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "curve": member.callback(LearningCurve).points,
+        },
+        wandb=member.wandb,
+        pack={"id": pack_id, "size": size, "index": member.index},
+    )
+
+
+def member_config(member: Member, pack_id: str, size: int) -> dict:
+    """What the member's loggers get as its config: its single run's, and the pack it trained in."""
+    facts = loggers_.run_facts(records.model_fields(member.module.model, member.datamodule), member.flat_config)
+    return {**member.flat_config, **facts, "pack.id": pack_id, "pack.size": size}
+
+
+def members_that_fit(members: list[Member]) -> int:
+    """How many members of this architecture fit in the memory of the device they train on, by an estimate:
+    20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor; 24 with optim.sam_rho, whose
+    ascent is kept through the second pass) and, per layer and position
+    of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head (twice that
+    with optim.rdrop, whose two passes are kept for one backward); 70% of what is free."""
+    model, data = members[0].module.model, members[0].datamodule
+    n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
+    activations = 4 * data.batch_size * model.n_layers * n * (20 * model.classifier.in_features + 3 * attn.n_heads * n)
+    activations *= 2 if members[0].cfg.optim.get("rdrop") else 1
+    per_param = 24 if members[0].cfg.optim.get("sam_rho") else 20
+    per_member = per_param * count_parameters(model)["total"] + activations
+    if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
+        free = torch.cuda.mem_get_info()[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, int(0.7 * free // per_member))
+
+
+def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
+    """Train built members (build_member) of one shape as one model; return each member's results.json fields,
+    or the error that ended it. progress=False: no progress bar (packs trained side by side share a console)."""
+    configure_torch(members[0].cfg, torch.get_num_threads())
+    for index, member in enumerate(members):
+        member.index = index
+    size = len(members)
+    pl.seed_everything(members[0].cfg.seed, workers=True)
+    module = PackedModule(
+        [m.module.model for m in members], [m.module.hparams for m in members], [m.stream for m in members]
+    )
+    for member in members:
+        member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
+    with ThreadPoolExecutor(8) as pool:  # W&B runs start slowly, mostly waiting on its service: in parallel
+        configs = [member_config(m, pack_id, size) for m in members]
+        starts = [pool.submit(loggers_.start, m.loggers, c) for m, c in zip(members, configs, strict=True)]
+        for started in starts:
+            started.result()
+    meter = ThroughputMeter()
+    outputs = MemberWriter(members, pack_id, meter)
+    bars = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)] if progress else []
+    trainer = instantiate_node(
+        members[0].cfg.trainer,
+        "trainer",
+        callbacks=[meter, outputs, ExactResume(), *bars],
+        logger=False,
+        enable_checkpointing=False,
+        **({} if progress else {"enable_progress_bar": False}),
+    )
+    failed = True
+    try:
+        started = time.perf_counter()
+        trainer.fit(module, datamodule=PackedData([m.datamodule for m in members]))
+        fit_seconds = time.perf_counter() - started
+        for member in members:  # test each member's best checkpoint, as its single run does
+            if member.best["state"] is not None:
+                module.stack.load_member(member.index, member.best["state"])
+        results = []
+        if all(m.datamodule.splits.get("test") for m in members):
+            trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
+            test = {k: v.tolist() for k, v in module.epoch_metrics("test").items()}
+        else:
+            test = {}
+        diverged = module.diverged_at.tolist()
+        analysed, jobs = measure_heads(module, members), []
+        for member in members:
+            if diverged[member.index] >= 0:
+                last = member.run_dir / "checkpoints" / "last.ckpt"
+                message = objective.non_finite_loss(diverged[member.index], last if last.is_file() else None)
+                results.append(TrainingError(f"{message} (the other members of its pack went on)"))
+                continue
+            if member.best["score"] is not None:
+                member.metrics["val/acc_best"] = member.best["score"]
+            member.metrics.update({k: v[member.index] for k, v in test.items()})
+            for logger in member.loggers:
+                logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)
+            attention = member.callback(AttentionLogger)
+            if attention:  # on the weights its test evaluated, as a single run's
+                model = outputs.member_model(member, module)
+                checkpoint = member.best["path"] if member.best["state"] is not None else None
+                job = attention.publish(
+                    model, member.datamodule, member.loggers, module.device, trainer.global_step, checkpoint,
+                    analysed[member.index], media=False,
+                )  # fmt: skip
+                if job:
+                    jobs.append((member, job))
+            results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
+        outputs.render_importance(jobs)
+        failed = False
+    finally:
+        outputs.close()
+        with ThreadPoolExecutor(8) as pool:  # W&B runs finish while they flush: in parallel
+            identities = list(
+                pool.map(
+                    lambda m: loggers_.finish(m.loggers, failed, m.metrics, configs[m.index], trainer.global_step),
+                    members,
+                )
+            )
+        for member, identity in zip(members, identities, strict=True):
+            member.wandb = identity
+    for member, result in zip(members, results, strict=True):
+        if isinstance(result, dict):
+            result["wandb"] = member.wandb
+    return results
+
+
+def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> list:
+    """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
+    and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
+    trains: in the launcher's process, or in a worker of its own (headlab.cli.pack_workers)."""
+    results: list = [None] * len(specs)
+    members = {}
+    for i, (cfg, run_dir, flat_config) in enumerate(specs):
+        member = Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)
+        try:
+            build_member(member)
+        except Exception as error:
+            results[i] = error
+            continue
+        members[i] = member
+    by_shape: dict[tuple, list] = {}
+    for i, member in members.items():
+        by_shape.setdefault(shape_key(member), []).append(i)
+    parts = []
+    for indices in by_shape.values():
+        step = members_that_fit([members[i] for i in indices])
+        parts += [indices[i : i + step] for i in range(0, len(indices), step)]
+    for p, part in enumerate(parts):
+        part_id = pack_id if len(parts) == 1 else f"{pack_id}.{p}"
+        log.info("pack %s: %d members", part_id, len(part))
+        try:
+            trained = train_pack([members[i] for i in part], part_id, progress)
+        except Exception as error:  # the pack itself failed: each member records it; the sweep goes on
+            trained = [error] * len(part)
+        for i, result in zip(part, trained, strict=True):
+            results[i] = result
+    return results

@@ -1,0 +1,217 @@
+"""What each member of a pack writes, as its single run would: its metrics to its own loggers, its best and last
+checkpoints in the single run's format (resume= and headlab-heads load them), its attention logging, and on an
+interrupt its last checkpoint where training stopped.
+
+Shapes: E members.
+"""
+
+import logging
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from headlab.analysis.figures import render_heads, render_importance
+from headlab.training import optim
+from headlab.training.attention_logging import AttentionLogger
+from headlab.training.callbacks import LearningCurve, ThroughputMeter
+from headlab.training.pack.member import Member
+from headlab.training.pack.module import PackedModule
+from headlab.training.records import TRAIN_METRICS
+from headlab.training.results import save_checkpoint_atomic
+from headlab.training.sweep import usable_cores
+
+log = logging.getLogger("headlab")
+
+
+class MemberWriter(pl.Callback):
+    """Writes what each member's single run would: its metrics to its own loggers, best and last checkpoints in
+    the single run's format (loadable by resume= and headlab-heads), attention logging, and on an interrupt its
+    last checkpoint where training stopped."""
+
+    def __init__(self, members: list[Member], pack_id: str, meter: ThroughputMeter):
+        self.members, self.pack_id, self.meter = members, pack_id, meter
+        self._pool = None
+
+    def _alive(self, pl_module) -> list[bool]:
+        return pl_module.alive.tolist()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("train").items()}
+        metrics["train/loss_epoch"] = metrics.pop("train/loss")  # logged on step and epoch, as Lightning names it
+        rate = self.meter.rate
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if alive:
+                values = {k: v[member.index] for k, v in metrics.items()}
+                member.metrics.update({k: v for k, v in values.items() if k in TRAIN_METRICS})
+                if rate:
+                    values["perf/train_tokens_per_s"] = rate / len(self.members)  # this member's share
+                for logger in member.loggers:
+                    logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % trainer.log_every_n_steps or not any(m.loggers for m in self.members):
+            return
+        losses = pl_module.last_losses.tolist()
+        lrs = (pl_module.optimizers().optimizer.lr * pl_module.optimizers().optimizer.scale).tolist()
+        for member in self.members:
+            for logger in member.loggers:
+                values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
+                logger.log_metrics(values, step=trainer.global_step - 1)
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("val").items()}
+        if trainer.sanity_checking:
+            return
+        snapshots = []
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if not alive:
+                continue
+            values = {k: v[member.index] for k, v in metrics.items()}
+            member.metrics.update(values)
+            member.callback(LearningCurve).add(trainer.current_epoch, trainer.global_step, values)
+            for logger in member.loggers:
+                logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+            attention = member.callback(AttentionLogger)
+            if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
+                model = self.member_model(member, pl_module)
+                step, device = trainer.global_step, pl_module.device
+                snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, media=False)
+                if snapshot is not None:
+                    snapshots.append((member, snapshot))
+        if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
+            started = time.perf_counter()
+            for (member, snapshot), pngs in zip(
+                snapshots, self.render_pool().map(render_heads, [s for _, s in snapshots]), strict=True
+            ):
+                AttentionLogger.log_media(member.loggers, snapshot, pngs)
+            log.info(
+                "pack %s: figures of %d members in %.1f s", self.pack_id, len(snapshots), time.perf_counter() - started
+            )
+
+    def render_pool(self):
+        """Worker processes for figures, started once per pack (forkserver: clean children, matplotlib preloaded)."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["headlab.analysis.figures"])
+            workers = max(1, min(len(self.members), usable_cores() - 1))
+            self._pool = ProcessPoolExecutor(workers, mp_context=context)
+        return self._pool
+
+    def render_importance(self, jobs: list[tuple[Member, dict]]) -> None:
+        """The members' importance figures (AttentionLogger.publish's jobs), rendered in parallel, then logged."""
+        if not jobs:
+            return
+        started = time.perf_counter()
+        rendered = [self.render_pool().submit(render_importance, **job["figures"]) for _, job in jobs]
+        for (member, job), pngs in zip(jobs, rendered, strict=True):
+            AttentionLogger.log_importance_media(member.loggers, job, pngs.result())
+        log.info(
+            "pack %s: importance figures of %d members in %.1f s",
+            self.pack_id,
+            len(jobs),
+            time.perf_counter() - started,
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            if alive:
+                self.save(member, pl_module, trainer, pack_checkpoint)
+            for logger in member.loggers:
+                logger.save()
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, KeyboardInterrupt | SystemExit):  # Ctrl-C, SIGTERM: last.ckpt where it stopped
+            pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+                if alive:
+                    self.save(member, pl_module, trainer, pack_checkpoint, best=False)
+
+    @staticmethod
+    def member_model(member: Member, pl_module: PackedModule):
+        """The member's own Encoder holding its current weights (from the stack)."""
+        model = member.module.model
+        model.load_state_dict(pl_module.stack.member_state(member.index))
+        return model.to(pl_module.device)
+
+    def save(self, member: Member, pl_module, trainer, pack_checkpoint: dict, best: bool = True) -> None:
+        """checkpoints/last.ckpt, and best-epoch{E}-step{S}.ckpt when val/acc improved (the previous best goes)."""
+        state = pl_module.stack.member_state(member.index)
+        directory = member.run_dir / "checkpoints"
+        score = member.metrics.get("val/acc")
+        improved = best and score is not None and (member.best["score"] is None or score > member.best["score"])
+        if improved:
+            old = member.best["path"]
+            path = directory / f"best-epoch{trainer.current_epoch}-step{trainer.global_step}.ckpt"
+            member.best = {"score": score, "path": path, "state": {k: v.cpu() for k, v in state.items()}}
+        self._update_checkpoint_callbacks(member, directory)
+        checkpoint = member_checkpoint(member, pl_module, pack_checkpoint, state)
+        if improved:
+            save_checkpoint_atomic(checkpoint, member.best["path"])
+            if old is not None and old != member.best["path"]:
+                old.unlink(missing_ok=True)
+        save_checkpoint_atomic(checkpoint, directory / "last.ckpt")
+
+    @staticmethod
+    def _update_checkpoint_callbacks(member: Member, directory: Path) -> None:
+        """Set the member's ModelCheckpoint callbacks as if they had saved these files: their state goes into the
+        checkpoint, so that a resumed single run keeps tracking its best."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        for callback in member.callbacks:
+            if not isinstance(callback, ModelCheckpoint):
+                continue
+            callback.dirpath = str(directory)
+            if callback.monitor is None:
+                callback.best_model_path = callback.last_model_path = str(directory / "last.ckpt")
+            elif member.best["path"] is not None:
+                score = torch.tensor(member.best["score"])
+                callback.best_model_path = callback.kth_best_model_path = str(member.best["path"])
+                callback.best_model_score = callback.kth_value = score
+                callback.best_k_models = {str(member.best["path"]): score}
+                callback.current_score = torch.tensor(member.metrics["val/acc"])
+
+
+def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: dict, state: dict) -> dict:
+    """The checkpoint the member's single run would have written at this point: the pack's loop state, the
+    member's weights, its AdamW state and learning-rate schedule, its callbacks' state."""
+    e, step = member.index, pack_checkpoint["global_step"]
+    skip = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "hyper_parameters", "hparams_name")
+    checkpoint = {k: v for k, v in pack_checkpoint.items() if k not in skip}
+    if "random_state" in checkpoint and pl_module.stack.streams is not None:  # its own stream, where it is now
+        checkpoint["random_state"] = {**checkpoint["random_state"], "torch": pl_module.stack.streams[e].clone()}
+    checkpoint["state_dict"] = {f"model.{name}": tensor.cpu() for name, tensor in state.items()}
+    checkpoint["hyper_parameters"] = dict(member.module.hparams)
+    module, hparams = member.module, member.module.hparams
+    groups = optim.parameter_groups(module, hparams.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=hparams.lr, betas=tuple(hparams.betas))
+    scale = float(pl_module.lr_scale(step)[e])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: scale)
+    solo = optimizer.state_dict()
+    moments = pl_module.optimizers().optimizer.state.get(pl_module.stack.flat)
+    if moments:
+        exp_avg, exp_avg_sq = (pl_module.stack.member_state(e, moments[k]) for k in ("exp_avg", "exp_avg_sq"))
+        decayed, plain = optim.named_groups(module.model)  # the single run's AdamW state is in this order
+        for i, name in enumerate(decayed + plain):
+            solo["state"][i] = {
+                "step": torch.tensor(float(moments["step"])),
+                "exp_avg": exp_avg[name].cpu(),
+                "exp_avg_sq": exp_avg_sq[name].cpu(),
+            }
+    schedule_state = schedule.state_dict()
+    schedule_state.update(last_epoch=step, _step_count=step + 1)
+    checkpoint["optimizer_states"] = [solo]
+    checkpoint["lr_schedulers"] = [schedule_state]
+    checkpoint["callbacks"] = {c.state_key: c.state_dict() for c in member.callbacks if c.state_dict()}
+    return checkpoint
