@@ -25,7 +25,7 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
     "model.attention.scoring": tuple(rules.scoring_names()),
     "data.tokenizer.kind": TOKENIZERS,
 }
-LAYERS = {"conventions": 0, "errors": 0, "model": 1, "analysis": 1, "data": 2, "training": 3, "cli": 4}
+LAYERS = {"conventions": 0, "errors": 0, "files": 0, "model": 1, "analysis": 1, "data": 2, "training": 3, "cli": 4}
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 
 

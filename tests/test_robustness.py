@@ -91,7 +91,11 @@ def test_a_signal_at_any_moment_then_resume_ends_like_the_run_left_alone(
     assert json.loads((run / "results.json").read_text())["status"] == status
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == last_step
 
-    resumed = headlab_train(f"resume={run}", cwd=tmp_path, env=FAULTS_ENV)  # its saved config, fault included
+    # its saved config, fault included: a class of the tests, which a run directory is not trusted to name (a
+    # resume without it on the command line is refused), so named again here
+    refused = headlab_train(f"resume={run}", cwd=tmp_path, env=FAULTS_ENV)
+    assert refused.returncode == 2 and "callbacks.fault._target_='faults.SignalAt' is invalid" in refused.stderr
+    resumed = headlab_train(f"resume={run}", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got, expected = (json.loads((d / "results.json").read_text()) for d in (run, left_alone))
     assert got["status"] == "completed" and got["global_step"] == expected["global_step"] == 96

@@ -1,24 +1,45 @@
 """A finished run's directory loaded back: its data and model (from its saved config) with a checkpoint's weights
-(headlab-heads, headlab-eval). Every problem is one SystemExit line that starts with the program's name."""
+(headlab-heads, headlab-eval). Every problem is one SystemExit line that starts with the program's name.
 
+What is trusted (docs/runs.md): the run's config may only name classes headlab's own configs name; its data is
+prepared with the tokenizer and labels the run kept (data/), in the reader's own cache, and must match the digests
+the run kept; "best" is the checkpoint the run's results.json names.
+"""
+
+import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
+
+from headlab.errors import UsageError, first_line
+
+
+def _record(run_dir: Path) -> dict:
+    try:
+        record = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def checkpoint_path(run_dir: Path, which: str, prog: str) -> Path:
-    """which: best (the checkpoint selected on validation, the one the test evaluated), last, or a file."""
+    """which: best (the checkpoint results.json names: selected on validation, the one the test evaluated), last,
+    or a file."""
     if which == "best":
-        found = sorted((run_dir / "checkpoints").glob("best-*.ckpt"))
+        recorded = (_record(run_dir).get("checkpoints") or {}).get("best")
+        if not recorded:
+            raise SystemExit(
+                f"{prog}: {run_dir}/results.json names no best checkpoint (the run did not complete): use "
+                "--checkpoint last, or a .ckpt file"
+            )
+        path = run_dir / "checkpoints" / Path(recorded).name  # where the run is now, wherever it was then
     elif which == "last":
-        found = [run_dir / "checkpoints" / "last.ckpt"]
+        path = run_dir / "checkpoints" / "last.ckpt"
     else:
-        found = [Path(which)]
-    found = [f for f in found if f.is_file()]
-    if not found:
-        where = run_dir / "checkpoints" if which in ("best", "last") else which
-        raise SystemExit(f"{prog}: no {which} checkpoint: {where} holds none (best, last, or a .ckpt file)")
-    return found[-1]
+        path = Path(which)
+    if not path.is_file():
+        raise SystemExit(f"{prog}: no {which} checkpoint: {path} is not a file (best, last, or a .ckpt file)")
+    return path
 
 
 def load(run_dir: Path, which: str, prog: str):
@@ -28,12 +49,26 @@ def load(run_dir: Path, which: str, prog: str):
         raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
     checkpoint = checkpoint_path(run_dir, which, prog)
 
+    from headlab.training import records, trust
     from headlab.training.results import model_state
     from headlab.training.run import build
 
-    datamodule, model = build(OmegaConf.load(config_file))
+    cfg = OmegaConf.load(config_file)
     try:
-        model.load_state_dict(model_state(checkpoint))
+        trust.check_targets(OmegaConf.masked_copy(cfg, ["data", "model"]), str(config_file))
+        with open_dict(cfg):
+            if "cache_dir" in cfg.data:
+                cfg.data.cache_dir = None  # the reader's own cache: a run's config names no place to write
+        datamodule, model = build(cfg, run_dir / "data")
+        records.check_same_data(run_dir, datamodule)
+    except UsageError as error:
+        raise SystemExit(f"{prog}: {error}") from None
+    try:
+        state = model_state(checkpoint)
+    except Exception as error:  # truncated, not a checkpoint, or pickled code (weights_only refuses it)
+        raise SystemExit(f"{prog}: {checkpoint} is not a readable checkpoint ({first_line(error)})") from None
+    try:
+        model.load_state_dict(state)
     except RuntimeError as error:
         first = next(line.strip() for line in str(error).splitlines()[1:] if line.strip())
         raise SystemExit(f"{prog}: {checkpoint} does not fit the run's model config ({first})") from None

@@ -22,14 +22,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.cli import runtime
+from headlab.cli import rundir, runtime
 from headlab.cli.hydra_errors import one_line
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
-from headlab.training import sweep
+from headlab.files import write_atomic, write_json_atomic
+from headlab.training import sweep, trust
 from headlab.training.config_check import check_config, check_launch, check_resume
-from headlab.training.results import flat_config, git_sha, versions, write_json_atomic
+from headlab.training.results import flat_config, git_sha, versions
 
 runtime.configure()
 
@@ -53,8 +54,11 @@ class Job:
     run_dir: Path
     record: dict
     in_sweep: bool
+    composed: dict[str, str]  # the .hydra/ files of the job as Hydra composed it, written once it owns run_dir
     started: float = field(default_factory=time.time)
     previous: str | None = None  # results.json of the run being resumed, restored if the resume is refused
+    owned: bool = False  # the job holds its run directory (run_dir.claim): only then does it write there
+    fresh: bool = False  # run_dir held nothing before this job (a refused job removes it again)
 
 
 def open_job(cfg: DictConfig) -> Job:
@@ -64,6 +68,11 @@ def open_job(cfg: DictConfig) -> Job:
     _job_started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    composed = {  # before anything below changes cfg
+        "config.yaml": OmegaConf.to_yaml(cfg),
+        "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)})),
+        "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
+    }
     if not cfg.resume and sweep.requeued(run_dir):
         log.info("requeued by SLURM: resuming %s from its checkpoints/last.ckpt", run_dir)
         with open_dict(cfg):
@@ -77,7 +86,12 @@ def open_job(cfg: DictConfig) -> Job:
         "versions": versions(),
         "wandb": {"id": None, "url": None},
     }
-    job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN)
+    job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN, composed=composed)
+    launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
+    if not cfg.resume and cfg.sweep.resume and launcher != "packed" and rundir.continues(run_dir, record["config"]):
+        log.info("continuing %s from its checkpoints/last.ckpt (sweep.resume=true)", run_dir)
+        with open_dict(cfg):
+            cfg.resume = str(run_dir)
     if cfg.resume and (run_dir / "results.json").is_file():
         job.previous = (run_dir / "results.json").read_text()
         with contextlib.suppress(ValueError, KeyError):  # composed from the run's saved config, the choice of each
@@ -96,12 +110,22 @@ def skipped(job: Job) -> float | None:
 
 
 def check_job(job: Job) -> None:
-    """Every check that needs no data or model; then results.json says "running"."""
+    """Claim the run directory, then every check that needs no data or model; then results.json says "running"
+    (and .hydra/ holds the job's config, written by headlab once the directory is the job's)."""
     cfg = job.cfg
+    if sweep.process_rank() == 0:  # other ranks of a run that re-runs the command write nothing
+        job.fresh = rundir.claim(job.run_dir, job.record["config"], resuming=bool(cfg.resume), rerun=cfg.sweep.resume)
+        job.owned = True
     if cfg.resume:
         check_resume(cfg, job.run_dir, job.record["config"])
+        given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task if "=" in o}
+        trust.check_targets(cfg, f"{cfg.resume}/.hydra/config.yaml", given)
+        trust.check_paths(cfg, job.run_dir)
     check_config(cfg)
     check_launch(cfg, job.in_sweep, HydraConfig.get().runtime.choices.get("hydra/launcher"))
+    if job.owned and not cfg.resume:
+        for name, text in job.composed.items():
+            write_atomic(job.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
     _write(job, job.record)  # "running" until the run ends (or is killed)
 
 
@@ -110,10 +134,13 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     user's mistakes outside a sweep); re-raise interrupts after recording them."""
     cfg = job.cfg
     if isinstance(error, UsageError):
-        if job.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run keeps
-            # the record it had
-            if sweep.process_rank() == 0:
-                (job.run_dir / "results.json").write_text(job.previous)
+        if not job.owned:
+            pass  # the directory is another run's (or another process's): nothing of it is touched
+        elif job.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run
+            # keeps the record it had
+            (job.run_dir / "results.json").write_text(job.previous)
+        elif job.fresh and not job.in_sweep and not (job.run_dir / "results.json").exists():
+            rundir.remove_fresh(job.run_dir)  # refused before it began: it leaves no directory behind
         else:
             _finish(job, error)
         kind = next(text for kind, text in _KIND if isinstance(error, kind))
@@ -164,7 +191,7 @@ def main(cfg: DictConfig) -> float | None:
         check_job(job)
         from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
 
-        fields = train(cfg, job.record["config"], threads=sweep.cpu_threads())
+        fields = train(cfg, job.record["config"], threads=sweep.cpu_threads(), run_dir=job.run_dir)
     except BaseException as error:
         return close_job(job, error=error)
     return close_job(job, fields)
@@ -189,8 +216,9 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
 
 
 def _write(job: Job, record: dict) -> None:
-    """results.json, from rank 0 only (the other ranks of a run that re-runs the command run this code too)."""
-    if sweep.process_rank() == 0:
+    """results.json, from the process that owns the run directory only (rank 0: the other ranks of a run that
+    re-runs the command run this code too)."""
+    if job.owned:
         write_json_atomic(job.run_dir / "results.json", record)
 
 
@@ -202,12 +230,12 @@ def resume_argv(argv: list[str]) -> list[str]:
     """`headlab-train resume=<run dir> [key=value ...]`: composed from the configuration the run saved
     (<run dir>/.hydra/config.yaml), so the run continues as it was started; values given with it must equal the
     saved ones (check_resume refuses the others). With a config group among the overrides (logger=csv) it is
-    composed as usual, from every override given again. Hydra does not rewrite the run's .hydra/ files: a refused
+    composed as usual, from every override given again. A resumed run's .hydra/ files stay as they were: a refused
     resume leaves the run as it was."""
     run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
     if not run_dir or any(a in ("-m", "--multirun") for a in argv):
         return argv
-    argv = ["hydra.output_subdir=null", *argv]
+    argv = ["hydra.output_subdir=null", *argv]  # composed from the run's config, not headlab's hydra defaults
     saved = Path(run_dir) / ".hydra" / "config.yaml"
     group_names = {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
     keys = [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a]

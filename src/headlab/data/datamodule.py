@@ -1,5 +1,9 @@
 """LightningDataModules: the shared batching of examples, and tasks generated on the fly."""
 
+import hashlib
+import logging
+from pathlib import Path
+
 import lightning.pytorch as pl
 import numpy as np
 import torch
@@ -8,6 +12,9 @@ from torch.utils.data import DataLoader, Sampler
 
 from headlab.conventions import IGNORE_INDEX, PAD_ID, SPLITS
 from headlab.data.task import Example, Task
+from headlab.files import write_json_atomic
+
+log = logging.getLogger("headlab")
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
@@ -18,6 +25,15 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     labels = [y for _, y in examples]
     labels = _padded(labels, IGNORE_INDEX) if isinstance(labels[0], np.ndarray) else torch.tensor(labels)
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}
+
+
+def split_digest(examples: list[Example]) -> str:
+    """sha256 of a prepared split: every example's token ids and label(s), in order."""
+    digest = hashlib.sha256()
+    for tokens, label in examples:
+        digest.update(np.ascontiguousarray(tokens, dtype=np.int64).tobytes())
+        digest.update(np.asarray(label, dtype=np.int64).tobytes() + b"|")
+    return digest.hexdigest()
 
 
 def _padded(arrays: list[np.ndarray], value: int) -> torch.Tensor:
@@ -141,6 +157,8 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         self.batch_size, self.num_workers, self.bucketing, self.seed = batch_size, num_workers, bucketing, seed
         self.splits: dict[str, list[Example]] = {}
         self.train_loader_state: dict | None = None  # a resumed run's EpochLoader state (ExactResume)
+        self.warnings: list[str] = []  # said once, and recorded in results.json (describe)
+        self._digests: dict[str, str] = {}
 
     def probe_batch(self, n: int, sentences: list[str] | None = None) -> dict[str, torch.Tensor]:
         """The same n validation examples every time (chosen with the seed), then the given sentences."""
@@ -150,12 +168,26 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         return collate([val[i] for i in sorted(chosen)] + [(self.encode(s), 0) for s in sentences or []])
 
     def describe(self) -> dict:
-        """What results.json records about the data."""
-        return {
+        """What results.json records about the data: split sizes, vocabulary, classes, the digest of each prepared
+        split (its token ids and labels: a reload of the run checks that it prepares the same), and warnings."""
+        if not self._digests:
+            self._digests = {role: split_digest(examples) for role, examples in self.splits.items()}
+        described = {
             "splits": {role: len(examples) for role, examples in self.splits.items()},
             "vocab_size": self.vocab_size,
             "n_classes": self.n_classes,
+            "digests": {"splits": dict(self._digests)},
         }
+        return {**described, "warnings": list(self.warnings)} if self.warnings else described
+
+    def warn(self, message: str) -> None:
+        log.warning("data: %s", message)
+        self.warnings.append(message)
+
+    def keep_in(self, run_dir) -> None:
+        """Save into the run directory what a reload of the run needs beyond its config: data/digests.json, the
+        digests a reload checks (generated data is generated again from the seed)."""
+        write_json_atomic(Path(run_dir) / "data" / "digests.json", self.describe()["digests"])
 
     def encode(self, text: str) -> np.ndarray:
         raise ValueError("probe sentences need a text dataset; this task is generated from token ids")

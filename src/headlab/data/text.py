@@ -5,6 +5,8 @@ settings, max length, seed), so the second run starts at once and a changed sett
 A failed preparation writes nothing; a damaged cache entry is detected by its checksums and rebuilt.
 """
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import torch
 from headlab.conventions import SPLITS, cache_root
 from headlab.data import text_pipeline as pipeline
 from headlab.data.datamodule import ExampleDataModule
+from headlab.errors import DataError
+from headlab.files import write_atomic
 
 log = logging.getLogger("headlab")
 
@@ -24,6 +28,9 @@ class TextDataModule(ExampleDataModule):
     files: {"train": path, "val": path or null, "test": path or null}; column_names: the columns of headerless
     csv/tsv files, for all of them or per split ({"test": [...]}); hub_splits: {"train": name, "val": name or
     null, "test": name or null}. A missing val split is carved from train (seeded, stratified).
+    saved: a folder with the tokenizer.json and labels.json a run trained with (its run directory's data/, written
+    by keep_in): they are used instead of a tokenizer learned again and labels read again (headlab sets it when it
+    reloads a run: resume, headlab-eval, headlab-heads).
     """
 
     level = "sequence"
@@ -47,6 +54,7 @@ class TextDataModule(ExampleDataModule):
         bucketing: bool = True,
         cache_dir: str | None = None,
         seed: int = 0,
+        saved: str | None = None,
     ):
         super().__init__(batch_size, num_workers, bucketing, seed)
         self.columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
@@ -61,6 +69,8 @@ class TextDataModule(ExampleDataModule):
         self.labels: list = []
         self.cache_path = None
         self.loaded_from_cache = False
+        self.saved = Path(saved) if saved else None
+        self.fingerprint: dict = {}
 
     # what the model needs
     @property
@@ -79,13 +89,21 @@ class TextDataModule(ExampleDataModule):
         return [self.tokenizer.id_to_token(i) for i in ids.tolist()]
 
     def describe(self) -> dict:
-        """Also the label of each class id (the mapping of string labels) and where the prepared data lives."""
-        return {
-            **super().describe(),
-            "labels": self.labels,
-            "cache": str(self.cache_path),
-            "from_cache": self.loaded_from_cache,
-        }
+        """Also the label of each class id (the mapping of string labels), where the prepared data lives, and the
+        digests of the data files (their sha256; a hub dataset's fingerprint) and of the tokenizer."""
+        described = super().describe()
+        described["digests"].update(files=self.fingerprint, tokenizer=self._tokenizer_digest())
+        return {**described, "labels": self.labels, "cache": str(self.cache_path), "from_cache": self.loaded_from_cache}
+
+    def _tokenizer_digest(self) -> str:
+        return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
+
+    def keep_in(self, run_dir: Path) -> None:
+        """Also data/tokenizer.json and data/labels.json: what a reload of the run reads instead of preparing them
+        again."""
+        super().keep_in(run_dir)
+        for name, text in (("tokenizer.json", self.tokenizer.to_str()), ("labels.json", json.dumps(self.labels))):
+            write_atomic(Path(run_dir) / "data" / name, lambda f, text=text: f.write(text.encode()))
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64)
@@ -102,6 +120,7 @@ class TextDataModule(ExampleDataModule):
             hub_data = pipeline.read_hub(self.hub, self.hub_config, self.hub_splits)
             fingerprint = {role: ds._fingerprint for role, ds in hub_data.items()}
             read, where = (lambda: hub_data), dict.fromkeys(hub_data, self.hub)
+        self.fingerprint = fingerprint
         self.cache_path = Path(self.cache_root) / pipeline.cache_key(self._settings(fingerprint))
         state = pipeline.cache_state(self.cache_path)
         if state == "complete":
@@ -111,17 +130,35 @@ class TextDataModule(ExampleDataModule):
                 log.warning("data cache entry %s is %s; rebuilding it", self.cache_path, state)
             self._prepare(read(), where)
         self.tokenizer, self.labels, self.splits = pipeline.read_cache(self.cache_path, self.max_length)
+        self._check_classes()
         log.info("data: %s (%s)", self.cache_path, ", ".join(f"{r} {len(s)}" for r, s in self.splits.items()))
+
+    def _check_classes(self) -> None:
+        """Training labels of one class leave nothing to learn: refused, or a recorded warning when data.n_classes
+        is declared (then it may be meant)."""
+        classes = {y for _, y in self.splits["train"]}
+        if len(classes) > 1:
+            return
+        only = self.labels[classes.pop()]
+        if not self.declared_classes:
+            raise DataError(
+                f"every training label is {only!r}: one class, nothing to learn (declare data.n_classes if meant)"
+            )
+        self.warn(f"every training label is {only!r}: one of the {self.declared_classes} declared classes")
 
     def _prepare(self, data: dict, where: dict) -> None:
         text, pair, label = (self.columns[k] for k in ("text_column", "text_pair_column", "label_column"))
         pipeline.check_columns(data, self.columns, where)
-        labels = pipeline.label_vocabulary(data, label, self.declared_classes, where)
+        saved = pipeline.read_saved(self.saved) if self.saved else None
+        known = saved[1] if saved else None
+        labels = pipeline.label_vocabulary(data, label, self.declared_classes, where, known)
         data = pipeline.carve_validation(data, label, self.val_fraction, self.seed)
         train = data["train"]
-        tokenizer = pipeline.make_tokenizer(
-            self.tokenizer_config, list(train[text]) + (list(train[pair]) if pair else [])
-        )
+        if saved:
+            tokenizer = saved[0]
+        else:
+            texts = list(train[text]) + (list(train[pair]) if pair else [])
+            tokenizer = pipeline.make_tokenizer(self.tokenizer_config, texts)
         arrays = {
             role: pipeline.tokenize(
                 tokenizer, list(ds[text]), list(ds[pair]) if pair else None, list(ds[label]), labels, self.max_length
@@ -144,6 +181,6 @@ class TextDataModule(ExampleDataModule):
             "val_fraction": self.val_fraction,
             "seed": self.seed if self._carves_validation() else None,  # the seed shapes the data only by the carve:
             # runs with other seeds (a pack's members) share the entry otherwise
-            "tokenizer": self.tokenizer_config,
+            "tokenizer": self.tokenizer_config if self.saved is None else pipeline.saved_digests(self.saved),
             "max_length": self.max_length,
         }

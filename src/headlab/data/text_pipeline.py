@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from headlab.conventions import PAD_ID, SPLITS
+from headlab.data import subwords
 from headlab.errors import DataError, first_line
 
 log = logging.getLogger("headlab")
@@ -127,7 +128,7 @@ def read_hub(name: str, config: str | None, splits: dict) -> dict:
 
 # checking and labels
 def check_columns(data: dict, columns: dict, where: dict) -> None:
-    """Every configured column exists in every split, text columns hold text, no split is empty.
+    """Every configured column exists in every split, text columns hold text in every row, no split is empty.
     columns: config key -> column name (or None); where: role -> file or hub name, for the message."""
     for role, ds in data.items():
         for key, column in columns.items():
@@ -144,39 +145,61 @@ def check_columns(data: dict, columns: dict, where: dict) -> None:
             dtype = getattr(ds.features[column], "dtype", None)
             if dtype not in ("string", "large_string"):
                 raise DataError(f"column {column!r} (data.{key}) of {where[role]} holds {dtype}, not text")
+            empty = next((row for row, text in enumerate(ds[column]) if text is None or not text.strip()), None)
+            if empty is not None:
+                raise DataError(f"the {role} split of {where[role]} has no text in row {empty} (column {column!r})")
 
 
 def _is_integer(y) -> bool:
     return isinstance(y, int | np.integer) and not isinstance(y, bool)
 
 
+def _as_integer(y):
+    """An integer label as an int, also when the file gave it as text ("3"); anything else as it is."""
+    if isinstance(y, str) and y.strip().lstrip("-").isdigit():
+        return int(y)
+    return y
+
+
 def label_key(y, labels: list):
     """A raw label as it appears in the label vocabulary: an int for integer classes, else its string."""
-    return y if labels and isinstance(labels[0], int) else str(y)
+    return _as_integer(y) if labels and isinstance(labels[0], int) else str(y)
 
 
-def label_vocabulary(data: dict, column: str, declared: int | None, where: dict) -> list:
-    """The class of each id: 0..C-1 for integer labels (C = declared, or the largest + 1), or the sorted set of
-    string labels. Every split's labels must be present and among them."""
+def label_vocabulary(data: dict, column: str, declared: int | None, where: dict, known: list | None = None) -> list:
+    """The class of each id: 0..C-1 for integer labels (C = declared, or the largest + 1; "3" in a text column is
+    3), or the sorted set of string labels; `known`: the labels a run trained with (a reload). Every split's labels
+    must be present and among them; a column of integers with a few words among them is refused."""
     for role, ds in data.items():
         for row, y in enumerate(ds[column]):
             if y is None or (isinstance(y, str) and not y.strip()):
                 raise DataError(f"the {role} split of {where[role]} has no label in row {row} (column {column!r})")
-    train = list(data["train"][column])
-    if all(_is_integer(y) for y in train):
+    train = [_as_integer(y) for y in data["train"][column]]
+    integers = [_is_integer(y) for y in train]
+    if known is not None:
+        labels = list(known)
+    elif all(integers):
         labels = list(range(declared or int(max(train)) + 1))
     else:
+        if sum(integers) > len(train) / 2:
+            row = integers.index(False)
+            words = len(train) - sum(integers)
+            raise DataError(
+                f"the labels of {where['train']} (column {column!r}) are integers except in {words} row(s) (row "
+                f"{row}: {train[row]!r}): fix those rows, or give every label as a word"
+            )
         labels = sorted({str(y) for y in train})
         if declared and len(labels) != declared:
             raise DataError(
                 f"the training labels have {len(labels)} classes, data.n_classes says {declared}: "
                 f"{', '.join(labels[:10])}"
             )
-    known = set(labels)
+    known_set = set(labels)
     for role, ds in data.items():
         for row, y in enumerate(ds[column]):
-            if label_key(y, labels) not in known:
-                classes = f"{len(labels)} declared classes (data.n_classes)" if declared else "training labels"
+            if label_key(y, labels) not in known_set:
+                source = "the labels the run trained with" if known is not None else "training labels"
+                classes = f"{len(labels)} declared classes (data.n_classes)" if declared else source
                 raise DataError(f"label {y!r} in row {row} of the {role} split is outside the {classes}")
     return labels
 
@@ -204,26 +227,47 @@ def carve_validation(data: dict, label_column: str, fraction: float, seed: int) 
 
 # tokens
 def make_tokenizer(config: dict, texts: list[str]):
-    """A tokenizer.json (config path), one from the hub (config hub), or a WordPiece / BPE tokenizer trained on
-    texts with config vocab_size and lowercase."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    """A tokenizer.json (config path), one from the hub (config hub), or a WordPiece / BPE tokenizer learned on
+    texts with config vocab_size and lowercase, deterministically (headlab.data.subwords): the same texts and
+    settings give the same tokenizer, byte for byte, on any machine."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     if config["path"]:
         return Tokenizer.from_file(str(config["path"]))
     if config["hub"]:
         return Tokenizer.from_pretrained(config["hub"])
+    if config["kind"] not in TOKENIZERS:
+        raise DataError(f"data.tokenizer.kind={config['kind']!r} is invalid: expected one of {', '.join(TOKENIZERS)}")
     wordpiece = config["kind"] == "wordpiece"
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]") if wordpiece else models.BPE(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=config["lowercase"])
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer = normalizers.BertNormalizer(lowercase=config["lowercase"])
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts = subwords.word_counts(texts, normalizer, pre_tokenizer)
+    vocab, merges = subwords.learn(counts, config["vocab_size"], SPECIAL, prefix="##" if wordpiece else "")
+    ids = {token: i for i, token in enumerate(vocab)}
+    if wordpiece:
+        tok = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    else:
+        tok = Tokenizer(models.BPE(ids, merges, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
     tok.decoder = decoders.WordPiece() if wordpiece else decoders.BPEDecoder()
-    trainer = (trainers.WordPieceTrainer if wordpiece else trainers.BpeTrainer)(
-        vocab_size=config["vocab_size"], special_tokens=SPECIAL, show_progress=False
-    )
-    tok.train_from_iterator(texts, trainer)
     sep = tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A [SEP] $B", special_tokens=[("[SEP]", sep)])
     return tok
+
+
+def read_saved(folder: Path) -> tuple:
+    """(tokenizer, labels) a run saved in its data/ folder (TextDataModule.keep_in)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(folder / "tokenizer.json")), json.loads((folder / "labels.json").read_text())
+    except Exception as error:  # missing, unreadable, or not a tokenizer
+        raise DataError(f"cannot read the tokenizer and labels {folder} holds: {first_line(error)}") from None
+
+
+def saved_digests(folder: Path) -> dict:
+    """What identifies a saved tokenizer and labels, for the cache key of data prepared with them."""
+    return {"saved": {name: sha256(folder / name) for name in ("tokenizer.json", "labels.json")}}
 
 
 def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, raw_labels: list, labels: list, max_length: int):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from headlab.analysis import figures, head_view, importance, statistics
+from headlab.files import write_atomic, write_json_atomic
 from headlab.training import results
 from headlab.training.callbacks import stop_if_signalled
 
@@ -195,7 +196,7 @@ class AttentionLogger(pl.Callback):
                 job = None
             result.update(analysis.record())
             result.update(pruning_curve=curves.pop("importance"), pruning_baselines=curves)
-        results.write_json_atomic(self.out_dir / "heads.json", result)
+        write_json_atomic(self.out_dir / "heads.json", result)
         snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, head_view.MAX_EXAMPLES)
         view = self.out_dir / "heads" / "view.html"
         title = f"{self.out_dir.name}: heads at step {step}" + (f" ({Path(checkpoint).name})" if checkpoint else "")
@@ -302,7 +303,7 @@ def write_head_view(path: Path, snapshot: dict, title: str) -> None:
     """heads/view.html of a snapshot (probe_snapshot): the interactive head view."""
     data = head_view.page_data(snapshot["weights"], snapshot["tokens"], snapshot["rows"], title)
     page = head_view.render(data).encode()
-    results.write_atomic(path, lambda f: f.write(page))
+    write_atomic(path, lambda f: f.write(page))
 
 
 def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:

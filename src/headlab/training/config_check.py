@@ -191,17 +191,19 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
 
 
 def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
-    """A resumed run must be the same run: same directory, and the same config as its first attempt."""
-    import json
+    """A resumed run must be the same run: same directory, and the same config as its first attempt (recorded in
+    its results.json, or in its .hydra/config.yaml where results.json cannot be read)."""
     from pathlib import Path
 
-    previous = Path(cfg.resume) / "results.json"
+    from headlab.training.results import recorded_config
+
     if not (Path(cfg.resume) / "checkpoints" / "last.ckpt").exists():
         fail("resume", cfg.resume, "a run directory with checkpoints/last.ckpt")
-    try:
-        before = json.loads(previous.read_text())["config"]
-    except (OSError, ValueError, KeyError):
-        return  # a run killed before it wrote results.json: nothing to compare with
+    before = recorded_config(Path(cfg.resume))
+    if before is None:
+        return  # a run killed before it wrote either: nothing to compare with
     for key in sorted(set(before) | set(flat_config)):
-        if key not in RESUME_KEYS and before.get(key) != flat_config.get(key):
+        if key in RESUME_KEYS or ("." not in key and not (key in before and key in flat_config)):
+            continue
+        if before.get(key) != flat_config.get(key):
             fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

@@ -1,7 +1,14 @@
 """The fields of results.json that a run owns once it has trained, stated once for single runs and pack members
 (the job around it adds status, config, seed, commit and versions: headlab.cli.train)."""
 
+import json
+import logging
+from pathlib import Path
+
+from headlab.errors import DataError
 from headlab.model import describe
+
+log = logging.getLogger("headlab")
 
 TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, in results.json beside val/ and test/
 
@@ -38,3 +45,30 @@ def run_fields(
         "wandb": wandb,
     }
     return {**fields, "pack": pack} if pack is not None else fields
+
+
+def check_same_data(run_dir: Path, datamodule) -> None:
+    """A reload of a run (resume, headlab-eval, headlab-heads) must prepare the data the run trained on: the digests
+    it kept in data/digests.json against those of the data prepared now, in one line naming what differs."""
+    try:
+        kept = json.loads((Path(run_dir) / "data" / "digests.json").read_text())
+    except (OSError, ValueError):
+        log.warning("%s kept no data digests (a run made before headlab kept them): its data is not checked", run_dir)
+        return
+    now = datamodule.describe()["digests"]
+    short = lambda digest: f"{str(digest)[:12]}..."  # noqa: E731
+    for role, digest in (kept.get("files") or {}).items():
+        if (now.get("files") or {}).get(role) != digest:
+            where = datamodule.files.get(role) if hasattr(datamodule, "files") else role
+            raise DataError(
+                f"data.files.{role}: {where} is not the file {run_dir} trained on (sha256 {short(digest)} then, "
+                f"{short((now.get('files') or {}).get(role))} now)"
+            )
+    if kept.get("tokenizer") not in (None, now.get("tokenizer")):
+        raise DataError(f"the tokenizer in {run_dir}/data is not the one the run trained with (its digest differs)")
+    for role, digest in (kept.get("splits") or {}).items():
+        if now["splits"].get(role) != digest:
+            raise DataError(
+                f"the {role} split prepared now differs from the one {run_dir} trained on (sha256 {short(digest)} "
+                f"then, {short(now['splits'].get(role))} now): the data or its preparation changed"
+            )

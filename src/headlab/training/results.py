@@ -1,18 +1,16 @@
 """results.json: what a run produced, with everything needed to compare and reproduce it."""
 
-import errno
 import functools
 import json
-import os
 import platform
 import subprocess
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.errors import DiskFull
+from headlab.conventions import RESUME_KEYS
+from headlab.files import write_atomic
 
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
 
@@ -37,6 +35,37 @@ def flat_config(cfg: DictConfig, choices: dict) -> dict:
     return {**groups, **flatten(OmegaConf.to_container(cfg, resolve=True))}
 
 
+def read_record(run_dir: Path) -> dict | None:
+    """A run directory's results.json as a dict; None when it is absent, unreadable, cut short, or not an object."""
+    try:
+        record = json.loads((Path(run_dir) / "results.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def recorded_config(run_dir: Path) -> dict | None:
+    """The flat config a run was started with: its results.json's, or, where that cannot be read, its
+    .hydra/config.yaml's (without the choices of config groups, which only results.json knows); None without
+    either."""
+    record = read_record(run_dir)
+    if record is not None and isinstance(record.get("config"), dict):
+        return record["config"]
+    try:
+        return flatten(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")))
+    except Exception:  # absent or unreadable YAML
+        return None
+
+
+def same_run(before: dict | None, now: dict) -> bool:
+    """Whether two flat configs are the same run: equal but for how the run is started (RESUME_KEYS); the choices
+    of config groups count only where both record them."""
+    if before is None:
+        return False
+    keys = (set(before) | set(now)) - set(RESUME_KEYS)
+    return all(before.get(k) == now.get(k) for k in keys if "." in k or (k in before and k in now))
+
+
 def versions() -> dict:
     found = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -57,35 +86,6 @@ def git_sha() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
-
-
-def write_atomic(path: Path, write) -> None:
-    """write(file) into a temporary file beside `path`, then rename: readers never see half a file, and a kill or
-    a full disk leaves the previous file (and no temporary one) behind. A full disk is one DiskFull line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise _disk_full(error, path) from error
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise _disk_full(error, path) from error
-        raise
-
-
-def _disk_full(error: OSError, path: Path) -> Exception:
-    return DiskFull(f"no space left on the device to write {path}") if error.errno == errno.ENOSPC else error
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
-    write_atomic(path, lambda f: f.write(data))
 
 
 def model_state(path, map_location="cpu") -> dict:

@@ -91,9 +91,11 @@ def _floats(metrics: dict, prefix: str) -> dict:
     return {k: float(v) for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def build(cfg: DictConfig) -> tuple[pl.LightningDataModule, Encoder]:
-    """The datamodule and the model of a config; the model's sizes come from the data."""
-    datamodule = instantiate_node(cfg.data, "data", _convert_="all")
+def build(cfg: DictConfig, saved: Path | None = None) -> tuple[pl.LightningDataModule, Encoder]:
+    """The datamodule and the model of a config; the model's sizes come from the data. saved: the data/ folder
+    of a run being reloaded: text data uses the tokenizer and labels it kept (TextDataModule.keep_in)."""
+    kept = saved is not None and (saved / "tokenizer.json").is_file()
+    datamodule = instantiate_node(cfg.data, "data", _convert_="all", **({"saved": str(saved)} if kept else {}))
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = rules.readout_for(cfg.model.readout, datamodule.level, "model.readout")
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
@@ -159,10 +161,11 @@ def _fit_progress(trainer: pl.Trainer, checkpoint, curve: LearningCurve, elsewhe
     return {"epochs": state["epoch"] + 1, "global_step": state["global_step"], "curve": points}
 
 
-def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
+def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> dict:
     """Fit on train, select the best checkpoint on val/acc, test it; return the results.json fields it owns.
 
-    threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep).
+    threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep);
+    run_dir: where it writes (its data/ folder is kept there first; a resume reads it back).
     """
     ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
     threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
@@ -170,7 +173,11 @@ def train(cfg: DictConfig, flat_config: dict, threads: int) -> dict:
     threads = _rank_threads(cfg, threads)
     configure_torch(cfg, 1 if elsewhere else threads)  # a job that starts its ranks only prepares and waits
     pl.seed_everything(cfg.seed, workers=True)
-    datamodule, model = build(cfg)
+    datamodule, model = build(cfg, run_dir / "data" if cfg.get("resume") else None)
+    if cfg.get("resume"):
+        records.check_same_data(run_dir, datamodule)
+    elif sweep.process_rank() == 0:
+        datamodule.keep_in(run_dir)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     resume_from = _resume_checkpoint(cfg)
     resumed_step = _check_fits(resume_from, module) if resume_from else None  # before any logger or checkpoint

@@ -3,7 +3,6 @@
 Only Hydra and the standard library are imported here: this runs before torch in every job.
 """
 
-import json
 import logging
 import os
 import sys
@@ -13,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.conventions import RESUME_KEYS
+from headlab.training.results import read_record, same_run
 
 log = logging.getLogger("headlab")
 
@@ -68,12 +67,8 @@ def requeued(run_dir: Path) -> bool:
 
 def completed_before(run_dir: Path, flat_config: dict) -> bool:
     """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
-    try:
-        previous = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        return False
-    same = lambda config: {k: v for k, v in config.items() if k not in RESUME_KEYS}
-    return previous.get("status") == "completed" and same(previous.get("config", {})) == same(flat_config)
+    previous = read_record(run_dir) or {}
+    return previous.get("status") == "completed" and same_run(previous.get("config"), flat_config)
 
 
 class SweepSummary(Callback):
@@ -84,10 +79,7 @@ class SweepSummary(Callback):
         statuses = {}
         records = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
         for path in records:
-            try:
-                statuses[path.parent] = json.loads(path.read_text())
-            except (OSError, ValueError):
-                statuses[path.parent] = {"status": "unreadable"}
+            statuses[path.parent] = read_record(path.parent) or {"status": "unreadable"}
         failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
         by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
         for job_dir, record in failed.items():

@@ -40,6 +40,7 @@ def build_member(member: Member) -> None:
     """The member's data and model exactly as its single run builds them: seeded, then built."""
     pl.seed_everything(member.cfg.seed, workers=True)
     member.datamodule, model = build(member.cfg)
+    member.datamodule.keep_in(member.run_dir)
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
     member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
     member.stream = torch.get_rng_state()  # what its single run's dropout goes on to draw from
