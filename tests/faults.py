@@ -1,21 +1,28 @@
-"""A callback that sends its own process a signal (SIGTERM, SIGKILL) at one chosen moment of a run, once: fault
-tests use it through the real CLI (+callbacks.fault._target_=faults.SignalAt), so that a signal lands exactly
-where they need it, on any machine, however fast."""
+"""Faults at chosen moments, on any machine however fast: a callback that sends its own process a signal (SIGTERM,
+SIGKILL) at one moment of a run, once (+callbacks.fault._target_=faults.SignalAt), and a task whose data
+preparation waits to be signalled (data.task._target_=faults.WaitingTask)."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 
+from headlab.data.recall import AssociativeRecall
+from headlab.model.rules import same
+
 
 class SignalAt(pl.Callback):
-    """`signum` at `moment` ('train_batch', 'validation_batch', 'train_end' (just before the head analysis) or
-    'test_batch'), at `epoch` and `batch` where they apply; never again once `once_file` exists (a resumed run)."""
+    """`signum` at `moment` ('train_batch', 'validation_batch', 'train_end' (just before the head analysis),
+    'test_batch', or 'checkpoint': while the `batch`-th checkpoint of the run is being made, so after the ones
+    before it were written), at `epoch` and `batch` where they apply; never again once `once_file` exists (a
+    resumed run)."""
 
     def __init__(self, moment: str, once_file: str, epoch: int = 0, batch: int = 0, signum: int = signal.SIGTERM):
         self.moment, self.once_file, self.epoch, self.batch = moment, Path(once_file), epoch, batch
         self.signum = signum
+        self.checkpoints = 0
 
     def _at(self, moment: str, epoch: int | None = None, batch: int | None = None) -> None:
         here = moment == self.moment and epoch in (None, self.epoch) and batch in (None, self.batch)
@@ -35,3 +42,25 @@ class SignalAt(pl.Callback):
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self._at("test_batch", None, batch_idx)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self._at("checkpoint", None, self.checkpoints)
+        self.checkpoints += 1
+
+
+class WaitingTask(AssociativeRecall):
+    """The default task, whose data preparation touches `marker` and then waits (for a signal): a test that sees
+    the marker knows the run is preparing its data."""
+
+    def __init__(self, marker: str, **settings):
+        super().__init__(**settings)
+        self.marker = Path(marker)
+
+    @staticmethod
+    def check(marker=None, name=same, **settings) -> None:
+        AssociativeRecall.check(**settings, name=name)
+
+    def sample(self, rng, n):
+        self.marker.touch()
+        time.sleep(300)
+        return super().sample(rng, n)

@@ -318,26 +318,36 @@ def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):
     assert runs.completed[0]["metrics"] == {"val/acc_best": 0.75, "val/acc": 0.75, "test/acc": 0.7, "_step": 9}
 
 
-def test_an_experiments_pre_stated_analysis_is_applied_and_its_table_spliced_into_the_results(sweep, capsys):
-    path, _ = sweep
-    for record_file in path.glob("*/results.json"):
+def test_an_experiments_pre_stated_analysis_comes_from_its_file_and_its_table_is_spliced(tmp_path, capsys):
+    """Runs of heads_fixed_width get the analysis experiments/heads_fixed_width.yaml states (per-arm learning rate,
+    baseline h = 4, solve rates); what a record says it was is data, and options or paths never come from it."""
+    crafted = ["--archive", str(tmp_path / "victim.tar.xz"), "--out", str(tmp_path / "elsewhere")]
+    for i, (heads, lr, seed) in enumerate((h, lr, k) for h in (1, 4) for lr in (1e-3, 3e-3) for k in range(3)):
+        acc = 0.95 if heads == 4 else 0.1 + 0.3 * (seed == 0)
+        write_run(tmp_path / "sweep" / str(i), heads, "dot", seed, acc, **{"optim.lr": lr})
+        record_file = tmp_path / "sweep" / str(i) / "results.json"
         record = json.loads(record_file.read_text())
-        record["config"].update(experiment="demo", compare=["--baseline", "model.attention.n_heads=1", "--paired"])
+        record["config"].update(experiment="heads_fixed_width", compare=crafted)
         record_file.write_text(json.dumps(record))
-    results = path.parent / "RESULTS.md"
+    path = tmp_path / "sweep"
+    results = tmp_path / "RESULTS.md"
     results.write_text(
-        "# Results\n\n<!-- headlab-compare: demo -->\nold table\n<!-- /headlab-compare: demo -->\nReading.\n"
+        "# Results\n\n<!-- headlab-compare: heads_fixed_width -->\nold table\n<!-- /headlab-compare: "
+        "heads_fixed_width -->\nReading.\n"
     )
     main([str(path), "--into", str(results)])
+    err = capsys.readouterr().err
+    assert "the runs record another analysis than experiments/heads_fixed_width.yaml states now" in err
+    assert not (tmp_path / "victim.tar.xz").exists() and not (tmp_path / "elsewhere").exists()
     table = (path / "compare.md").read_text()
-    assert "Command: `headlab-compare" in table and "--baseline model.attention.n_heads=1 --paired`" in table
-    assert "(baseline)" in table and "the experiment's pre-stated analysis" in capsys.readouterr().err
+    assert "--select optim.lr --baseline model.attention.n_heads=4 --solved 'test/acc>=0.9'`" in table
+    assert "(baseline)" in table and "optim.lr (selected on val/acc_best)" in table
     text = results.read_text()
-    assert "old table" not in text and table.strip() in text and text.endswith("demo -->\nReading.\n")
+    assert "old table" not in text and table.strip() in text and text.endswith("heads_fixed_width -->\nReading.\n")
     main([str(path), "--metric", "test/acc"])  # options of its own: the stated analysis is not added
     assert "(baseline)" not in (path / "compare.md").read_text()
     results.write_text("no block\n")
-    with pytest.raises(SystemExit, match="needs one block from <!-- headlab-compare: demo -->"):
+    with pytest.raises(SystemExit, match="needs one block from <!-- headlab-compare: heads_fixed_width -->"):
         main([str(path), "--into", str(results)])
 
 

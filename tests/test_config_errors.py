@@ -59,7 +59,9 @@ CASES = [
     value("optim.sam_rho=-0.05", "a number >= 0 (0: plain AdamW steps)"),
     value("optim.rdrop=-1", "a number >= 0 (0: one pass a batch, no consistency term)"),
     value("trainer.max_epochs=0", "an int >= 1"),
-    value("seed=x", "an int"),
+    value("seed=x", "an int in [0, 2**32)"),
+    value("seed=-1", "an int in [0, 2**32)"),
+    value("seed=4294967296", "an int in [0, 2**32)"),
     value("callbacks.attention.every_n_val_epochs=0", "an int >= 1"),
     value("callbacks.attention.pruning_step=0", "a number in (0, 1]"),
     value("callbacks.attention.n_probe=-1", "an int >= 1"),
@@ -80,6 +82,51 @@ CASES = [
         "packed n_jobs=0",
         ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=0", "seed=0,1"],
         "invalid config: hydra.launcher.n_jobs=0 is invalid: expected an int >= 1",
+    ),
+    Case(
+        "max_pack of another type",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=abc", "seed=0,1"],
+        "invalid config: hydra.launcher.max_pack='abc' is invalid: expected an int >= 1",
+    ),
+    Case(
+        "packed n_jobs of another type",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=1.5", "seed=0,1"],
+        "invalid config: hydra.launcher.n_jobs=1.5 is invalid: expected an int >= 1",
+    ),
+    Case(
+        "a model too large for memory",
+        ["model.attention.d_k=1000000"],
+        "invalid config: this model needs about ",
+        fast=False,
+    ),
+    Case(
+        "the data cache under a file",
+        [*FILES, "data.cache_dir={tmp}/a_file/cache"],
+        "data error: cannot write the data cache in {tmp}/a_file/cache (NotADirectoryError: ",
+        files={"train.csv": GOOD_CSV, "a_file": "not a folder"},
+        fast=False,
+    ),
+    Case(
+        "integer labels with a stray word",
+        ["data=files", "data.files.train={tmp}/train.csv"],
+        "data error: the labels of {tmp}/train.csv (column 'label') are integers except in 1 row(s) (row 7: "
+        "'positive'): fix those rows, or give every label as a word",
+        files={"train.csv": GOOD_CSV.replace("word7 word8,1", "word7 word8,positive")},
+        fast=False,
+    ),
+    Case(
+        "a training file of one class",
+        ["data=files", "data.files.train={tmp}/train.csv"],
+        "data error: every training label is 1: one class, nothing to learn (declare data.n_classes if meant)",
+        files={"train.csv": GOOD_CSV.replace(",0\n", ",1\n")},
+        fast=False,
+    ),
+    Case(
+        "a row without text",
+        [*FILES],
+        "data error: the train split of {tmp}/train.csv has no text in row 3 (column 'text')",
+        files={"train.csv": GOOD_CSV.replace("word3 word4,1", ",1")},
+        fast=False,
     ),
     Case(
         "listops max_length",
@@ -252,7 +299,8 @@ CASES = [
     Case(
         "resume from nothing",
         ["resume={tmp}/nothing"],
-        "invalid config: resume='{tmp}/nothing' is invalid: expected a run directory with checkpoints/last.ckpt",
+        "invalid config: resume='{tmp}/nothing' is invalid: expected a run directory of headlab-train (with "
+        ".hydra/config.yaml or checkpoints/last.ckpt)",
     ),
     Case(
         "checkpoint from another model shape",

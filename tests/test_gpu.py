@@ -88,4 +88,4 @@ def test_a_non_finite_loss_on_the_gpu_is_caught_without_a_sync_per_step_and_name
         env=cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "non-finite training loss at step 1;" in done.stderr and "no checkpoint was written" in done.stderr
+    assert "non-finite training objective at step 1 " in done.stderr and "no checkpoint was written" in done.stderr

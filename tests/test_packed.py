@@ -150,7 +150,7 @@ def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(r
     assert len(set(packs.values())) == 2
     for r in runs:
         if r["config"]["optim.lr"] == 1e30:
-            assert r["status"] == "failed" and "non-finite training loss" in r["error"]
+            assert r["status"] == "failed" and "non-finite training objective" in r["error"]
         else:
             assert r["status"] == "completed" and r["pack"]["size"] == 2
     assert "did not complete" in done.stderr and "Traceback" not in done.stderr
@@ -258,7 +258,8 @@ def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_c
 
 
 def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(tmp_path):
-    """A worker killed outright fails its own pack's members only; SIGTERM to the launcher stops every worker
+    """A worker killed outright fails its own pack's members only, a worker stopped by SIGTERM interrupts its own
+    pack's members only; SIGTERM to the launcher stops every worker
     (each member's last.ckpt saved, every record interrupted) and leaves no process behind, and so does a
     launcher killed outright."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
@@ -289,6 +290,15 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert statuses == ["completed", "failed"]
     failed = next(r for r in records(sweep) if r["status"] == "failed")
     assert "ended with exit code -9 before reporting" in failed["error"]
+
+    sweep = tmp_path / "worker stopped"  # SIGTERM to one worker: its pack is interrupted, the other trains on
+    process = start(sweep, "seed=0")
+    training(process, sweep, 2)
+    os.kill(pack_workers(process.pid)[0], signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1 and b"Traceback" not in stderr
+    assert sorted(r["status"] for r in records(sweep)) == ["completed", "interrupted"]
+    assert next(r for r in records(sweep) if r["status"] == "completed")["epochs"] == 4
 
     sweep = tmp_path / "stopped"
     process = start(sweep, "seed=0,1")

@@ -175,20 +175,22 @@ def test_a_finished_run_reproduces_exactly_from_its_saved_config_with_dataloader
     assert b["metrics"] == a["metrics"]  # bit for bit: same data, initialisation, worker shuffles and dropout
 
 
-def test_a_non_finite_loss_stops_the_run_with_one_true_line(run_cli, tmp_path):
-    result = run_cli(*TINY, "logger=csv", "optim.lr=1e30", "trainer.gradient_clip_val=null", "hydra.run.dir=run")
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.startswith("headlab-train")]
-    assert (
-        lines
-        == [
-            "headlab-train: training stopped: non-finite training loss at step 1; lower optim.lr or keep "
-            "trainer.gradient_clip_val; no checkpoint was written before it"
-        ]
-        and "Traceback" not in result.stderr
-    )
+@pytest.mark.parametrize(
+    ("overrides", "cause"),
+    [
+        (["optim.lr=1e30", "trainer.gradient_clip_val=null"], "optim.lr=1e+30, trainer.gradient_clip_val=null"),
+        (["optim.weight_decay=3000"], "optim.weight_decay=3000 (times optim.lr=0.003: 9 >= 1"),
+    ],
+)
+def test_a_non_finite_loss_stops_the_run_with_one_true_line_naming_its_cause(run_cli, tmp_path, overrides, cause):
+    result = run_cli(*TINY, "logger=csv", *overrides, "hydra.run.dir=run")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("headlab-train")]
+    assert line.startswith("headlab-train: training stopped: non-finite training objective at step ")
+    assert "(its cross-entropy); what can cause it, as set: " + cause in line
+    assert line.endswith("no checkpoint was written before it") or "holds the last validated epoch" in line
     record = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert record["status"] == "failed" and record["error"].startswith("TrainingError: non-finite training loss")
+    assert record["status"] == "failed" and record["error"].startswith("TrainingError: non-finite training objective")
 
 
 @settings(max_examples=40, deadline=None)
@@ -216,6 +218,44 @@ def test_random_valid_attention_configurations_run_forward_and_backward(
     assert out.shape == x.shape and torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     if need_weights:
         assert torch.isfinite(weights).all() and torch.all(weights.masked_select(mask[:, None, None, :]) == 0)
+
+
+SHORT_EPOCHS = [*FAULTED, "++trainer.limit_train_batches=10"]  # epochs of 10 of the loader's 32 batches
+
+
+@pytest.fixture(scope="module")
+def short_epochs_alone(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("short")
+    alone = headlab_train(*SHORT_EPOCHS, "hydra.run.dir=run", cwd=where)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    return where / "run"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("moment", "epoch", "batch"),
+    [
+        ("train_batch", 1, 0),  # the first step after epoch 0's checkpoints (an epoch shorter than its loader)
+        ("checkpoint", 0, 1),  # epoch 0's best checkpoint written, its last.ckpt not: no last.ckpt at all
+        ("checkpoint", 0, 3),  # epoch 1's best checkpoint written, its last.ckpt not: epoch 0's last.ckpt
+    ],
+)
+def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_left_alone(
+    short_epochs_alone, tmp_path, moment, epoch, batch
+):
+    fault = signal_at(tmp_path, moment, epoch, batch, signal.SIGKILL)
+    killed = headlab_train(*SHORT_EPOCHS, *fault, "hydra.run.dir=run", cwd=tmp_path, env=FAULTS_ENV)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = headlab_train("resume=run", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run = tmp_path / "run"
+    ours, theirs = (json.loads((d / "results.json").read_text()) for d in (run, short_epochs_alone))
+    for key in ("val/acc", "val/acc_best", "test/acc", "test/loss"):
+        assert ours["metrics"][key] == theirs["metrics"][key], key
+    assert Path(ours["checkpoints"]["best"]).name == Path(theirs["checkpoints"]["best"]).name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+        p.name for p in (short_epochs_alone / "checkpoints").iterdir()
+    )
 
 
 @pytest.mark.e2e

@@ -38,8 +38,20 @@ def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: s
     return {"title": title, "layers": L, "heads": H, "statistics": statistics, "rows": clean, "examples": examples}
 
 
+# characters that could end or change the <script> element the data sits in ("</script", "<!--"), or a JS string
+# (U+2028, U+2029), written as JSON's \\u escapes: the same strings once parsed
+SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(data) -> str:
+    """JSON that is safe inside an HTML <script> element, whatever strings it holds (tokens, titles, sentences)."""
+    text = json.dumps(data, separators=(",", ":"))
+    for raw, escaped in SCRIPT_ESCAPES.items():
+        text = text.replace(raw, escaped)
+    return text
+
+
 def render(data: dict) -> str:
     """The HTML page for page_data's dict."""
     template = files("headlab.analysis").joinpath("head_view.html").read_text()
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside the script
-    return template.replace("/*DATA*/null", payload)
+    return template.replace("/*DATA*/null", script_json(data))

@@ -44,18 +44,29 @@ def _add_run(runs: Runs, where: str, read) -> None:
     """One run's records, read(name) the text of its results.json, heads.json, metrics.csv (None if absent)."""
     text = read("results.json")
     try:
-        record = json.loads(text)
-        status = record["status"]
-    except (TypeError, ValueError, KeyError) as error:
-        why = "no results.json" if text is None else f"{type(error).__name__}: {error}"
+        record = json.loads(text) if text is not None else None
+    except ValueError as error:
+        record, why = None, f"not JSON ({error})"
+    else:
+        why = "no results.json" if text is None else "not a run's record (a JSON object with a status)"
+    if not isinstance(record, dict) or "status" not in record:
         runs.unreadable.append((f"{where}/results.json", why))
         return
+    status = record["status"]
     missing = [k for k in ("config", "metrics") if not isinstance(record.get(k), dict)]
     if status == "completed" and missing:
         runs.unreadable.append((f"{where}/results.json", f"a completed record without {' or '.join(missing)}"))
     elif status == "completed":
+        not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not _is_number(v)}
+        for key, value in not_numbers.items():
+            runs.unreadable.append((f"{where}/results.json", f"metric {key} is {value!r}, not a number: left out"))
+        record["metrics"] = {k: v for k, v in record["metrics"].items() if k not in not_numbers}
         record["heads"] = _read_heads(read("heads.json"))
-        record["curve"] = record.get("curve") or _csv_curve(read("metrics.csv"))
+        if record["heads"] is None:
+            runs.unreadable.append((f"{where}/heads.json", "not a head analysis (a JSON object with rows): left out"))
+            record["heads"] = {}
+        record["curve"] = record.get("curve") if isinstance(record.get("curve"), list) else None
+        record["curve"] = record["curve"] or _csv_curve(read("metrics.csv"))
         record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
         runs.completed.append({**record, "where": where})
     else:
@@ -78,11 +89,23 @@ def _csv_curve(text: str | None) -> list[dict]:
         return []
 
 
-def _read_heads(text: str | None) -> dict:
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_heads(text: str | None) -> dict | None:
+    """heads.json as a dict; {} without one (analysis off, or a run that never got there); None when it is there
+    but not a head analysis."""
+    if text is None:
+        return {}
     try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return {}  # no head analysis (analysis off, or a run that never got there)
+        heads = json.loads(text)
+    except ValueError:
+        return None
+    rows = heads.get("rows", []) if isinstance(heads, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"layer", "head"} <= r.keys() for r in rows):
+        return None
+    return heads
 
 
 def _head_scalars(rows: list[dict]) -> dict[str, float]:
@@ -96,6 +119,6 @@ def head_means(metrics: dict) -> dict[str, float]:
     a metric like any other (--metric heads/entropy)."""
     per_stat: dict[str, list[float]] = {}
     for key, value in metrics.items():
-        if (match := HEAD_KEY.match(key)) and isinstance(value, int | float) and not isinstance(value, bool):
+        if (match := HEAD_KEY.match(key)) and _is_number(value):
             per_stat.setdefault(match.group(1), []).append(value)
     return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}

@@ -14,9 +14,13 @@ the directories: a table recomputes from the archive kept beside it.
 """
 
 import argparse
+import re
 import shlex
 import sys
+from importlib.resources import files
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from headlab.analysis import archive
 from headlab.analysis.comparison import METRICS, CompareError, Design, compare, pruning_summary, select_best
@@ -75,7 +79,7 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
 
 def experiment_name(records: list[dict]) -> str:
     names = {r["config"].get("experiment") for r in records}
-    if len(names) != 1 or None in names:
+    if len(names) != 1 or not re.fullmatch(r"\w+", str(next(iter(names)))):
         raise SystemExit(f"headlab-compare: --into needs the runs of one experiment, not {sorted(map(str, names))}")
     return names.pop()
 
@@ -94,21 +98,8 @@ def splice(path: Path, name: str, text: str) -> None:
     path.write_text(f"{head}{start}\n{text.rstrip()}\n{end}{rest.split(end, 1)[1]}")
 
 
-def pre_stated(records: list[dict], args, parser: argparse.ArgumentParser) -> list[str]:
-    """The headlab-compare arguments the runs' experiment states (its `compare` key), when the command line gives
-    no analysis options of its own; [] otherwise."""
-    analysis = ("metric", "baseline", "within", "paired", "solved", "select", "pruning")
-    if any(getattr(args, a) != parser.get_default(a) for a in analysis):
-        return []
-    stated = {tuple(r["config"].get("compare") or ()) for r in records}
-    return list(stated.pop()) if len(stated) == 1 else []
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
-    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from W&B instead of directories")
-    parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
+def add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say how runs are compared: what an experiment's `compare` key may state."""
     parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
     parser.add_argument(
@@ -118,8 +109,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--solved", metavar="METRIC>=X", help="solve rate per group with its exact interval")
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
-    parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
+
+
+def pre_stated(records: list[dict], argv: list[str]) -> list[str]:
+    """The analysis the runs' experiment states: the `compare` key of its file in headlab's experiments/, never
+    what the runs record (a record is data: options and paths never come from it); [] when the command line gives
+    analysis options of its own, or the runs are not of one known experiment."""
+    analysis = argparse.ArgumentParser(add_help=False)
+    add_analysis_options(analysis)
+    flags = {flag for action in analysis._actions for flag in action.option_strings}
+    if any(a.split("=", 1)[0] in flags for a in argv):
+        return []
+    names = {r["config"].get("experiment") for r in records}
+    if len(names) != 1 or not isinstance(name := next(iter(names)), str) or not re.fullmatch(r"\w+", name):
+        return []
+    path = files("headlab.conf").joinpath("experiment", f"{name}.yaml")
+    if not path.is_file():
+        print(f"headlab-compare: the runs are of experiment {name!r}, which this headlab has not", file=sys.stderr)
+        return []
+    stated = [str(a) for a in OmegaConf.create(path.read_text()).get("compare") or []]
+    analysis.prog = f"{name}.yaml's compare key"
+    analysis.parse_args(stated)  # analysis options only: anything else is refused here
+    if {tuple(r["config"].get("compare") or ()) for r in records} != {tuple(stated)}:
+        print(
+            f"headlab-compare: the runs record another analysis than experiments/{name}.yaml states now; applying "
+            "the file's",
+            file=sys.stderr,
+        )
+    return stated
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from W&B instead of directories")
+    parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
+    add_analysis_options(parser)
+    parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     parser.add_argument("--into", type=Path, metavar="FILE", help="also put compare.md into FILE's experiment block")
     parser.add_argument(
         "--archive", type=Path, metavar="FILE.tar.xz", help="also archive the runs' records, which this reads as a DIR"
@@ -138,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
-    if stated := pre_stated(runs.completed, args, parser):
+    if stated := pre_stated(runs.completed, argv):
         print(f"headlab-compare: the experiment's pre-stated analysis: {shlex.join(stated)}", file=sys.stderr)
         argv = [*argv, *stated]
         args = parser.parse_args(argv)

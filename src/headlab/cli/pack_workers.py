@@ -73,9 +73,9 @@ def _work(conn, train: Callable, specs: list, pack_id: str, threads: int, gpu: s
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    from headlab.cli.train import _terminate
+    from headlab.cli.train import stop_on_sigterm
 
-    signal.signal(signal.SIGTERM, _terminate)  # outside Lightning's loops too: an interrupt, recorded
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops too: an interrupt, recorded
     import torch
 
     torch.set_num_threads(threads)

@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli.train import Job, check_job, close_job, open_job, skipped
+from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_sigterm
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.training import optim
 from headlab.training.loggers import run_identity
@@ -61,6 +61,7 @@ def launch(
             fail(f"hydra.launcher.{key}", value, POSITIVE[1])
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops (data, head analysis): an interrupt
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     returns: list[JobReturn] = []
@@ -93,8 +94,10 @@ def launch(
 
     def close(k: int, results: list) -> None:
         for (ret, job), result in zip(packs[k], results, strict=True):
-            failed = isinstance(result, BaseException)
-            ret.return_value = close_job(job, error=result) if failed else close_job(job, result)
+            if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
+                ret.return_value = close_job(job, error=result, stop=n_jobs == 1)
+            else:
+                ret.return_value = close_job(job, result)
             done.add(id(job))
 
     specs = [

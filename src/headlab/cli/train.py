@@ -5,7 +5,6 @@ reported in one line at once. Every job ends with results.json in its run direct
 sweep (-m) a failed job is recorded and the others go on.
 """
 
-import contextlib
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, Usag
 from headlab.files import write_atomic, write_json_atomic
 from headlab.training import sweep, trust
 from headlab.training.config_check import check_config, check_launch, check_resume
-from headlab.training.results import flat_config, git_sha, versions
+from headlab.training.results import flat_config, git_sha, recorded_config, versions
 
 runtime.configure()
 
@@ -93,10 +92,10 @@ def open_job(cfg: DictConfig) -> Job:
         with open_dict(cfg):
             cfg.resume = str(run_dir)
     if cfg.resume and (run_dir / "results.json").is_file():
-        job.previous = (run_dir / "results.json").read_text()
-        with contextlib.suppress(ValueError, KeyError):  # composed from the run's saved config, the choice of each
-            before = json.loads(job.previous)["config"]  # group (data=..., model=...) is known from its record only
-            record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}
+        job.previous = (run_dir / "results.json").read_text(errors="replace")
+        before = recorded_config(run_dir) or {}  # composed from the run's saved config, the choice of each group
+        record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}  # is known
+        # from its record only
     return job
 
 
@@ -117,10 +116,10 @@ def check_job(job: Job) -> None:
         job.fresh = rundir.claim(job.run_dir, job.record["config"], resuming=bool(cfg.resume), rerun=cfg.sweep.resume)
         job.owned = True
     if cfg.resume:
-        check_resume(cfg, job.run_dir, job.record["config"])
         given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task if "=" in o}
         trust.check_targets(cfg, f"{cfg.resume}/.hydra/config.yaml", given)
         trust.check_paths(cfg, job.run_dir)
+        check_resume(cfg, job.run_dir, job.record["config"])
     check_config(cfg)
     check_launch(cfg, job.in_sweep, HydraConfig.get().runtime.choices.get("hydra/launcher"))
     if job.owned and not cfg.resume:
@@ -129,9 +128,10 @@ def check_job(job: Job) -> None:
     _write(job, job.record)  # "running" until the run ends (or is killed)
 
 
-def close_job(job: Job, fields: dict | None = None, error: BaseException | None = None) -> float:
+def close_job(job: Job, fields: dict | None = None, error: BaseException | None = None, stop: bool = True) -> float:
     """Write the job's final record and return its objective; report an error in one line (exit 2 for the
-    user's mistakes outside a sweep); re-raise interrupts after recording them."""
+    user's mistakes outside a sweep); re-raise interrupts after recording them, unless stop=False (an interrupt
+    of another process, a pack's worker, which this one outlives)."""
     cfg = job.cfg
     if isinstance(error, UsageError):
         if not job.owned:
@@ -164,6 +164,8 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
         return sweep.objective(cfg, job.record)
     if error is not None:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
         _finish(job, error)
+        if not stop:
+            return sweep.objective(cfg, job.record)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
             sys.exit(128 + signal.SIGTERM)
         raise error
@@ -173,11 +175,11 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     return sweep.objective(cfg, job.record)
 
 
-def _terminate(signum, frame) -> None:
+def stop_on_sigterm(signum, frame) -> None:
     """SIGTERM outside Lightning's loops (data preparation, between fit and test): stop at once, recorded as an
     interrupt. Inside them Lightning's own handler, which notes the signal and stops at its next step or batch,
     calls this one too: then it leaves the stopping to Lightning."""
-    if signal.getsignal(signal.SIGTERM) is _terminate:
+    if signal.getsignal(signal.SIGTERM) is stop_on_sigterm:
         raise SystemExit(128 + signum)
 
 
@@ -186,7 +188,7 @@ def main(cfg: DictConfig) -> float | None:
     job = open_job(cfg)
     if (objective := skipped(job)) is not None:
         return objective
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         check_job(job)
         from headlab.training.run import train  # the heavy imports, only once the config is known to be valid

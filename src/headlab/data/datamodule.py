@@ -90,27 +90,31 @@ class BucketBatchSampler(Sampler[list[int]]):
 class EpochLoader(DataLoader):
     """A DataLoader that a run can resume in the middle of an epoch, exactly.
 
-    Lightning saves its state_dict with each checkpoint: the batches of the current epoch already trained on (read
-    from the trainer's progress, not counted here: the trainer fetches a batch ahead). load_state_dict makes the
-    next epoch start after them; the order of the batches follows the seed and the epoch alone, so the rest of the
-    epoch is the rest a run left alone would see. Its workers' seeds come from its own generator: iterating it
-    never draws from the global random state, which holds the dropout stream a resumed run must continue.
-    (Lightning itself loads the state too late, once the loader was iterated for the estimate of the training
-    steps; the ExactResume callback hands it to the datamodule, which loads it into the loader it builds.)
+    Lightning saves its state_dict with each checkpoint: the batches of the current epoch already trained on and
+    how many the epoch has (read from the trainer's progress, not counted here: the trainer fetches a batch ahead;
+    an epoch may be shorter than the loader, trainer.limit_train_batches). load_state_dict makes the next epoch
+    start after them, unless the epoch was over; the order of the batches follows the seed and the epoch alone,
+    so the rest of the epoch is the rest a run left alone would see. Its workers' seeds come from its own
+    generator: iterating it never draws from the global random state, which holds the dropout stream a resumed
+    run must continue. (Lightning itself loads the state too late, once the loader was iterated for the estimate
+    of the training steps; the ExactResume callback hands it to the datamodule, which loads it into the loader it
+    builds.)
     """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("generator", torch.Generator().manual_seed(0))  # Lightning may build it again with these
         super().__init__(*args, **kwargs)
-        self.position = lambda: (0, 0)  # (epoch, batches trained on in it): set by the datamodule for a trainer
+        self.position = lambda: (0, 0, len(self))  # (epoch, batches trained on in it, batches in it): set by the
+        # datamodule for a trainer
         self.skip = 0
 
     def state_dict(self) -> dict:
-        epoch, batches = self.position()
-        return {"epoch": epoch, "trained_batches": batches}
+        epoch, batches, in_epoch = self.position()
+        return {"epoch": epoch, "trained_batches": batches, "epoch_batches": in_epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        if 0 < state["trained_batches"] < len(self):  # else the checkpoint ended an epoch: the next starts afresh
+        in_epoch = min(len(self), state.get("epoch_batches", len(self)))
+        if 0 < state["trained_batches"] < in_epoch:  # else the checkpoint ended an epoch: the next starts afresh
             self.skip = state["trained_batches"]
             for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
                 if hasattr(sampler, "set_epoch"):  # Lightning sets it only after it has drawn the first batch
@@ -209,6 +213,7 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
             loader.position = lambda: (
                 trainer.current_epoch,
                 trainer.fit_loop.epoch_loop.batch_progress.current.completed,
+                trainer.num_training_batches,
             )
         if shuffle and self.train_loader_state:
             loader.load_state_dict(self.train_loader_state)

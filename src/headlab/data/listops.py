@@ -86,7 +86,7 @@ class ListOps:
     n_classes = 10
 
     def __init__(self, max_depth: int = 5, max_args: int = 5, max_length: int = 100, operator_p: float = 0.25):
-        self.check(max_depth, max_args, max_length, operator_p)
+        self.check(max_depth=max_depth, max_args=max_args, max_length=max_length, operator_p=operator_p)
         self.max_depth, self.max_args, self.max_length, self.operator_p = max_depth, max_args, max_length, operator_p
         self.max_len = max_length
 

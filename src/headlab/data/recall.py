@@ -27,7 +27,7 @@ class AssociativeRecall:
 
     def __init__(self, n_keys: int, n_values: int, n_pairs: int, n_queries: int, lookups: int, fused: bool):
         """The settings have no defaults: the data configs (pair_recall, mqar) state each variant whole."""
-        self.check(n_keys, n_values, n_pairs, n_queries, lookups, fused)
+        self.check(n_keys=n_keys, n_values=n_values, n_pairs=n_pairs, n_queries=n_queries, lookups=lookups, fused=fused)
         self.n_keys, self.n_values, self.n_pairs, self.n_queries = n_keys, n_values, n_pairs, n_queries
         self.lookups, self.fused = lookups, fused
         self.vocab_size = 1 + n_keys + n_values + (n_keys if lookups == 2 else 0)

@@ -112,6 +112,7 @@ class TextDataModule(ExampleDataModule):
         """read -> check -> labels -> carve validation -> tokenizer -> tokenize -> cache (or read the cache)."""
         if self.splits:
             return
+        pipeline.check_cache_root(Path(self.cache_root))
         if self.hub is None:  # local files: their content hash is the fingerprint, a cache hit needs no datasets
             paths = pipeline.local_paths(self.files)
             fingerprint = {role: pipeline.sha256(p) for role, p in paths.items()}

@@ -282,6 +282,19 @@ def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, raw_labels: l
 
 
 # cache
+def check_cache_root(root: Path) -> None:
+    """The cache root must be a folder headlab can write in: checked before any data is read, in one line."""
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        raise DataError(
+            f"cannot write the data cache in {root} ({first_line(error)}): set HEADLAB_CACHE (or data.cache_dir) to "
+            "a writable folder"
+        ) from None
+
+
 def cache_key(settings: dict) -> str:
     """The name of a cache entry: a hash of everything that shapes the prepared data."""
     return hashlib.sha256(
@@ -308,9 +321,10 @@ def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
     """Write into a temporary directory, then rename: a crash leaves no half-written cache entry; the checksums
     are written last, so an entry damaged later is detected on reading. Where another process completed the entry
     meanwhile (two packs preparing the same data), its entry is kept: that process may be reading it."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+    tmp = None
     try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
         np.savez(tmp / "arrays.npz", **{f"{role}_{k}": v for role, a in arrays.items() for k, v in a.items()})
         tokenizer.save(str(tmp / "tokenizer.json"))
         (tmp / "labels.json").write_text(json.dumps(labels))
@@ -321,10 +335,14 @@ def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
         if entry.exists():  # a corrupt entry being rebuilt
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as error:  # OSError, or the tokenizer's own error for a full disk
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if cache_state(entry) != "complete":  # not merely a concurrent writer that won the race
-            raise
+            raise DataError(
+                f"cannot write the data cache entry {entry} ({first_line(error)}): free space, or set HEADLAB_CACHE "
+                "(or data.cache_dir) to another folder"
+            ) from None
 
 
 def read_cache(entry: Path, max_length: int) -> tuple:

@@ -94,3 +94,34 @@ def load_scoring(name: str, key: str = "scoring"):
     """The scoring function registered under name; InvalidSetting listing the names there are otherwise."""
     check_scoring(name, key)
     return _registered[name] if name in _registered else _scoring_entry_points()[name].load()
+
+
+def training_bytes(
+    *,
+    vocab_size: int,
+    n_classes: int,
+    positions: int,
+    batch_size: int,
+    d_model: int,
+    n_layers: int,
+    d_ff: int,
+    n_heads: int,
+    d_k: int,
+    d_v: int,
+    n_kv_heads: int,
+    two_passes: bool = False,
+    ascent: bool = False,
+) -> int:
+    """An estimate of the memory training one model takes, in bytes: 20 a parameter (weights, gradients, AdamW's
+    two moments and a scratch tensor; 24 when a sharpness-aware ascent is kept, `ascent`), and per layer and
+    position of a batch about three float32 copies of the query, key and value projections (values, gradients,
+    temporaries), 20 tensors as wide as d_model, two as wide as the feed-forward, three rows of attention weights
+    per head; activations twice over when two passes are kept for one backward (R-Drop, `two_passes`). Measured
+    against the peak memory of real runs in docs/runs.md."""
+    attention = d_model * (n_heads * d_k + n_kv_heads * (d_k + d_v)) + n_heads * d_v * d_model
+    per_layer = attention + 2 * d_model * d_ff + 6 * d_model + 2 * d_ff
+    params = vocab_size * d_model + positions * d_model + n_layers * per_layer + d_model * (n_classes + 1)
+    projections = 3 * (n_heads * d_k + n_kv_heads * (d_k + d_v))
+    per_position = projections + 20 * d_model + 2 * d_ff + 3 * n_heads * positions
+    activations = 4 * batch_size * positions * n_layers * per_position * (2 if two_passes else 1)
+    return (24 if ascent else 20) * params + activations

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from headlab.conventions import RESUME_KEYS, SPLITS
+from headlab.conventions import SPLITS
 from headlab.errors import ConfigError
 from headlab.model import rules
 
@@ -45,7 +45,7 @@ PROBABILITY = (probability, "a number in [0, 1)")
 
 # key -> (check, what is allowed); keys absent from the config (another task, say) are skipped
 RULES: dict[str, tuple[Callable, str]] = {
-    "seed": (_is_int, "an int"),
+    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)"),
     "model.d_model": POSITIVE,
     "model.n_layers": POSITIVE,
     "model.d_ff": OPTIONAL_POSITIVE,
@@ -192,18 +192,20 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
 
 def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     """A resumed run must be the same run: same directory, and the same config as its first attempt (recorded in
-    its results.json, or in its .hydra/config.yaml where results.json cannot be read)."""
+    its results.json, or in its .hydra/config.yaml where results.json cannot be read). One killed before it wrote
+    checkpoints/last.ckpt starts again from its first step."""
     from pathlib import Path
 
-    from headlab.training.results import recorded_config
+    from headlab.training.results import defining_keys, recorded_config
 
-    if not (Path(cfg.resume) / "checkpoints" / "last.ckpt").exists():
-        fail("resume", cfg.resume, "a run directory with checkpoints/last.ckpt")
+    marks = (Path(cfg.resume) / ".hydra" / "config.yaml", Path(cfg.resume) / "checkpoints" / "last.ckpt")
+    if not any(mark.exists() for mark in marks):
+        fail(
+            "resume", cfg.resume, "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
+        )
     before = recorded_config(Path(cfg.resume))
     if before is None:
         return  # a run killed before it wrote either: nothing to compare with
-    for key in sorted(set(before) | set(flat_config)):
-        if key in RESUME_KEYS or ("." not in key and not (key in before and key in flat_config)):
-            continue
+    for key in defining_keys(before, flat_config):
         if before.get(key) != flat_config.get(key):
             fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

@@ -31,7 +31,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
-        self._first_bad: torch.Tensor | None = None  # the first step with a non-finite loss, or -1 (on the device)
+        self._first_bad: torch.Tensor | None = None  # (first step with a non-finite objective or -1, its CE too)
         self.acc = torch.nn.ModuleDict(
             {f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX) for s in SPLITS}
         )
@@ -77,22 +77,30 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         self.log("data/global_batch_size", float(self.global_batch_size), on_step=False, on_epoch=True)
         objective, loss, logits = self._training_loss(batch)
         self._log("train", loss, logits, batch["labels"])
-        self._watch_loss(objective)
+        self._watch_loss(objective, loss)
         return objective
 
-    def _watch_loss(self, loss: torch.Tensor) -> None:
-        """Stop on a non-finite training loss; checkpoints so far stay as they are. On a CPU every step is read.
-        On a GPU reading it would make the host wait for the device at every step: the first bad step is kept on
-        the device and read every trainer.log_every_n_steps steps (when Lightning reads the logged metrics anyway)
-        and before any validation, so no checkpoint ever holds weights it spoilt."""
-        step = torch.where(torch.isfinite(loss), -1, self.global_step)
-        self._first_bad = step if self._first_bad is None else torch.where(self._first_bad >= 0, self._first_bad, step)
+    def _watch_loss(self, objective_: torch.Tensor, loss: torch.Tensor) -> None:
+        """Stop on a non-finite training objective; checkpoints so far stay as they are. On a CPU every step is
+        read. On a GPU reading it would make the host wait for the device at every step: the first bad step (and
+        whether its cross-entropy was the non-finite part) is kept on the device and read every
+        trainer.log_every_n_steps steps (when Lightning reads the logged metrics anyway) and before any validation,
+        so no checkpoint ever holds weights it spoilt."""
+        bad = ~torch.isfinite(objective_)
+        now = torch.stack([torch.where(bad, self.global_step, -1), (bad & ~torch.isfinite(loss)).long()])  # (2,)
+        self._first_bad = now if self._first_bad is None else torch.where(self._first_bad[0] >= 0, self._first_bad, now)
         if loss.device.type == "cpu" or (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self._stop_if_diverged()
 
     def _stop_if_diverged(self) -> None:
-        if self._first_bad is not None and int(self._first_bad) >= 0:
-            raise TrainingError(objective.non_finite_loss(int(self._first_bad), self._last_checkpoint()))
+        if self._first_bad is not None and int(self._first_bad[0]) >= 0:
+            step, in_cross_entropy = self._first_bad.tolist()
+            settings = {
+                f"optim.{k}": v for k, v in self.hparams.items() if k in ("lr", "weight_decay", "rdrop", "sam_rho")
+            }
+            settings["trainer.gradient_clip_val"] = self.trainer.gradient_clip_val
+            message = objective.non_finite_loss(step, self._last_checkpoint(), bool(in_cross_entropy), settings)
+            raise TrainingError(message)
 
     def on_validation_start(self):
         self._stop_if_diverged()

@@ -68,7 +68,24 @@ def training_step(forward: Callable[[], torch.Tensor], labels: torch.Tensor, rdr
     return Step(loss + rdrop * penalty, loss, sums, logits)
 
 
-def non_finite_loss(step: int, last: Path | None) -> str:
-    """What a run that stopped on a non-finite training loss says, truthfully about its checkpoints."""
+def non_finite_loss(step: int, last: Path | None, in_cross_entropy: bool, settings: dict) -> str:
+    """What a run that stopped on a non-finite training objective says: which part was not finite, the settings
+    that can cause it as they were set (the most suspect first), and truthfully what its checkpoints hold.
+    settings: optim.lr, optim.weight_decay, optim.rdrop, optim.sam_rho and trainer.gradient_clip_val."""
+    lr, decay = settings["optim.lr"], settings.get("optim.weight_decay") or 0
+    suspects = []
+    if lr * decay >= 1 and decay >= 1:  # an unusual decay that the step makes overshoot (a huge lr alone: the lr)
+        suspects.append(
+            f"optim.weight_decay={decay} (times optim.lr={lr}: {lr * decay:g} >= 1, each step overshoots zero and "
+            "the weights grow)"
+        )
+    suspects += [f"{key}={settings[key]}" for key in ("optim.rdrop", "optim.sam_rho") if settings.get(key)]
+    suspects.append(f"optim.lr={lr}")
+    if not settings.get("trainer.gradient_clip_val"):
+        suspects.append("trainer.gradient_clip_val=null (no clipping)")
+    part = "cross-entropy" if in_cross_entropy or not settings.get("optim.rdrop") else "R-Drop term"
     saved = f"{last} holds the last validated epoch" if last else "no checkpoint was written before it"
-    return f"non-finite training loss at step {step}; lower optim.lr or keep trainer.gradient_clip_val; {saved}"
+    return (
+        f"non-finite training objective at step {step} (its {part}); what can cause it, as set: "
+        f"{', '.join(suspects)}; {saved}"
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.conventions import RESUME_KEYS
+from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.files import write_atomic
 
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
@@ -52,18 +52,26 @@ def recorded_config(run_dir: Path) -> dict | None:
     if record is not None and isinstance(record.get("config"), dict):
         return record["config"]
     try:
-        return flatten(OmegaConf.to_container(OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")))
+        saved = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
     except Exception:  # absent or unreadable YAML
         return None
+    try:
+        return flatten(OmegaConf.to_container(saved, resolve=True))  # as results.json records it
+    except Exception:  # an interpolation that needs a Hydra job (${hydra:...}) outside one
+        return flatten(OmegaConf.to_container(saved))
+
+
+def defining_keys(before: dict, now: dict) -> list[str]:
+    """The keys on which two flat configs of one run must agree: not how the run is started (RESUME_KEYS), not
+    where it writes (PATH_SUFFIXES: a run directory may move), and the choices of config groups only where both
+    record them."""
+    keys = sorted((set(before) | set(now)) - set(RESUME_KEYS))
+    return [k for k in keys if not k.endswith(PATH_SUFFIXES) and ("." in k or (k in before and k in now))]
 
 
 def same_run(before: dict | None, now: dict) -> bool:
-    """Whether two flat configs are the same run: equal but for how the run is started (RESUME_KEYS); the choices
-    of config groups count only where both record them."""
-    if before is None:
-        return False
-    keys = (set(before) | set(now)) - set(RESUME_KEYS)
-    return all(before.get(k) == now.get(k) for k in keys if "." in k or (k in before and k in now))
+    """Whether two flat configs are the same run (they agree on defining_keys)."""
+    return before is not None and all(before.get(k) == now.get(k) for k in defining_keys(before, now))
 
 
 def versions() -> dict:

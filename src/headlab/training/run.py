@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
 from headlab.training import loggers as loggers_
-from headlab.training import records, results, sweep
+from headlab.training import memory, records, results, sweep
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
@@ -26,8 +26,10 @@ _threaded = False  # whether this process has run torch on more than one CPU thr
 
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
-    """checkpoints/last.ckpt of the run being resumed (train.py checked that it exists)."""
-    return str(Path(cfg.resume) / "checkpoints" / "last.ckpt") if cfg.get("resume") else None
+    """checkpoints/last.ckpt of the run being resumed; None for a new run, or one killed before it wrote one (it
+    starts again from its first step: the same steps, since a run repeats exactly)."""
+    last = Path(cfg.resume) / "checkpoints" / "last.ckpt" if cfg.get("resume") else None
+    return str(last) if last and last.is_file() else None
 
 
 def _check_fits(path: str, module: pl.LightningModule) -> int:
@@ -98,6 +100,7 @@ def build(cfg: DictConfig, saved: Path | None = None) -> tuple[pl.LightningDataM
     datamodule = instantiate_node(cfg.data, "data", _convert_="all", **({"saved": str(saved)} if kept else {}))
     datamodule.setup()  # before the model: its vocabulary and classes come from the data
     readout = rules.readout_for(cfg.model.readout, datamodule.level, "model.readout")
+    memory.check_fits(cfg, datamodule)  # before the model is built: a model that cannot fit is one line
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
     model = instantiate_node(architecture, "model", **sizes, readout=readout, _convert_="all")

@@ -29,6 +29,7 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         E = len(models)
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
         self.register_buffer("diverged_at", torch.full((E,), -1, dtype=torch.long), persistent=False)
+        self.register_buffer("diverged_in_loss", torch.zeros(E, dtype=torch.bool), persistent=False)
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
 
     def forward(self, batch: dict) -> torch.Tensor:
@@ -80,7 +81,9 @@ class PackedModule(SharpnessAware, pl.LightningModule):
             return torch.where(self.alive, self._training_step(batch).objective, 0).sum()
         step = self._training_step(batch)
         finite = torch.isfinite(step.objective)
-        self.diverged_at = torch.where(self.alive & ~finite, self.global_step, self.diverged_at)
+        diverging = self.alive & ~finite
+        self.diverged_at = torch.where(diverging, self.global_step, self.diverged_at)
+        self.diverged_in_loss |= diverging & ~torch.isfinite(step.loss)
         self.alive &= finite
         self.optimizers().optimizer.alive = self.alive
         self._add("train", {k: torch.where(self.alive, v, 0) for k, v in step.sums.items()})

@@ -8,7 +8,6 @@ Shapes: E members, B batch, L layers, H heads.
 """
 
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,9 +15,8 @@ import lightning.pytorch as pl
 import torch
 
 from headlab.errors import TrainingError
-from headlab.model import count_parameters
 from headlab.training import loggers as loggers_
-from headlab.training import objective, records
+from headlab.training import memory, objective, records
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.pack import analysis
@@ -82,22 +80,12 @@ def member_config(member: Member, pack_id: str, size: int) -> dict:
 
 
 def members_that_fit(members: list[Member]) -> int:
-    """How many members of this architecture fit in the memory of the device they train on, by an estimate:
-    20 bytes a parameter (weights, gradients, AdamW's two moments and scratch tensor; 24 with optim.sam_rho, whose
-    ascent is kept through the second pass) and, per layer and position
-    of a batch, about 20 fp32 tensors as wide as d_model plus three rows of attention weights per head (twice that
-    with optim.rdrop, whose two passes are kept for one backward); 70% of what is free."""
-    model, data = members[0].module.model, members[0].datamodule
-    n, attn = data.max_len + model.attention_offset, model.blocks[0].attn
-    activations = 4 * data.batch_size * model.n_layers * n * (20 * model.classifier.in_features + 3 * attn.n_heads * n)
-    activations *= 2 if members[0].cfg.optim.get("rdrop") else 1
-    per_param = 24 if members[0].cfg.optim.get("sam_rho") else 20
-    per_member = per_param * count_parameters(model)["total"] + activations
-    if members[0].cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available():
-        free = torch.cuda.mem_get_info()[0]
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return max(1, int(0.7 * free // per_member))
+    """How many members of this architecture fit in the memory of the device they train on: memory.SHARE of what
+    is free, over each member's estimate (memory.model_bytes)."""
+    first = members[0]
+    per_member = memory.model_bytes(first.cfg, first.datamodule)
+    free = memory.free_bytes(str(first.cfg.trainer.get("accelerator")))
+    return max(1, int(memory.SHARE * free // per_member))
 
 
 def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
@@ -148,7 +136,11 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         for member in members:
             if diverged[member.index] >= 0:
                 last = member.run_dir / "checkpoints" / "last.ckpt"
-                message = objective.non_finite_loss(diverged[member.index], last if last.is_file() else None)
+                settings = {f"optim.{k}": v for k, v in member.cfg.optim.items()}
+                settings["trainer.gradient_clip_val"] = member.cfg.trainer.get("gradient_clip_val")
+                in_loss = bool(module.diverged_in_loss[member.index])
+                saved = last if last.is_file() else None
+                message = objective.non_finite_loss(diverged[member.index], saved, in_loss, settings)
                 results.append(TrainingError(f"{message} (the other members of its pack went on)"))
                 continue
             if member.best["score"] is not None:

@@ -1,0 +1,62 @@
+"""Will it fit? The memory a run needs to train (headlab.model.rules.training_bytes, from its config and its data's
+sizes) against what the device it trains on has free: a run that cannot fit is refused before its model is built,
+and a pack holds as many members as fit."""
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from headlab.errors import ConfigError
+from headlab.model import rules
+
+SHARE = 0.7  # of the free memory a run (or a pack's members together) may plan to take
+
+
+def model_bytes(cfg: DictConfig, datamodule) -> int:
+    """training_bytes of the config's model on this data (its vocabulary, classes and longest example)."""
+    model, att = cfg.model, cfg.model.attention
+    d_k, d_v, n_kv_heads = rules.head_sizes(model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads)
+    readout = rules.readout_for(model.readout, datamodule.level)
+    return rules.training_bytes(
+        vocab_size=datamodule.vocab_size,
+        n_classes=datamodule.n_classes,
+        positions=datamodule.max_len + (readout == "cls"),
+        batch_size=datamodule.batch_size,
+        d_model=model.d_model,
+        n_layers=model.n_layers,
+        d_ff=model.d_ff or 4 * model.d_model,
+        n_heads=att.n_heads,
+        d_k=d_k,
+        d_v=d_v,
+        n_kv_heads=n_kv_heads,
+        two_passes=bool(cfg.optim.get("rdrop")),
+        ascent=bool(cfg.optim.get("sam_rho")),
+    )
+
+
+def free_bytes(accelerator: str) -> int:
+    """Free memory of the device a run trains on: the GPU's, or the host's available memory."""
+    import torch
+
+    if accelerator in ("gpu", "cuda") and torch.cuda.is_available():
+        return torch.cuda.mem_get_info()[0]
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        meminfo = dict(line.split(":", 1) for line in lines if ":" in line)
+        return int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(cfg: DictConfig, datamodule) -> None:
+    """Refuse, in one line, a model that would not fit in SHARE of the free memory of its device."""
+    need, free = model_bytes(cfg, datamodule), free_bytes(str(cfg.trainer.get("accelerator")))
+    if need > SHARE * free:
+        att, shown = cfg.model.attention, lambda v: "null" if v is None else v  # noqa: E731
+        raise ConfigError(
+            f"this model needs about {need / 2**30:.1f} GiB to train (an estimate), and {free / 2**30:.1f} GiB are "
+            f"free: lower model.attention.d_k ({shown(att.d_k)}), .d_v ({shown(att.d_v)}), .n_heads ({att.n_heads}), "
+            f"model.d_model ({cfg.model.d_model}), model.d_ff ({shown(cfg.model.d_ff)}) or data.batch_size "
+            f"({datamodule.batch_size})"
+        )

@@ -1,0 +1,290 @@
+"""Records you can trust: the same data gives the same tokenizer on any machine; a run directory keeps what a reload
+needs and belongs to one run; what headlab reads back from a run directory it did not write cannot act on the
+reader's machine; corrupt records are reported, not tracebacks."""
+
+import hashlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, headlab_train
+from headlab.analysis import head_view
+from headlab.data import subwords
+
+FAULTS_ENV = cli_env() | {"PYTHONPATH": str(Path(__file__).parent)}
+WORDS = ["film", "plot", "cast", "scene", "story", "score", "music", "actor", "script", "ending"]
+
+
+def corpus(n: int, seed: int) -> list[tuple[str, int]]:
+    """Sentences of the WORDS with a sentiment word that decides the label (many words of equal counts: ties)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = rng.sample(WORDS, 4) + [rng.choice(["great", "fine", "superb"] if label else ["awful", "dull", "bad"])]
+        rng.shuffle(words)
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def write_csv(path: Path, rows) -> None:
+    path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+
+
+TEXT = ["data=files", "model.d_model=16", "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null"]
+
+
+def test_the_subword_vocabulary_is_learned_by_the_most_frequent_pair_with_ties_broken_by_the_pair():
+    counts = {"abc": 3, "abd": 3, "xy": 2}
+    vocab, merges = subwords.learn(subwords.Counter(counts), 20, ["[PAD]"], prefix="##")
+    # the special token, the alphabet sorted, then one token a merge: (a, ##b) occurs 6 times; (ab, ##c) and
+    # (ab, ##d) 3 times each, the smaller pair first; (x, ##y) twice
+    assert vocab == ["[PAD]", "##b", "##c", "##d", "##y", "a", "x", "ab", "abc", "abd", "xy"]
+    assert merges == [("a", "##b"), ("ab", "##c"), ("ab", "##d"), ("x", "##y")]
+
+
+def test_a_tokenizer_is_byte_identical_across_processes_hash_seeds_and_threads(tmp_path):
+    rows = corpus(400, 0)
+    (tmp_path / "texts.json").write_text(json.dumps([t for t, _ in rows]))
+    code = (
+        "import hashlib, json, sys\nfrom headlab.data.text_pipeline import make_tokenizer\n"
+        f"texts = json.load(open({str(tmp_path / 'texts.json')!r}))\n"
+        "for kind in ('wordpiece', 'bpe'):\n"
+        "    config = {'kind': kind, 'vocab_size': 60, 'lowercase': True, 'path': None, 'hub': None}\n"
+        "    print(hashlib.sha256(make_tokenizer(config, texts).to_str().encode()).hexdigest())\n"
+    )
+    outputs = set()
+    for seed, threads in (("0", "1"), ("1", "2"), ("2", "4")):
+        env = cli_env() | {"PYTHONHASHSEED": seed, "RAYON_NUM_THREADS": threads}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1 and len(outputs.pop().split()) == 2
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory) -> Path:
+    """A finished text run, trained with a cache of its own."""
+    where = tmp_path_factory.mktemp("text")
+    write_csv(where / "train.csv", corpus(300, 1))
+    write_csv(where / "test.csv", corpus(60, 2))
+    env = cli_env() | {"HEADLAB_CACHE": str(where / "cache")}
+    done = headlab_train(
+        *TEXT, f"data.files.train={where}/train.csv", f"data.files.test={where}/test.csv", "hydra.run.dir=run",
+        cwd=where, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return where / "run"
+
+
+def tool(name: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"headlab.cli.{name}", *args], env=env or cli_env(), cwd=cwd,
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_text_run_keeps_its_tokenizer_labels_and_digests_and_every_reload_uses_them(text_run, tmp_path):
+    record = json.loads((text_run / "results.json").read_text())
+    kept = json.loads((text_run / "data" / "digests.json").read_text())
+    assert record["data"]["digests"] == kept and set(kept) == {"splits", "files", "tokenizer"}
+    tokenizer = (text_run / "data" / "tokenizer.json").read_bytes()
+    assert kept["tokenizer"] == hashlib.sha256(tokenizer).hexdigest()
+    assert json.loads((text_run / "data" / "labels.json").read_text()) == [0, 1]
+
+    # another machine: an empty cache; the reload prepares the data with the run's tokenizer, and reads the same
+    fresh = cli_env() | {"HEADLAB_CACHE": str(tmp_path / "elsewhere")}
+    evaluated = tool("eval", str(text_run), env=fresh)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    again = json.loads((text_run / "eval" / f"test-{Path(record['checkpoints']['best']).stem}.json").read_text())
+    assert again["metrics"]["test/acc"] == record["metrics"]["test/acc"]
+
+    # a data file edited since: every reload refuses in one line
+    train = Path(record["config"]["data.files.train"])
+    original = train.read_text()
+    try:
+        train.write_text(original + "an extra row,1\n")
+        for done in (
+            tool("eval", str(text_run), env=fresh),
+            tool("heads", str(text_run), env=fresh),
+            headlab_train(f"resume={text_run}", cwd=tmp_path, env=fresh),
+        ):
+            lines = [line for line in done.stderr.splitlines() if line.startswith("headlab-")]
+            assert done.returncode != 0 and "Traceback" not in done.stderr
+            assert len(lines) == 1 and f"data.files.train: {train} is not the file {text_run} trained on" in lines[0]
+    finally:
+        train.write_text(original)
+
+
+@pytest.mark.e2e
+def test_best_is_the_checkpoint_the_record_names(text_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(text_run, run)
+    stray = run / "checkpoints" / "best-epoch9-step999.ckpt"  # sorts after the real one
+    (run / "checkpoints" / "last.ckpt").rename(stray)
+    record = json.loads((run / "results.json").read_text())
+    done = tool("eval", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = Path(record["checkpoints"]["best"]).name
+    assert json.loads((run / "eval" / f"test-{Path(best).stem}.json").read_text())["checkpoint"].endswith(best)
+    stray.write_bytes(stray.read_bytes()[:1000])  # a checkpoint cut short, named on the command line
+    cut = tool("eval", str(run), "--checkpoint", str(stray), cwd=tmp_path)
+    assert cut.returncode == 1 and cut.stderr.strip().startswith(f"headlab-eval: {stray} is not a readable checkpoint")
+    assert "Traceback" not in cut.stderr
+
+
+@pytest.mark.e2e
+def test_a_new_run_refuses_a_directory_holding_another_run_which_it_leaves_as_it_was(text_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(text_run, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    done = headlab_train("model.d_model=8", "trainer.max_epochs=1", "logger=csv", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"headlab-train: error: {run} holds another run's records (results.json (completed) and 2 checkpoint(s)): "
+        f"choose another directory (hydra.run.dir=..., or hydra.sweep.dir=... for a sweep), or continue that run "
+        f"with resume={run}"
+    )
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert {k: v for k, v in before.items() if k.name not in (".lock", "train.log")} == {
+        k: v for k, v in after.items() if k.name != "train.log"
+    }
+
+
+@pytest.mark.e2e
+def test_a_second_process_cannot_write_a_run_directory_that_another_is_writing(tmp_path):
+    slow = ["data.n_train=20000", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null", "hydra.run.dir=run"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "headlab.cli.train", *slow], cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "run" / "results.json").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        second = headlab_train("resume=run", cwd=tmp_path)
+        assert second.returncode == 2
+        assert f"{tmp_path / 'run'} is being written by another process (pid {first.pid})" in second.stderr
+        assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "running"
+    finally:
+        first.terminate()
+        first.wait(timeout=120)
+
+
+@pytest.mark.e2e
+def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_run, tmp_path):
+    """A crafted .hydra/config.yaml naming builtins.open (it would truncate the victim file) is refused by
+    headlab-eval, headlab-heads and resume=, and the victim stays whole; so is an output path outside the run."""
+    run = tmp_path / "run"
+    shutil.copytree(text_run, run)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    config = run / ".hydra" / "config.yaml"
+    original = config.read_text()
+    config.write_text(original.replace("_target_: headlab.data.text.TextDataModule", "_target_: builtins.open"))
+    crafted = (
+        f"headlab-eval: data._target_='builtins.open' is invalid: expected a class that headlab's own configs name "
+        f"({config} is not trusted to name others; give the key on the command line to run it)"
+    )
+    assert tool("eval", str(run), cwd=tmp_path).stderr.strip() == crafted
+    assert tool("heads", str(run), cwd=tmp_path).stderr.strip() == crafted.replace("headlab-eval", "headlab-heads")
+    resumed = headlab_train(f"resume={run}", cwd=tmp_path)
+    assert resumed.returncode == 2 and "data._target_='builtins.open' is invalid" in resumed.stderr
+    assert victim.read_text() == "precious"
+
+    config.write_text(
+        original.replace("default_root_dir: ${hydra:runtime.output_dir}", f"default_root_dir: {tmp_path}")
+    )
+    outside = headlab_train(f"resume={run}", cwd=tmp_path)
+    assert outside.returncode == 2
+    assert (
+        f"trainer.default_root_dir='{tmp_path}' is invalid: expected a path inside the run directory" in outside.stderr
+    )
+
+
+def test_the_head_view_page_holds_any_string_inside_its_script():
+    hostile = "</script><!--<script>alert(1)</script>&\u2028"
+    data = {"title": hostile, "tokens": [hostile, "<b>"], "n": 1}
+
+    class Scripts(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.scripts, self.inside = [], False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "script":
+                self.inside = True
+                self.scripts.append("")
+
+        def handle_endtag(self, tag):
+            self.inside = self.inside and tag != "script"
+
+        def handle_data(self, text):
+            if self.inside:
+                self.scripts[-1] += text
+
+    page = f"<html><script>const DATA = {head_view.script_json(data)};</script></html>"
+    parser = Scripts()
+    parser.feed(page)
+    (script,) = parser.scripts  # one script, whole: nothing in the data ended it or opened another
+    assert json.loads(script.removeprefix("const DATA = ").removesuffix(";")) == data
+
+
+@pytest.mark.e2e
+def test_a_declared_class_count_turns_a_single_class_into_a_recorded_warning(tmp_path):
+    write_csv(tmp_path / "train.csv", [(t, 1) for t, _ in corpus(60, 3)])
+    done = headlab_train(
+        *TEXT, "trainer.max_epochs=1", f"data.files.train={tmp_path}/train.csv", "data.n_classes=2",
+        "hydra.run.dir=run", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["data"]["warnings"] == ["every training label is 1: one of the 2 declared classes"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("damage", ["truncated", "null", "list"])
+def test_a_corrupt_results_json_is_reported_never_a_traceback(text_run, tmp_path, damage):
+    run = tmp_path / "sweep" / "0"
+    shutil.copytree(text_run, run)
+    text = (run / "results.json").read_text()
+    (run / "results.json").write_text({"truncated": text[: len(text) // 2], "null": "null", "list": "[]"}[damage])
+
+    changed = headlab_train(f"resume={run}", "model.d_model=8", cwd=tmp_path)  # compared with .hydra/config.yaml
+    assert changed.returncode == 2 and "model.d_model=8 is invalid: expected 16 as in the run being resumed" in (
+        changed.stderr
+    )
+    compared = tool("compare", str(tmp_path / "sweep"), cwd=tmp_path)
+    assert compared.returncode == 1 and "Traceback" not in compared.stderr
+    assert f"skipped {run}/results.json: " in compared.stderr
+    resumed = headlab_train(f"resume={run}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.e2e
+def test_a_pack_signalled_while_preparing_its_data_records_every_member_as_interrupted(tmp_path):
+    marker = tmp_path / "preparing"
+    command = [
+        sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1",
+        "data.task._target_=faults.WaitingTask", f"+data.task.marker={marker}", "logger=csv", "hydra.sweep.dir=sweep",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, env=FAULTS_ENV, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM and b"Traceback" not in stderr
+    statuses = [json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text())["status"] for i in (0, 1)]
+    assert statuses == ["interrupted", "interrupted"]
