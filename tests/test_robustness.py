@@ -141,7 +141,11 @@ def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
         f"resumed ({tmp_path / 'run'})"
     )
     missing = run_cli(*TINY, f"resume={tmp_path / 'nothing'}")
-    assert missing.returncode == 2 and "expected a run directory with checkpoints/last.ckpt" in missing.stderr
+    assert (
+        missing.returncode == 2
+        and "expected a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
+        in missing.stderr
+    )
 
 
 @pytest.mark.e2e
