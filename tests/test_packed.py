@@ -156,24 +156,40 @@ def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(r
     assert "did not complete" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_pack_stopped_by_sigterm_records_every_member_and_resumes(tmp_path):
+def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_pack_left_alone(tmp_path):
+    """SIGTERM mid-training: every member saves its last.ckpt where training stopped and is recorded interrupted;
+    the same command with sweep.resume=true continues each member from its own last.ckpt, and the pack ends as the
+    same pack left alone ends (dropout on: each member's stream continues too)."""
+    slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", "trainer.deterministic=true"]
+    slow += ["model.dropout=0.1", "callbacks.attention.analysis_batches=2"]
+    alone = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "hydra.sweep.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
     sweep = tmp_path / "sweep"
-    slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", f"hydra.sweep.dir={sweep}"]
     command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", *slow]
+    command.append(f"hydra.sweep.dir={sweep}")
     process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
     while not list(sweep.glob("*/checkpoints/last.ckpt")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.2)  # the first validation wrote the members' checkpoints: training is under way
+    time.sleep(1)  # into the second epoch
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)
-    assert process.returncode != 0
+    assert process.returncode == 128 + signal.SIGTERM
     assert [r["status"] for r in records(sweep)] == ["interrupted"] * 3
-    assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(3))
+    steps = {
+        torch.load(sweep / str(i) / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] for i in range(3)
+    }
+    assert len(steps) == 1 and 125 < steps.pop() < 250  # all where training stopped, inside the second epoch
 
-    again = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "sweep.resume=true", cwd=tmp_path)
+    resume = ["sweep.resume=true", f"hydra.sweep.dir={sweep}"]
+    again = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, *resume, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert [r["status"] for r in records(sweep)] == ["completed"] * 3
-    assert all(r["epochs"] == 2 for r in records(sweep))
+    assert "continuing" in again.stdout + again.stderr
+    for ours, theirs in zip(records(sweep), records(tmp_path / "alone"), strict=True):
+        assert ours["status"] == "completed" and ours["epochs"] == theirs["epochs"] == 2
+        for key in ("val/acc", "val/acc_best", "test/acc", "test/loss"):
+            assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], abs=1e-6), key
+        assert [p["step"] for p in ours["curve"]] == [p["step"] for p in theirs["curve"]]
 
 
 def test_packs_refuse_what_they_cannot_do(run_cli):

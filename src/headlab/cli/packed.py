@@ -15,8 +15,9 @@ from omegaconf import OmegaConf, open_dict
 
 from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_sigterm
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
-from headlab.training import optim
+from headlab.training import optim, sweep
 from headlab.training.loggers import run_identity
+from headlab.training.results import read_record
 
 log = logging.getLogger("headlab")
 # what a pack's members may differ in: their seeds, and the AdamW settings the vectorized optimizer takes per member
@@ -51,14 +52,24 @@ def prepare(cfg) -> Job | float:
 
 
 def launch(
-    hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, max_pack: int, n_jobs: int
+    hydra_context,
+    config,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    max_pack: int,
+    n_jobs: int,
+    submit: str,
+    slurm: dict | None,
 ):
-    """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher."""
+    """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher; the packs
+    train here (submit=local) or as SLURM jobs (submit=slurm: headlab.cli.pack_slurm)."""
     from headlab.training.config_check import POSITIVE, fail
 
     for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
         if not POSITIVE[0](value):
             fail(f"hydra.launcher.{key}", value, POSITIVE[1])
+    if submit not in ("local", "slurm"):
+        fail("hydra.launcher.submit", submit, "one of local, slurm")
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops (data, head analysis): an interrupt
@@ -100,6 +111,14 @@ def launch(
                 ret.return_value = close_job(job, result)
             done.add(id(job))
 
+    if submit == "slurm":
+        from headlab.cli.pack_slurm import run_on_slurm
+
+        ids = [f"{sweep_dir.name}-pack{k}" for k in range(len(packs))]
+        run_on_slurm([(pack_id, [job for _, job in pack]) for pack_id, pack in zip(ids, packs, strict=True)], slurm)
+        for ret, job in ready:  # each pack's SLURM job closed its members' records
+            ret.return_value = sweep.objective(job.cfg, read_record(job.run_dir) or job.record)
+        return returns
     specs = [
         (f"{sweep_dir.name}-pack{k}", [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack])
         for k, pack in enumerate(packs)

@@ -1,7 +1,7 @@
 """What headlab's command-line tools set up in the process before Hydra composes a config: made in one place.
 
 configure() registers the OmegaConf resolvers that headlab's configs use (run directories, SLURM resources) and
-headlab's packed launcher with Hydra (Hydra's own scan of the hydra_plugins namespace misses it in an editable
+headlab's launchers with Hydra (Hydra's own scan of the hydra_plugins namespace misses them in an editable
 install). Called when headlab.cli.train is imported, so that a SLURM job unpickling its task has them too.
 """
 
@@ -19,7 +19,9 @@ def configure() -> None:
     from hydra.core.plugins import Plugins
 
     from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
+    from hydra_plugins.headlab_launcher.slurm_launcher import SlurmLauncher
 
     Plugins.instance().register(PackedLauncher)
+    Plugins.instance().register(SlurmLauncher)
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

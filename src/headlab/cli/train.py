@@ -57,6 +57,7 @@ class Job:
     started: float = field(default_factory=time.time)
     previous: str | None = None  # results.json of the run being resumed, restored if the resume is refused
     owned: bool = False  # the job holds its run directory (run_dir.claim): only then does it write there
+    continued: bool = False  # resume was set by headlab (a requeued SLURM job, sweep.resume), not by the user
     fresh: bool = False  # run_dir held nothing before this job (a refused job removes it again)
 
 
@@ -72,7 +73,8 @@ def open_job(cfg: DictConfig) -> Job:
         "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)})),
         "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
     }
-    if not cfg.resume and sweep.requeued(run_dir):
+    continued = not cfg.resume and sweep.requeued(run_dir)
+    if continued:
         log.info("requeued by SLURM: resuming %s from its checkpoints/last.ckpt", run_dir)
         with open_dict(cfg):
             cfg.resume = str(run_dir)
@@ -86,9 +88,10 @@ def open_job(cfg: DictConfig) -> Job:
         "wandb": {"id": None, "url": None},
     }
     job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN, composed=composed)
-    launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
-    if not cfg.resume and cfg.sweep.resume and launcher != "packed" and rundir.continues(run_dir, record["config"]):
+    job.continued = continued
+    if not cfg.resume and cfg.sweep.resume and rundir.continues(run_dir, record["config"]):
         log.info("continuing %s from its checkpoints/last.ckpt (sweep.resume=true)", run_dir)
+        job.continued = True
         with open_dict(cfg):
             cfg.resume = str(run_dir)
     if cfg.resume and (run_dir / "results.json").is_file():
@@ -121,7 +124,8 @@ def check_job(job: Job) -> None:
         trust.check_paths(cfg, job.run_dir)
         check_resume(cfg, job.run_dir, job.record["config"])
     check_config(cfg)
-    check_launch(cfg, job.in_sweep, HydraConfig.get().runtime.choices.get("hydra/launcher"))
+    launcher = HydraConfig.get().runtime.choices.get("hydra/launcher")
+    check_launch(cfg, job.in_sweep, launcher, user_resume=bool(cfg.resume) and not job.continued)
     if job.owned and not cfg.resume:
         for name, text in job.composed.items():
             write_atomic(job.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))

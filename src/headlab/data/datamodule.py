@@ -147,6 +147,23 @@ class SplitLoaders:
         """Any split in its stored order, unshuffled (the head analysis measures on it)."""
         return self._loader(split)
 
+    train_loader_state: dict | None = None  # a resumed run's EpochLoader state (ExactResume hands it over)
+
+    def _follow(self, loader: "EpochLoader") -> "EpochLoader":
+        """The training loader, told where the trainer is in its epoch (for its checkpointed state) and, after a
+        resume, started after the batches its epoch had trained on."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            loader.position = lambda: (
+                trainer.current_epoch,
+                trainer.fit_loop.epoch_loop.batch_progress.current.completed,
+                trainer.num_training_batches,
+            )
+        if self.train_loader_state:
+            loader.load_state_dict(self.train_loader_state)
+            self.train_loader_state = None
+        return loader
+
 
 class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
     """Train / val / test lists of examples, batched with dynamic padding. Subclasses fill self.splits in setup().
@@ -160,7 +177,6 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         super().__init__()
         self.batch_size, self.num_workers, self.bucketing, self.seed = batch_size, num_workers, bucketing, seed
         self.splits: dict[str, list[Example]] = {}
-        self.train_loader_state: dict | None = None  # a resumed run's EpochLoader state (ExactResume)
         self.warnings: list[str] = []  # said once, and recorded in results.json (describe)
         self._digests: dict[str, str] = {}
 
@@ -208,16 +224,8 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         else:
             sampler = SeededSampler(len(examples), self.seed) if shuffle else None
             loader = EpochLoader(examples, batch_size=self.batch_size, sampler=sampler, **common)
-        if shuffle and self.trainer is not None:
-            trainer = self.trainer
-            loader.position = lambda: (
-                trainer.current_epoch,
-                trainer.fit_loop.epoch_loop.batch_progress.current.completed,
-                trainer.num_training_batches,
-            )
-        if shuffle and self.train_loader_state:
-            loader.load_state_dict(self.train_loader_state)
-            self.train_loader_state = None
+        if shuffle:
+            self._follow(loader)
         return loader
 
 

@@ -159,28 +159,33 @@ def _is_text(cfg: DictConfig) -> bool:
     return str(cfg.data.get("_target_", "")).startswith("headlab.data.text.")
 
 
+PACKED_LAUNCHERS = ("packed", "packed_slurm")
 PACKED_CALLBACKS = {"model_checkpoint", "last_checkpoint", "progress_bar", "attention"}  # what a pack does itself
 PACKED_REFUSALS = {  # why a pack refuses a callback, where there is more to say than that it would not run it
     "early_stopping": "a pack trains its members for the same epochs; the test evaluates each one's best checkpoint",
 }
 
 
-def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None) -> None:
+def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None, user_resume: bool = False) -> None:
     """Strategies that re-launch the command line in every rank cannot run inside a local multirun; a pack trains
-    on one device and starts its members from scratch."""
+    on one device, and continues its members only where headlab does (sweep.resume, a requeue), not resume=."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
-    if in_sweep and launcher == "packed":
+    if in_sweep and launcher in PACKED_LAUNCHERS:
         if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
-            fail("trainer.devices", cfg.trainer.get("devices"), "1 with hydra/launcher=packed (one device per pack)")
-        if cfg.get("resume"):
-            fail("resume", cfg.resume, "null with hydra/launcher=packed (resume one run with the default launcher)")
+            fail(
+                "trainer.devices", cfg.trainer.get("devices"), f"1 with hydra/launcher={launcher} (one device per pack)"
+            )
+        if user_resume:
+            fail(
+                "resume", cfg.resume, f"null with hydra/launcher={launcher} (resume one run with the default launcher)"
+            )
         callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
         for name in sorted(callbacks.keys() - PACKED_CALLBACKS):  # a pack would build it and never call it
             target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
             why = PACKED_REFUSALS.get(
                 name, "a pack runs headlab's own callbacks only: train it with the default launcher"
             )
-            fail(f"callbacks.{name}", target, f"null with hydra/launcher=packed ({why})")
+            fail(f"callbacks.{name}", target, f"null with hydra/launcher={launcher} ({why})")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",

@@ -60,3 +60,25 @@ def check_fits(cfg: DictConfig, datamodule) -> None:
             f"model.d_model ({cfg.model.d_model}), model.d_ff ({shown(cfg.model.d_ff)}) or data.batch_size "
             f"({datamodule.batch_size})"
         )
+
+
+class ConfigSizes:
+    """What model_bytes reads from a datamodule, from the config alone (for a job not yet built, such as a pack
+    about to be submitted to SLURM): a generated task's own sizes; a text dataset's tokenizer vocabulary, maximum
+    length and classes (two where they are not declared)."""
+
+    def __init__(self, data: DictConfig):
+        self.batch_size = data.batch_size
+        if "task" in data:
+            from hydra.utils import instantiate
+
+            task = instantiate(data.task)
+            self.level, self.vocab_size, self.n_classes, self.max_len = (
+                task.level,
+                task.vocab_size,
+                task.n_classes,
+                task.max_len,
+            )
+        else:
+            self.level, self.vocab_size = "sequence", data.tokenizer.vocab_size
+            self.n_classes, self.max_len = data.get("n_classes") or 2, data.max_length

@@ -32,7 +32,7 @@ def _resume_checkpoint(cfg: DictConfig) -> str | None:
     return str(last) if last and last.is_file() else None
 
 
-def _check_fits(path: str, module: pl.LightningModule) -> int:
+def check_fits(path: str, module: pl.LightningModule) -> int:
     """The checkpoint of a resumed run must be loadable without running code from it, and fit this model;
     returns its global step."""
     try:
@@ -183,7 +183,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         datamodule.keep_in(run_dir)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     resume_from = _resume_checkpoint(cfg)
-    resumed_step = _check_fits(resume_from, module) if resume_from else None  # before any logger or checkpoint
+    resumed_step = check_fits(resume_from, module) if resume_from else None  # before any logger or checkpoint
     # callback touches the run directory
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     curve = LearningCurve()

@@ -19,8 +19,11 @@ log = logging.getLogger("headlab")
 
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity (what SLURM, taskset or a container grant), not every
-    core of the host."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    core of the host; inside a SLURM job no more than SLURM granted the task (SLURM_CPUS_PER_TASK), also where
+    SLURM does not confine it (TaskPlugin=task/none)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    granted = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return min(cores, int(granted)) if granted.isdigit() and int(granted) > 0 else cores
 
 
 def parallel_jobs() -> int:

@@ -136,6 +136,11 @@ class Stacked(nn.Module):
         entries (persistent buffers have none here)."""
         return {n: t[e].detach().clone() for n, t in self.views(self.flat if flat is None else flat).items()}
 
+    def flat_row(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The inverse of member_state: a member's tensors by name (its parameters, or laid out like them) as one
+        row (P,) of the stacked layout."""
+        return torch.cat([named[n].reshape(-1).to(self.flat.dtype) for n in self.names])
+
     @torch.no_grad()
     def load_member(self, e: int, state: dict[str, torch.Tensor]) -> None:
         for name, tensor in self.stacked().items():

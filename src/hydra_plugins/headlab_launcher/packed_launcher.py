@@ -13,8 +13,8 @@ from omegaconf import DictConfig
 
 
 class PackedLauncher(Launcher):
-    def __init__(self, max_pack: int, n_jobs: int) -> None:
-        self.max_pack, self.n_jobs = max_pack, n_jobs
+    def __init__(self, max_pack: int, n_jobs: int, submit: str, slurm: dict | None) -> None:
+        self.max_pack, self.n_jobs, self.submit, self.slurm = max_pack, n_jobs, submit, slurm
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
@@ -24,4 +24,7 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from headlab.cli.packed import launch
 
-        return launch(self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack, self.n_jobs)
+        return launch(
+            self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack, self.n_jobs, self.submit,
+            self.slurm,
+        )  # fmt: skip

@@ -7,10 +7,10 @@ Shapes: E members, B batch, n positions, c tokens summed per position.
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, Dataset, Sampler
 
 from headlab.conventions import IGNORE_INDEX, PAD_ID
-from headlab.data.datamodule import BucketBatchSampler, SeededSampler, SplitLoaders, collate
+from headlab.data.datamodule import BucketBatchSampler, EpochLoader, SeededSampler, SplitLoaders, collate
 
 
 class PackSampler(Sampler[torch.Tensor]):
@@ -92,7 +92,7 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
         self.batch_size = datamodules[0].batch_size
         self.splits = {}
 
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+    def _loader(self, split: str, shuffle: bool = False) -> EpochLoader:
         if split not in self.splits:
             self.splits[split] = PackSplit(self.members, split)
         data = self.splits[split]
@@ -100,7 +100,8 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
         seeds = [dm.seed for dm in self.members] if shuffle else None
         lengths = data.lengths.tolist() if shuffle and first.bucketing else None
         sampler = PackSampler(len(data), self.batch_size, seeds, lengths)
-        return DataLoader(data, sampler=sampler, batch_size=None, num_workers=0)
+        loader = EpochLoader(data, sampler=sampler, batch_size=None, num_workers=0)
+        return self._follow(loader) if shuffle else loader
 
 
 def stack_split(per_member: list[list[dict]]) -> list[dict] | None:

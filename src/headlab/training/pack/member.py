@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.training import records
 from headlab.training.callbacks import LearningCurve
 from headlab.training.module import HeadLabModule
 from headlab.training.run import build, instantiate_all
@@ -28,6 +29,8 @@ class Member:
     module: HeadLabModule | None = None
     datamodule: object = None
     stream: torch.Tensor | None = None  # the CPU random state its single run starts training from
+    checkpoint: dict | None = None  # the last.ckpt it continues from (resume.load)
+    start_step: int = 0
     best: dict = field(default_factory=lambda: {"score": None, "path": None, "state": None})
     metrics: dict = field(default_factory=dict)
     wandb: dict | None = None
@@ -37,13 +40,22 @@ class Member:
 
 
 def build_member(member: Member) -> None:
-    """The member's data and model exactly as its single run builds them: seeded, then built."""
+    """The member's data and model exactly as its single run builds them: seeded, then built; a member that
+    continues an earlier attempt (cfg.resume) reads its data back from its run directory, and its last.ckpt."""
+    resuming = bool(member.cfg.get("resume"))
     pl.seed_everything(member.cfg.seed, workers=True)
-    member.datamodule, model = build(member.cfg)
-    member.datamodule.keep_in(member.run_dir)
+    member.datamodule, model = build(member.cfg, member.run_dir / "data" if resuming else None)
+    if resuming:
+        records.check_same_data(member.run_dir, member.datamodule)
+    else:
+        member.datamodule.keep_in(member.run_dir)
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
     member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
     member.stream = torch.get_rng_state()  # what its single run's dropout goes on to draw from
+    if resuming:
+        from headlab.training.pack import resume
+
+        resume.load(member)
 
 
 def shape_key(member: Member) -> tuple:

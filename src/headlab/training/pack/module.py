@@ -110,6 +110,10 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     def configure_optimizers(self):
         total = self.trainer.estimated_stepping_batches  # once: Lightning computes it anew on every access
         self.schedule = (total, [optim.warmup_steps(o["warmup"], total) for o in self.optim])
+        return self.optimizer()
+
+    def optimizer(self) -> PackedAdamW:
+        """The members' AdamW, each with its own settings."""
         groups = [{"params": [self.stack.flat], "decay": self.stack.decay_mask}]  # optim.decays, as in a single run
         return PackedAdamW(
             groups,

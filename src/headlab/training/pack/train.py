@@ -8,8 +8,10 @@ Shapes: E members, B batch, L layers, H heads.
 """
 
 import logging
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -19,7 +21,7 @@ from headlab.training import loggers as loggers_
 from headlab.training import memory, objective, records
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
-from headlab.training.pack import analysis
+from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
@@ -120,8 +122,13 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
     failed = True
     try:
         started = time.perf_counter()
-        trainer.fit(module, datamodule=PackedData([m.datamodule for m in members]))
+        with tempfile.TemporaryDirectory() as folder:  # the pack's checkpoint, when its members continue
+            ckpt_path = resume.pack_checkpoint(members, module, Path(folder) / "pack.ckpt")
+            data = PackedData([m.datamodule for m in members])
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
         fit_seconds = time.perf_counter() - started
+        if ckpt_path and not all("val/acc" in m.metrics for m in members):  # continued after training ended:
+            trainer.validate(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
         for member in members:  # test each member's best checkpoint, as its single run does
             if member.best["state"] is not None:
                 module.stack.load_member(member.index, member.best["state"])
@@ -192,9 +199,9 @@ def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> li
             results[i] = error
             continue
         members[i] = member
-    by_shape: dict[tuple, list] = {}
+    by_shape: dict[tuple, list] = {}  # members train together with one shape, from one step
     for i, member in members.items():
-        by_shape.setdefault(shape_key(member), []).append(i)
+        by_shape.setdefault((shape_key(member), member.start_step), []).append(i)
     parts = []
     for indices in by_shape.values():
         step = members_that_fit([members[i] for i in indices])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from headlab.analysis.figures import render_heads, render_importance
 from headlab.training import optim
@@ -39,6 +40,8 @@ class MemberWriter(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("train").items()}
+        if not metrics:  # continued from the checkpoint of this epoch's end: no step of it trained here
+            return
         metrics["train/loss_epoch"] = metrics.pop("train/loss")  # logged on step and epoch, as Lightning names it
         rate = self.meter.rate
         for member, alive in zip(self.members, self._alive(pl_module), strict=True):
@@ -132,7 +135,10 @@ class MemberWriter(pl.Callback):
                 logger.save()
 
     def on_exception(self, trainer, pl_module, exception):
-        if isinstance(exception, KeyboardInterrupt | SystemExit):  # Ctrl-C, SIGTERM: last.ckpt where it stopped
+        """SIGTERM between two training steps (how SLURM preempts; Lightning stops at the next step): every member's
+        last.ckpt where training stopped, as a single run's SaveOnInterrupt. Anywhere else, and after Ctrl-C (which
+        can land inside an optimizer step), last.ckpt stays the one of the last validation."""
+        if isinstance(exception, SIGTERMException) and trainer.training:
             pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             for member, alive in zip(self.members, self._alive(pl_module), strict=True):
                 if alive:

@@ -1,0 +1,94 @@
+"""Packs as SLURM jobs (hydra/launcher=packed_slurm): each pack one task of a SLURM job array (submitit). The job
+trains its pack and closes its members' records itself, so that the submitting process may end (or crash) while
+the packs train; requeued, by preemption or a time limit, a pack's job continues every member from its own
+last.ckpt. The submitting process waits for the array and records a pack that ended without a result (scancel).
+"""
+
+import logging
+import math
+import sys
+
+from headlab.cli import rundir, slurm
+from headlab.cli.train import Job, close_job
+from headlab.errors import ConfigError
+
+log = logging.getLogger("headlab")
+PROCESS_GB = 2  # what a pack's process takes beside its members (torch, Lightning, data)
+
+
+class PackJob:
+    """What a pack's SLURM job runs: submitit calls it in the job, and again after a requeue (checkpoint)."""
+
+    def __call__(self, pack_id: str, jobs: list[Job]) -> list[float]:
+        from headlab.cli import runtime
+
+        runtime.configure()
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        import torch
+
+        from headlab.training.pack.train import train_members
+        from headlab.training.sweep import usable_cores
+
+        torch.set_num_threads(usable_cores())
+        for job in jobs:
+            rundir.lock(job.run_dir)
+            job.owned = True
+            if not job.cfg.get("resume") and rundir.continues(job.run_dir, job.record["config"]):
+                log.info("continuing %s from its checkpoints/last.ckpt", job.run_dir)
+                job.cfg.resume, job.continued = str(job.run_dir), True
+        try:
+            results = train_members([(job.cfg, job.run_dir, job.record["config"]) for job in jobs], pack_id, False)
+        except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends
+            for job in jobs:
+                close_job(job, error=interrupt, stop=False)
+            raise
+        return [
+            close_job(job, error=r, stop=False) if isinstance(r, BaseException) else close_job(job, r)
+            for job, r in zip(jobs, results, strict=True)
+        ]
+
+    def checkpoint(self, *args):
+        """Requeued as it was submitted: the members' last.ckpt files hold where they were."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args)
+
+
+def mem_gb(jobs: list[Job]) -> int:
+    """The memory to ask SLURM for a pack: its members' estimate (headlab.training.memory), plus a process."""
+    from headlab.training import memory
+
+    cfg = jobs[0].cfg
+    return math.ceil(len(jobs) * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
+
+
+def run_on_slurm(packs: list[tuple[str, list[Job]]], params: dict) -> None:
+    """Submit each pack (id, its jobs, opened and checked) as a task of one SLURM job array and wait for them."""
+    params = dict(params)
+    if params.get("mem_gb") is None:
+        params["mem_gb"] = max(mem_gb(jobs) for _, jobs in packs)
+    for _, jobs in packs:
+        for job in jobs:
+            rundir.release(job.run_dir)  # the pack's SLURM job takes the lock
+    ids, members = zip(*packs, strict=True)
+    folder = params["submitit_folder"]
+    try:
+        submitted = slurm.submit(folder, params, PackJob(), list(ids), list(members), prefix="hydra.launcher.slurm")
+    except ConfigError as refused:  # nothing was submitted: every job records why, said once
+        for job in (job for _, jobs in packs for job in jobs):
+            rundir.lock(job.run_dir)
+            close_job(job, error=refused)
+        sys.exit(2)
+    log.info(
+        "submitted %d pack(s) as SLURM job array %s (%s GB each); waiting for them (squeue shows them)",
+        len(submitted), submitted[0].job_id.split("_")[0], params["mem_gb"],
+    )  # fmt: skip
+
+    def ended(k: int, state: str) -> None:
+        for job in packs[k][1]:
+            slurm.record_ended(job.run_dir, submitted[k].job_id, state)
+
+    slurm.wait(submitted, ended)

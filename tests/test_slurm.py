@@ -1,0 +1,130 @@
+"""Sweeps on a real SLURM cluster (one node, started here: tests/slurm_cluster.py), through the real CLI: jobs and
+packs submitted, a job and a pack requeued mid-training (as SLURM warns them before a time limit) ending exactly
+as their uninterrupted copies, the shipped time-limit requeue, a cancelled job, a partition SLURM refuses. They
+skip where SLURM cannot be started (not root, packages not installed)."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slurm_cluster
+from conftest import cli_env
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+QUICK = ["data.n_train=8000", "trainer.max_epochs=3", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null"]
+EXACT = ["trainer.deterministic=true", "model.dropout=0.1"]  # the same steps and dropout masks, run to run
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = slurm_cluster.unavailable()
+    if why:
+        pytest.skip(f"SLURM cannot be started here: {why}")
+    cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def start(cluster, cwd: Path, *overrides: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "headlab.cli.train", "-m", *overrides]
+    env = cli_env() | {"SLURM_CONF": cluster.env["SLURM_CONF"]}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def signal_once_training(cluster, run_dir: Path, how: list[str]) -> None:
+    """Once run_dir's first validation wrote its last.ckpt, signal the SLURM job that trains it (scancel ...)."""
+    deadline = time.time() + 240
+    while not (run_dir / "checkpoints" / "last.ckpt").exists():
+        assert time.time() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    jobs = sorted(line.split()[0] for line in cluster.run("squeue", "-h", "-o", "%i %T").stdout.splitlines())
+    done = cluster.run("scancel", *how, jobs[0])  # array task 0 trains run_dir (its job or its pack)
+    assert done.returncode == 0, done.stderr
+
+
+def records(sweep: Path, n: int) -> list[dict]:
+    return [json.loads((sweep / str(i) / "results.json").read_text()) for i in range(n)]
+
+
+def task_log(sweep: Path, task: int = 0) -> str:
+    """What array task `task` wrote, over every attempt (submitit's .out and .err files)."""
+    return "".join(f.read_text() for f in sorted((sweep / ".submitit").glob(f"*_{task}/*_log.*")))
+
+
+def assert_same_training(a: dict, b: dict) -> None:
+    assert a["status"] == b["status"] == "completed" and a["global_step"] == b["global_step"]
+    for key in ("val/acc", "val/acc_best", "test/acc", "test/loss"):
+        assert a["metrics"][key] == b["metrics"][key], key
+
+
+def test_a_job_sweep_on_slurm_requeues_a_job_warned_of_its_time_limit_and_it_ends_as_if_uninterrupted(
+    cluster, tmp_path
+):
+    """Two copies of one run, one CPU each (their torch threads follow SLURM_CPUS_PER_TASK, SLURM not confining
+    them); copy a is sent USR2 mid-training, as SLURM warns a job before its time limit: with the shipped
+    max_num_timeout it is requeued, continues from its last.ckpt, and ends as copy b."""
+    slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
+    slurm += ["hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5"]
+    process = start(cluster, tmp_path, *slurm, "+copy=a,b", *QUICK, *EXACT, "hydra.sweep.dir=sweep")
+    signal_once_training(cluster, tmp_path / "sweep" / "0", ["--signal=USR2"])
+    _, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    a, b = records(tmp_path / "sweep", 2)
+    assert_same_training(a, b)
+    assert a["resources"]["threads"] == b["resources"]["threads"] == 1
+    log = task_log(tmp_path / "sweep")
+    assert "this job is timed-out" in log and "requeued by SLURM: resuming" in log
+
+
+def test_packs_on_slurm_each_a_job_and_a_requeued_pack_ends_as_if_uninterrupted(cluster, tmp_path):
+    """Two packs (two copies of seeds 0 and 1) as a SLURM job array; pack a is warned mid-training, requeued,
+    continues every member from its own last.ckpt, and its members end as pack b's."""
+    slurm = ["hydra/launcher=packed_slurm", "hydra.launcher.slurm.partition=debug"]
+    slurm += ["hydra.launcher.slurm.cpus_per_task=1", "hydra.launcher.slurm.timeout_min=5"]
+    process = start(cluster, tmp_path, *slurm, "+copy=a,b", "seed=0,1", *QUICK, *EXACT, "hydra.sweep.dir=sweep")
+    signal_once_training(cluster, tmp_path / "sweep" / "0", ["--signal=USR2"])
+    stdout, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "submitted 2 pack(s) as SLURM job array" in stdout + stderr
+    runs = records(tmp_path / "sweep", 4)
+    assert [r["pack"]["size"] for r in runs] == [2] * 4
+    for a, b in zip(runs[:2], runs[2:], strict=True):  # copy a of seed s, copy b of seed s
+        assert a["seed"] == b["seed"] and a["pack"]["id"] != b["pack"]["id"]
+        assert_same_training(a, b)
+    log = task_log(tmp_path / "sweep")
+    assert "this job is timed-out" in log and "continuing" in log
+
+
+def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting(cluster, tmp_path):
+    slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
+    slurm += ["hydra.launcher.mem_gb=2"]
+    longer = [*QUICK, "data.n_train=20000"]
+    process = start(cluster, tmp_path, *slurm, "seed=0,1", *longer, "hydra.sweep.dir=sweep")
+    signal_once_training(cluster, tmp_path / "sweep" / "0", [])
+    _, stderr = process.communicate(timeout=400)
+    assert process.returncode == 1 and "Traceback" not in stderr
+    cancelled, done = records(tmp_path / "sweep", 2)
+    assert cancelled["status"] == "cancelled" and "ended as CANCELLED without a result (scancel)" in cancelled["error"]
+    assert done["status"] == "completed"
+    assert "not completed: sweep/0 (cancelled: SLURM job " in stderr
+    assert "1 of 2 jobs did not complete" in stderr
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "packed_slurm"])
+def test_a_partition_slurm_refuses_is_one_line(cluster, tmp_path, launcher):
+    key = "hydra.launcher.partition" if launcher == "slurm" else "hydra.launcher.slurm.partition"
+    process = start(cluster, tmp_path, f"hydra/launcher={launcher}", f"{key}=nope", "seed=0,1", "hydra.sweep.dir=s")
+    _, stderr = process.communicate(timeout=120)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert process.returncode == 2 and len(lines) == 1, stderr
+    assert lines[0] == (
+        f"headlab-train: invalid config: {key}='nope' is invalid: SLURM refused it (sbatch: "
+        "invalid partition specified: nope)"
+    )
