@@ -181,7 +181,7 @@ CASES = [
         "fixed_head_size, head_pruning, heads_fixed_width, heads_vs_depth, key_size, scoring, "
         "sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
-    unknown("hydra/launcher", "basic, joblib, local, packed, slurm, submitit_local, submitit_slurm"),
+    unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, optuna, search"),
     Case(
         "+scoring=nope",
