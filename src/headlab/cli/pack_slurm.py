@@ -8,7 +8,8 @@ import logging
 import math
 import sys
 
-from headlab.cli import rundir, slurm
+from headlab.cli import console, rundir, slurm
+from headlab.cli.pack_workers import LOG_FORMAT
 from headlab.cli.train import Job, close_job
 from headlab.errors import ConfigError
 
@@ -23,10 +24,7 @@ class PackJob:
         from headlab.cli import runtime
 
         runtime.configure()
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+        console.to_stderr(LOG_FORMAT)
         import torch
 
         from headlab.training.pack.train import train_members

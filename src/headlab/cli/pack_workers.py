@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+from headlab.cli import console
+
 log = logging.getLogger("headlab")
 PR_SET_PDEATHSIG = 1  # prctl(2)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the parent logs
@@ -69,13 +71,11 @@ def _work(conn, train: Callable, specs: list, pack_id: str, threads: int, gpu: s
     _stop_with_parent()
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before CUDA starts in this process
-    handler = logging.StreamHandler()  # the parent's Hydra logging is not inherited: headlab's lines as it logs them
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    console.to_stderr(LOG_FORMAT)  # the parent's Hydra logging is not inherited: headlab's lines as it logs them
     from headlab.cli.train import stop_on_sigterm
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops too: an interrupt, recorded
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher stops us
     import torch
 
     torch.set_num_threads(threads)

@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_sigterm
+from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_ctrl_c, stop_on_sigterm
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.training import optim, sweep
 from headlab.training.loggers import run_identity
@@ -73,6 +73,7 @@ def launch(
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops (data, head analysis): an interrupt
+    signal.signal(signal.SIGINT, stop_on_ctrl_c)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     returns: list[JobReturn] = []

@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.cli import rundir, runtime
+from headlab.cli import console, rundir, runtime
 from headlab.cli.hydra_errors import one_line
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_json_atomic
@@ -43,6 +43,7 @@ _KIND = (  # how a user's mistake is introduced, by its type (the first that app
 TRACEBACKS = "HEADLAB_TRACEBACKS"  # "1": the user asked for whole tracebacks (HYDRA_FULL_ERROR=1 when started)
 _job_started = False  # False while Hydra parses, composes and creates the output directory
 _said: set[str] = set()  # the errors this process has reported: a sweep says each once (its summary counts the jobs)
+_ctrl_c = False  # whether the interrupt came from Ctrl-C (exit code 130) rather than SIGTERM (143)
 
 
 @dataclass
@@ -66,6 +67,7 @@ def open_job(cfg: DictConfig) -> Job:
     it was (job.previous)."""
     global _job_started
     _job_started = True
+    console.quiet()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     composed = {  # before anything below changes cfg
@@ -148,10 +150,7 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
         else:
             _finish(job, error)
         kind = next(text for kind, text in _KIND if isinstance(error, kind))
-        line = f"headlab-train: {kind}: {error}"
-        if line not in _said:
-            print(line, file=sys.stderr)
-        _said.add(line)
+        _say(f"headlab-train: {kind}: {error}")
         if _debug():
             raise error
         if not job.in_sweep:
@@ -168,15 +167,40 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
         return sweep.objective(cfg, job.record)
     if error is not None:  # Ctrl-C, SIGTERM via SystemExit: recorded as interrupted, then stop
         _finish(job, error)
+        hint = (
+            f"continue the sweep with the same command and sweep.resume=true hydra.sweep.dir={job.run_dir.parent}"
+            if job.in_sweep
+            else f"continue it with: headlab-train resume={job.run_dir}"
+        )
+        _say(f"headlab-train: interrupted: {hint}")
         if not stop:
             return sweep.objective(cfg, job.record)
+        if _ctrl_c:
+            sys.exit(128 + signal.SIGINT)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
             sys.exit(128 + signal.SIGTERM)
         raise error
     job.record.update(fields or {}, status="completed")
     _finish(job)
-    log.info("results: %s", job.run_dir / "results.json")
+    log.info(console.outcome(job.run_dir, job.record))
     return sweep.objective(cfg, job.record)
+
+
+def _say(line: str) -> None:
+    """A line on stderr, once a process (a sweep says a mistake every job shares once)."""
+    if line not in _said:
+        print(line, file=sys.stderr)
+    _said.add(line)
+
+
+def stop_on_ctrl_c(signum, frame) -> None:
+    """The first Ctrl-C stops the run as SIGTERM does: at its next training step, where last.ckpt is saved (a
+    Ctrl-C inside a step would leave no checkpoint to continue from); a second Ctrl-C stops at once."""
+    global _ctrl_c
+    _ctrl_c = True
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("headlab-train: stopping at the next step (Ctrl-C again to stop at once)", file=sys.stderr)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def stop_on_sigterm(signum, frame) -> None:
@@ -193,6 +217,7 @@ def main(cfg: DictConfig) -> float | None:
     if (objective := skipped(job)) is not None:
         return objective
     signal.signal(signal.SIGTERM, stop_on_sigterm)
+    signal.signal(signal.SIGINT, stop_on_ctrl_c)
     try:
         check_job(job)
         from headlab.training.run import train  # the heavy imports, only once the config is known to be valid

@@ -8,6 +8,7 @@ A failed preparation writes nothing; a damaged cache entry is detected by its ch
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -129,10 +130,14 @@ class TextDataModule(ExampleDataModule):
         else:
             if state != "missing":
                 log.warning("data cache entry %s is %s; rebuilding it", self.cache_path, state)
+            started = time.perf_counter()
+            log.info("data: preparing %s", ", ".join(f"{r} from {w}" for r, w in where.items()))
             self._prepare(read(), where)
+            log.info("data: prepared in %.0f s, cached in %s", time.perf_counter() - started, self.cache_path)
         self.tokenizer, self.labels, self.splits = pipeline.read_cache(self.cache_path, self.max_length)
         self._check_classes()
-        log.info("data: %s (%s)", self.cache_path, ", ".join(f"{r} {len(s)}" for r, s in self.splits.items()))
+        counts = ", ".join(f"{r} {len(s):,}" for r, s in self.splits.items())
+        log.info("data: %s examples, %d classes, %d tokens in the vocabulary", counts, self.n_classes, self.vocab_size)
 
     def _check_classes(self) -> None:
         """Training labels of one class leave nothing to learn: refused, or a recorded warning when data.n_classes
@@ -157,9 +162,19 @@ class TextDataModule(ExampleDataModule):
         train = data["train"]
         if saved:
             tokenizer = saved[0]
+            log.info("data: tokenizing with the tokenizer %s kept", self.saved)
         else:
             texts = list(train[text]) + (list(train[pair]) if pair else [])
-            tokenizer = pipeline.make_tokenizer(self.tokenizer_config, texts)
+            config = self.tokenizer_config
+            if not (config["path"] or config["hub"]):
+                log.info(
+                    "data: learning a %s vocabulary of %d tokens from %s texts",
+                    config["kind"],
+                    config["vocab_size"],
+                    f"{len(texts):,}",
+                )
+            tokenizer = pipeline.make_tokenizer(config, texts)
+        log.info("data: tokenizing %s", ", ".join(f"{role} ({len(ds):,})" for role, ds in data.items()))
         arrays = {
             role: pipeline.tokenize(
                 tokenizer, list(ds[text]), list(ds[pair]) if pair else None, list(ds[label]), labels, self.max_length

@@ -127,6 +127,11 @@ def check_config(cfg: DictConfig) -> None:
         rule += "; set optim.rdrop=0 (text data's defaults set 3)"
         fail("optim.rdrop", cfg.optim.rdrop, rule)
     check_task(cfg)
+    check_device(cfg)
+    if _is_text(cfg) and cfg.data.get("hub") is None:  # files that are not there: before anything is imported
+        from headlab.data.text_pipeline import local_paths
+
+        local_paths(OmegaConf.to_container(cfg.data.files, resolve=True))
     sentences = _value(cfg, "callbacks.attention.sentences")
     if sentences not in (_ABSENT, None) and len(sentences) and not _is_text(cfg):
         target = cfg.data.get("task", {}).get("_target_", cfg.data.get("_target_"))
@@ -134,6 +139,22 @@ def check_config(cfg: DictConfig) -> None:
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") and cfg.trainer.get("devices") == 1 and cfg.trainer.get("num_nodes", 1) == 1:
         fail("trainer.devices", 1, f"at least 2 with trainer.strategy={strategy} (or trainer=cpu for one process)")
+
+
+def check_device(cfg: DictConfig) -> None:
+    """A GPU run on a machine without an NVIDIA GPU (no driver: no /dev/nvidiactl, no nvidia-smi), without torch."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    accelerator = str(cfg.trainer.get("accelerator"))
+    no_driver = not Path("/dev/nvidiactl").exists() and shutil.which("nvidia-smi") is None
+    if accelerator in ("gpu", "cuda") and sys.platform == "linux" and no_driver:
+        fail(
+            "trainer.accelerator",
+            accelerator,
+            "cpu on this machine, which has no NVIDIA GPU (no driver found): trainer=cpu",
+        )
 
 
 def check_task(cfg: DictConfig) -> None:
@@ -207,6 +228,15 @@ def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     if not any(mark.exists() for mark in marks):
         fail(
             "resume", cfg.resume, "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
+        )
+    from headlab.training.results import read_record
+
+    if (read_record(Path(cfg.resume)) or {}).get("status") == "completed":
+        fail(
+            "resume",
+            cfg.resume,
+            f"an incomplete run: it completed, its records are final (headlab-eval {cfg.resume} evaluates a "
+            "checkpoint of it again; a new run needs a new directory)",
         )
     before = recorded_config(Path(cfg.resume))
     if before is None:

@@ -29,6 +29,7 @@ def _has_credentials(host: str) -> bool:
         return False
 
 
+_said: set[str] = set()  # why W&B logs offline, as said in this process
 _server_failed: set[str] = set()  # W&B servers that failed a run of this process: its later runs go offline at once
 
 
@@ -118,13 +119,14 @@ def wandb_logger(
     from lightning.pytorch.loggers import WandbLogger
 
     mode, reason = wandb_mode()
-    if reason:
-        log.warning("W&B logs offline: %s. Upload later with `wandb sync %s/wandb/offline-run-*`", reason, save_dir)
+    if reason and reason not in _said:  # once a process (a pack's members share it)
+        _said.add(reason)
+        log.warning("W&B logs offline: %s. Upload later with `wandb sync <run dir>/wandb/offline-run-*`", reason)
     name, group = run_identity(name, group)
     os.environ["WANDB_DIR"] = save_dir  # also where forked DDP ranks write the run's media
     timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
     settings = wandb.Settings(init_timeout=timeout, silent=True, reinit="create_new")  # a pack's members log at once
-    return WandbLogger(
+    logger = WandbLogger(
         project=project,
         entity=entity,
         name=name,
@@ -137,6 +139,8 @@ def wandb_logger(
         mode=mode,
         settings=settings,
     )
+    logger._wandb_init.pop("anonymous", None)  # Lightning passes it; W&B warns that it has no effect
+    return logger
 
 
 def _init_or_go_offline(logger) -> None:

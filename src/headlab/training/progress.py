@@ -1,6 +1,20 @@
-"""The progress bar: Lightning's rich bar, without a host-device synchronisation at every batch."""
+"""Progress while a run trains: Lightning's rich bar on a terminal (without a host-device synchronisation at every
+batch), plain lines every few seconds and at every validation where output goes to a file or a batch job's log."""
 
+import logging
+import sys
+import time
+
+from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.callbacks import RichProgressBar
+
+log = logging.getLogger("headlab")
+
+
+def progress_bar(every_n_steps: int = 50, every_s: float = 30.0) -> LightningProgressBar:
+    """The progress bar for where the output goes: a terminal gets the rich bar (metrics read every n steps), a
+    file or a pipe plain lines (every every_s seconds, and at each validation and test)."""
+    return ProgressBar(every_n_steps) if sys.stdout.isatty() else PlainProgress(every_s)
 
 
 class ProgressBar(RichProgressBar):
@@ -27,3 +41,44 @@ class ProgressBar(RichProgressBar):
     def on_validation_end(self, trainer, pl_module):
         self._read_at = None
         super().on_validation_end(trainer, pl_module)
+
+
+class PlainProgress(LightningProgressBar):
+    """Progress as plain log lines: the step and its rate every `every_s` seconds, and the metrics of every
+    validation and of the test, each with the time since training started."""
+
+    def __init__(self, every_s: float = 30.0):
+        super().__init__()
+        self.every_s, self._enabled = every_s, True
+        self._started = self._said = 0.0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _line(self, trainer, text: str) -> None:
+        if self._enabled and trainer.is_global_zero and not trainer.sanity_checking:
+            log.info("%s (%.0f s)", text, time.monotonic() - self._started)
+            self._said = time.monotonic()
+
+    def _metrics(self, trainer, pl_module, prefix: str) -> str:
+        metrics = self.get_metrics(trainer, pl_module)
+        return " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith(prefix) and isinstance(v, float))
+
+    def on_train_start(self, trainer, pl_module):
+        self._started = self._said = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if time.monotonic() - self._said >= self.every_s:
+            epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
+            step = f"batch {batch_idx + 1}/{trainer.num_training_batches}"
+            self._line(trainer, f"{epoch} {step} {self._metrics(trainer, pl_module, 'train/')}".rstrip())
+
+    def on_validation_end(self, trainer, pl_module):
+        epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
+        self._line(trainer, f"{epoch} validated: {self._metrics(trainer, pl_module, 'val/')}".rstrip())
+
+    def on_test_end(self, trainer, pl_module):
+        self._line(trainer, f"tested: {self._metrics(trainer, pl_module, 'test/')}".rstrip())

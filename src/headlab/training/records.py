@@ -19,6 +19,17 @@ def model_fields(model, datamodule) -> dict:
     return {"data": datamodule.describe(), **describe(model, datamodule.max_len)}
 
 
+def model_line(facts: dict) -> str:
+    """The model in one line, from model_fields: parameters, heads and their sizes, training FLOPs a token."""
+    heads, params = facts["heads"], facts["params"]
+    kv = f", {heads['n_kv_heads']} key/value heads" if heads["n_kv_heads"] != heads["n_heads"] else ""
+    return (
+        f"model: {params['total']:,} parameters ({params['attention']:,} in attention), {heads['n_heads']} heads of "
+        f"d_k {heads['d_k']}, d_v {heads['d_v']}{kv}, feed-forward {facts['d_ff']}; "
+        f"{facts['flops_per_token']:,} training FLOPs a token"
+    )
+
+
 def run_fields(
     *,
     metrics: dict,

@@ -199,6 +199,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     )
 
     facts = records.model_fields(model, datamodule)
+    log.info(records.model_line(facts))
     config = {**flat_config, **loggers_.run_facts(facts, flat_config)}
     metrics, failed, progress = {}, True, {}
     try:

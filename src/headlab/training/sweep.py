@@ -5,11 +5,9 @@ Only Hydra and the standard library are imported here: this runs before torch in
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from headlab.training.results import read_record, same_run
@@ -72,36 +70,3 @@ def completed_before(run_dir: Path, flat_config: dict) -> bool:
     """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
     previous = read_record(run_dir) or {}
     return previous.get("status") == "completed" and same_run(previous.get("config"), flat_config)
-
-
-class SweepSummary(Callback):
-    """After a multirun: one line per failed job, and a non-zero exit code when any job failed."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        statuses = {}
-        records = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
-        for path in records:
-            statuses[path.parent] = read_record(path.parent) or {"status": "unreadable"}
-        failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
-        by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
-        for job_dir, record in failed.items():
-            by_reason.setdefault(f"{record.get('status')}: {record.get('error', '')}", []).append(job_dir.name)
-        for reason, names in by_reason.items():
-            jobs = str(sweep_dir / names[0]) if len(names) == 1 else f"{len(names)} jobs in {sweep_dir} ({_few(names)})"
-            print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
-        done = len(statuses) - len(failed)
-        log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
-        if failed:
-            print(
-                f"headlab-train: {len(failed)} of {len(statuses)} jobs did not complete; rerun the same "
-                f"command with sweep.resume=true and hydra.sweep.dir={sweep_dir} to run only those",
-                file=sys.stderr,
-            )
-            sys.exit(1)
-
-
-def _few(names: list[str], shown: int = 8) -> str:
-    """Job directory names for one line: the first few, then how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more

@@ -1,0 +1,71 @@
+"""What a sweep says when it ends: the jobs that did not complete (one line per distinct reason), a compact table of
+the sweep's numbers grouped by the keys that vary (what headlab-compare prints first), what to do next, and a
+non-zero exit code when any job did not complete."""
+
+import logging
+import math
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from headlab.analysis.comparison import Design, compare
+from headlab.analysis.runs import load_dirs
+from headlab.training.results import read_record
+
+log = logging.getLogger("headlab")
+METRICS = ("val/acc_best", "test/acc")
+SETTINGS = ("ConfigError", "InvalidSetting", "DataError")  # failures a rerun cannot mend: the settings must change
+
+
+class SweepSummary(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
+        statuses = {path.parent: read_record(path.parent) or {"status": "unreadable"} for path in runs}
+        failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
+        by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
+        for job_dir, record in failed.items():
+            by_reason.setdefault(f"{record.get('status')}: {record.get('error', '')}", []).append(job_dir.name)
+        for reason, names in by_reason.items():
+            jobs = str(sweep_dir / names[0]) if len(names) == 1 else f"{len(names)} jobs in {sweep_dir} ({_few(names)})"
+            print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
+        done = len(statuses) - len(failed)
+        if done:
+            print(table(sweep_dir))
+        log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
+        if not failed:
+            return
+        settings = all(str(r.get("error", "")).startswith(SETTINGS) for r in failed.values())
+        then = (
+            "fix the settings above and run the sweep again"
+            if settings
+            else f"rerun the same command with sweep.resume=true and hydra.sweep.dir={sweep_dir} to run only those"
+        )
+        print(f"headlab-train: {len(failed)} of {len(statuses)} jobs did not complete; {then}", file=sys.stderr)
+        sys.exit(1)
+
+
+def table(sweep_dir: Path) -> str:
+    """The completed runs grouped by the keys that vary, each metric's mean and standard deviation over seeds."""
+    keys, rows = compare(load_dirs([sweep_dir]).completed, Design(list(METRICS)))
+    header = [*(k.rsplit(".", 1)[-1] if k.count(".") > 1 else k for k in keys), "runs", *METRICS]
+    body = []
+    for row in rows:
+        cells = [*(str(row[k]) for k in keys), str(row["runs"])]
+        for metric in METRICS:
+            s = row.get(metric)
+            cells.append(
+                "" if s is None else f"{s['mean']:.4f}" + ("" if math.isnan(s["std"]) else f" +- {s['std']:.4f}")
+            )
+        body.append(cells)
+    widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
+    return "\n".join([*lines, f"(mean +- sd over seeds; intervals, tests and plots: headlab-compare {sweep_dir})"])
+
+
+def _few(names: list[str], shown: int = 8) -> str:
+    """Job directory names for one line: the first few, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
