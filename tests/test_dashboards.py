@@ -129,6 +129,37 @@ def test_tensorboard_has_the_figures_and_one_hparams_session_with_the_final_metr
     metrics = results(run)["metrics"]
     assert events.Scalars("hp_metric")[-1].value == pytest.approx(metrics["val/acc_best"])
     assert events.Scalars("test/acc")[-1].value == pytest.approx(metrics["test/acc"])
+    assert not [k for k in hparams if k.endswith("experiment")]  # a sweep's view states the experiment
+
+
+@pytest.mark.e2e
+def test_a_sweeps_tensorboard_names_runs_by_what_varies_and_opens_hparams_on_the_comparison(run_cli, tmp_path):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    done = run_cli(
+        "-m", "model.attention.n_heads=1,2", "seed=0,1", *TINY, "trainer.max_epochs=1", "logger=tensorboard",
+        "callbacks.attention.importance=false", "hydra.sweep.dir=sweep",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"tensorboard --logdir {Path('sweep') / 'tensorboard'}" in done.stdout
+    runs = EventMultiplexer()
+    runs.AddRunsFromDirectory(str(tmp_path / "sweep" / "tensorboard"))
+    runs.Reload()
+    named = {"n_heads=1,seed=0", "n_heads=1,seed=1", "n_heads=2,seed=0", "n_heads=2,seed=1"}
+    assert set(runs.Runs()) == named | {"."}
+    content = runs.PluginRunToTagToContent("hparams")
+    experiments = [(run, t) for run, tags in content.items() for t in tags if t.endswith("experiment")]
+    assert experiments == [(".", "_hparams_/experiment")]  # one experiment: the sweep's
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["."]["_hparams_/experiment"]).experiment
+    shown = [h.name for h in experiment.hparam_infos]
+    assert shown[0] == "model.attention.n_heads" and {"resolved.d_k", "params.total"} <= set(shown)
+    assert len(shown) <= 10  # not the ~90 keys of a run's config
+    assert [m.name.tag for m in experiment.metric_infos][0] == "val/acc_best"  # the sweep's objective first
+    for name in named:  # each run its session, with the values the experiment lists
+        start = plugin_data_pb2.HParamsPluginData.FromString(content[name]["_hparams_/session_start_info"])
+        assert start.session_start_info.hparams["model.attention.n_heads"].number_value == float(name[8])
+        assert runs.Scalars(name, "val/acc_best")
 
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -175,7 +175,7 @@ def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:
     its p-value (paired t-test over runs). [{"group": {key: value}, "runs", "split", "orders", "steps"}]."""
     out = []
     for values, runs in group_runs(records, keys).items():
-        analysed = [r["heads"] for r in runs if r.get("heads", {}).get("pruning_curve")]
+        analysed = [r["head_analysis"] for r in runs if r.get("head_analysis", {}).get("pruning_curve")]
         if not analysed:
             continue
         curves = [{"importance": h["pruning_curve"], **h.get("pruning_baselines", {})} for h in analysed]

@@ -61,13 +61,13 @@ def _add_run(runs: Runs, where: str, read) -> None:
         for key, value in not_numbers.items():
             runs.unreadable.append((f"{where}/results.json", f"metric {key} is {value!r}, not a number: left out"))
         record["metrics"] = {k: v for k, v in record["metrics"].items() if k not in not_numbers}
-        record["heads"] = _read_heads(read("heads.json"))
-        if record["heads"] is None:
+        record["head_analysis"] = _read_heads(read("heads.json"))  # ("heads": the resolved sizes in results.json)
+        if record["head_analysis"] is None:
             runs.unreadable.append((f"{where}/heads.json", "not a head analysis (a JSON object with rows): left out"))
-            record["heads"] = {}
+            record["head_analysis"] = {}
         record["curve"] = record.get("curve") if isinstance(record.get("curve"), list) else None
         record["curve"] = record["curve"] or _csv_curve(read("metrics.csv"))
-        record["metrics"].update(head_means(_head_scalars(record["heads"].get("rows", []))))
+        record["metrics"].update(head_means(_head_scalars(record["head_analysis"].get("rows", []))))
         runs.completed.append({**record, "where": where})
     else:
         runs.failed.append((where, record.get("error", status)))

@@ -38,7 +38,7 @@ def load_wandb(path: str, group: str | None) -> Runs:
         summary = {k: _summary_value(v) for k, v in dict(run.summary).items()}
         summary = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         metrics = {"val/acc_best": summary.get("val/acc"), **summary, **head_means(summary)}
-        record = {"config": dict(run.config), "metrics": metrics, "heads": {}}
+        record = {"config": dict(run.config), "metrics": metrics, "head_analysis": {}}
         record["where"] = run.url
         if run.state == "finished":
             runs.completed.append(record)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from headlab.analysis.comparison import Design, compare
 from headlab.analysis.runs import load_dirs
+from headlab.cli import tensorboard_sweep
 from headlab.training.results import read_record
 
 log = logging.getLogger("headlab")
@@ -34,6 +35,9 @@ class SweepSummary(Callback):
         done = len(statuses) - len(failed)
         if done:
             print(table(sweep_dir))
+            view = tensorboard_sweep.write(sweep_dir, str(config.get("sweep", {}).get("objective", "val/acc_best")))
+            if view:
+                print(f"TensorBoard, runs named by what varies: tensorboard --logdir {view}")
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
         if not failed:
             return

@@ -231,7 +231,8 @@ def _continue_csv(logger, resumed_step: int) -> None:
 
 def finish(loggers: list, failed: bool, summary: dict | None = None, config: dict | None = None, step: int = 0) -> dict:
     """Close the loggers with the run's final numbers (summary: metric -> float): W&B's summary holds them as plain
-    numbers; TensorBoard gets one HParams session with the config and them (what its HParams dashboard compares).
+    numbers; TensorBoard gets one HParams session with the config and them (what its HParams dashboard compares;
+    the experiment, which hyperparameters and metrics the dashboard shows, is the sweep's: cli.tensorboard_sweep).
     Returns the W&B run's {"id", "url"} for results.json (one W&B run per job, also in a multirun)."""
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
@@ -244,14 +245,29 @@ def finish(loggers: list, failed: bool, summary: dict | None = None, config: dic
         if isinstance(logger, TensorBoardLogger) and summary and not failed:
             best = summary.get("val/acc_best", summary.get("val/acc"))
             metrics = {**summary, "hp_metric": best} if best is not None else summary
-            logger.log_hyperparams(config or {}, metrics=metrics, step=step)
-            logger.save()
+            _hparams_session(logger, config or {}, metrics, step)
         if isinstance(logger, WandbLogger):
             run = logger.experiment
             run.summary.update(summary)
             identity = {"id": run.id, "url": None if run.settings._offline else run.url}
             run.finish(exit_code=1 if failed else 0)
     return identity
+
+
+def _hparams_session(logger, config: dict, metrics: dict, step: int) -> None:
+    """A TensorBoard HParams session: the run's values and its final metrics, without an experiment of its own (a
+    run's would list all ~90 keys, and TensorBoard shows one experiment, picked arbitrarily among those there)."""
+    values = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in config.items() if v is not None}
+    logger.log_metrics(metrics, step=step)
+    if type(logger.experiment).__module__.startswith("tensorboardX"):  # the writer's own protobufs
+        from tensorboardX.summary import hparams
+    else:
+        from torch.utils.tensorboard.summary import hparams
+    _, start, end = hparams(values, metrics)
+    writer = logger.experiment._get_file_writer()
+    writer.add_summary(start)
+    writer.add_summary(end)
+    logger.experiment.flush()
 
 
 def resync_csv(loggers: list) -> None:
