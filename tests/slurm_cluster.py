@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 PROGRAMS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged", "munge")
+
+
 def ports() -> tuple[int, int]:
     """slurmctld's and slurmd's ports: not SLURM's defaults (a cluster the machine runs already is left alone), and
     each pytest-xdist worker its own (two workers may each start a cluster)."""

@@ -220,8 +220,8 @@ def test_head_view_renders_the_probe_tokens_and_switching_heads_changes_what_is_
     heads = json.loads((run / "heads.json").read_text())
     tokens, weights = probe_attention(run, heads["checkpoint"])
     browser.get((run / "heads" / "view.html").as_uri())
-    queries = [e.text for e in browser.find_elements("css selector", "text.token.query")]
-    assert queries == tokens and len(tokens) > 5
+    queries = [e.text.split(" [")[0] for e in browser.find_elements("css selector", "text.token.query")]
+    assert queries == tokens and len(tokens) > 5  # (scored query positions also show [label|prediction])
 
     def expected(layer: int, head: int) -> dict:
         w = weights[layer][head]
@@ -251,3 +251,61 @@ def test_head_view_renders_the_probe_tokens_and_switching_heads_changes_what_is_
     browser.find_element("css selector", "#mode option[value='matrix']").click()
     cells = browser.find_elements("css selector", "rect.cell")
     assert len(cells) == len(tokens) ** 2 and not browser.find_elements("css selector", "line.attn")
+
+
+def test_head_view_works_as_bertviz_does_and_says_what_the_heads_do(run, browser):
+    """Hovering a key shows only the lines into it; double-clicking a head shows it alone; with every head shown,
+    each query's strongest key only (not a blob); matrices fit the page, label their keys and give each value on
+    hover; the example's labels and predictions, the task's token notation, and where each head looks over all
+    probe queries (as heads.json has it) are on the page."""
+    heads = json.loads((run / "heads.json").read_text())
+    browser.set_window_size(1200, 900)
+    browser.get((run / "heads" / "view.html").as_uri())
+    script = browser.execute_script
+    assert "kA+bB: a query naming keys A (a) and B (b)" in browser.find_element("id", "notation").text
+    assert "scored positions predicted right" in browser.find_element("id", "outcome").text
+
+    key = browser.find_elements("css selector", "text.token.key")[5]
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('mouseenter'))", key)
+    shown = script(
+        "return [...document.querySelectorAll('line.attn')].filter(l => l.style.display !== 'none')"
+        ".map(l => Number(l.dataset.key))"
+    )
+    assert shown and set(shown) == {5}
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('mouseleave'))", key)
+
+    browser.find_element("id", "all").click()  # every head: each query's strongest key, one line a query and head
+    n = len(browser.find_elements("css selector", "text.token.query"))
+    lines = drawn(browser)
+    per_query = {(h, q) for h, q, _ in lines}
+    assert len(lines) == len(per_query) <= 4 * n and {h for h, _ in per_query} == {0, 1, 2, 3}
+
+    label = browser.find_elements("css selector", "#heads label")[2]
+    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver.ActionChains(browser).double_click(label).perform()
+    assert {h for h, _, _ in drawn(browser)} == {2}
+    assert script("return [...document.querySelectorAll('#heads input')].map(b => b.checked)") == [
+        False,
+        False,
+        True,
+        False,
+    ]
+
+    roles = browser.find_elements("css selector", "#roles tr[data-head]")
+    names = heads["attention_roles"]["names"]
+    assert (
+        [c.text for c in browser.find_elements("css selector", "#roles th")][1:]
+        == names
+        == ["key a", "key b", "other context", "queries"]
+    )
+    for row, share in zip(roles, heads["attention_roles"]["share"][0], strict=True):
+        assert [c.text for c in row.find_elements("css selector", "td")][1:] == [f"{round(100 * v)}%" for v in share]
+
+    browser.find_element("id", "all").click()  # every head again
+    browser.find_element("css selector", "#mode option[value='matrix']").click()
+    assert len(browser.find_elements("css selector", "svg.matrix")) == 4
+    assert script("return document.documentElement.scrollWidth <= window.innerWidth")  # no head cut off
+    cell = browser.find_elements("css selector", "rect.cell")[1]
+    title = cell.find_element("css selector", "title").get_attribute("textContent")
+    assert title.startswith("head 0: ") and title.endswith(f"{float(cell.get_attribute('data-weight')):.3f}")
+    assert len(browser.find_elements("css selector", "svg.matrix text.token.key")) == 4 * n  # keys labelled

@@ -76,3 +76,23 @@ def test_importance_and_pruning_figures_say_what_they_plot():
     ax = fig.axes[0]
     assert ax.get_xlabel() == "fraction of heads masked" and ax.get_ylabel() == "val accuracy"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["importance", "random"]
+
+
+def test_an_accuracy_axis_shows_chance_and_does_not_magnify_runs_at_chance():
+    from matplotlib.figure import Figure
+
+    from headlab.cli.compare_plots import MIN_SPAN, frame_accuracy
+
+    ax = Figure().subplots()
+    ax.plot([1, 2, 4], [0.101, 0.103, 0.102])  # three arms at chance (19 classes: 0.053)
+    frame_accuracy(ax, [{"chance": 1 / 19}] * 3)
+    low, high = ax.get_ylim()
+    assert high - low >= MIN_SPAN and low <= 1 / 19 <= high
+    assert [line.get_label() for line in ax.get_lines()][-1] == "chance (0.0526)"
+
+
+def test_importance_values_are_legible_on_any_cell():
+    """Each value's colour follows its cell's luminance: white on the dark reds, black on the light ones."""
+    fig = figures.importance_map(np.array([[0.1, 0.45, 0.6, 0.9]]))
+    colours = {text.get_text(): text.get_color() for text in fig.axes[0].texts}
+    assert colours["0.10"] == "black" and colours["0.90"] == "white"

@@ -101,6 +101,8 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
         ]
         row["params"] = params[0] if params else None
+        classes = {(r.get("data") or {}).get("n_classes") for r in runs}
+        row["chance"] = 1 / classes.pop() if len(classes) == 1 and None not in classes else None  # uniform guess
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
         rows.append(row)
     if design.baseline:

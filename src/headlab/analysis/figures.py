@@ -72,8 +72,8 @@ def similarity_map(divergence, n_heads: int) -> Figure:
     similarity = 1 - _array(divergence) / math.log(2)
     T = similarity.shape[0]
     labels = [f"L{t // n_heads}H{t % n_heads}" for t in range(T)]
-    side = min(9.0, max(2.4, 0.28 * T + 1.0))
-    fig = Figure(figsize=(side + 1.2, side), dpi=DPI, layout="constrained")
+    side = min(9.0, max(3.0, 0.28 * T + 1.4))
+    fig = Figure(figsize=(side + 1.4, side), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     image = ax.imshow(similarity, cmap="magma", vmin=0, vmax=1)
     fontsize = 8 if T <= 32 else 6
@@ -81,8 +81,8 @@ def similarity_map(divergence, n_heads: int) -> Figure:
     ax.set_yticks(range(T), labels, fontsize=fontsize)
     ax.set_xlabel("head (layer L, head H)")
     ax.set_ylabel("head")
-    fig.colorbar(image, ax=ax, label="similarity: 1 - JS divergence / ln 2")
-    ax.set_title("head similarity (1 = same attention)", fontsize=10)
+    fig.colorbar(image, ax=ax, label="similarity")
+    ax.set_title("head similarity: 1 - JS / ln 2\n(1 = same attention, 0 = disjoint keys)", fontsize=9)
     return fig
 
 
@@ -96,7 +96,8 @@ def importance_map(scores, split: str = "train") -> Figure:
     top = max(1e-9, float(scores.max()))
     image = ax.imshow(scores, cmap="Reds", vmin=0, vmax=top, aspect="auto")
     for (layer, head), value in np.ndenumerate(scores):
-        colour = "white" if value > 0.6 * top else "black"
+        r, g, b, _ = image.cmap(image.norm(value))  # the cell's own colour: white text on dark, black on light
+        colour = "white" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.5 else "black"
         ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
     ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=8)
     ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)

@@ -14,11 +14,13 @@ MAX_VALUES = 1_500_000  # attention weights in one page (about 5 MB): fewer exam
 MAX_EXAMPLES = 8
 
 
-def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: str) -> dict:
-    """What the page shows. weights: per layer an (E, H, n, n) array of probe attention; tokens: each
-    example's token strings (its real length); rows: one dict per (layer, head) with its statistics (and
-    importance). Weights are stored in thousandths, the examples cut to MAX_VALUES weights."""
-    weights = [np.asarray(w, dtype=np.float32) for w in weights]
+def page_data(snapshot: dict, title: str) -> dict:
+    """What the page shows, from a probe snapshot (headlab.training.probe.snapshot): per layer an (E, H, n, n)
+    array of probe attention, each example's tokens (its real length), label and prediction, the rows of
+    statistics (and importance) per (layer, head), the share of attention each key role gets from each head, and
+    the notation of the task's tokens. Weights are stored in thousandths, the examples cut to MAX_VALUES weights."""
+    weights = [np.asarray(w, dtype=np.float32) for w in snapshot["weights"]]
+    tokens, rows = snapshot["tokens"], snapshot["rows"]
     L, (E, H) = len(weights), weights[0].shape[:2]
     lengths = [len(t) for t in tokens[:E]]
     per_example = [L * H * k * k for k in lengths]
@@ -26,6 +28,7 @@ def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: s
     examples = [
         {
             "tokens": list(tokens[e]),
+            **snapshot.get("outcomes", [{}] * E)[e],
             "attention": [  # [layer][head][query][key], in thousandths
                 np.rint(weights[layer][e, :, : lengths[e], : lengths[e]] * 1000).astype(int).tolist()
                 for layer in range(L)
@@ -35,7 +38,18 @@ def page_data(weights: list, tokens: list[list[str]], rows: list[dict], title: s
     ]
     statistics = [k for k in rows[0] if k not in ("layer", "head")] if rows else []
     clean = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in rows]
-    return {"title": title, "layers": L, "heads": H, "statistics": statistics, "rows": clean, "examples": examples}
+    roles = snapshot.get("roles")
+    shares = {"names": roles["names"], "share": np.round(np.asarray(roles["share"]), 4).tolist()} if roles else None
+    return {
+        "title": title,
+        "layers": L,
+        "heads": H,
+        "statistics": statistics,
+        "rows": clean,
+        "examples": examples,
+        "roles": shares,
+        "notation": snapshot.get("notation"),
+    }
 
 
 # characters that could end or change the <script> element the data sits in ("</script", "<!--"), or a JS string

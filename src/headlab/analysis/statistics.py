@@ -91,3 +91,16 @@ def head_report(weights: list[torch.Tensor], padding_mask: torch.Tensor | None =
         for h in range(w.shape[1]):
             rows.append({"layer": layer, "head": h, **{s: float(stats[s][h]) for s in STATISTICS}})
     return {"rows": rows, "similarity": head_similarity(weights, padding_mask)}
+
+
+def role_shares(weights: list[torch.Tensor], roles: torch.Tensor, counted: torch.Tensor, n_roles: int) -> torch.Tensor:
+    """Where each head looks, summarised over many queries: the share of attention each key role receives,
+    averaged over the counted queries of all examples. weights: per layer (B, H, n, n); roles (B, n, n) the role
+    of key j for query i (0 .. n_roles - 1); counted (B, n) bool -> (L, H, n_roles), each row summing to 1."""
+    one_hot = torch.nn.functional.one_hot(roles.long(), n_roles).to(weights[0].dtype)  # (B, n, n, R)
+    queries = counted.to(weights[0].dtype)  # (B, n)
+    out = []
+    for w in weights:
+        per_query = torch.einsum("bhqk,bqkr->bhqr", w.float(), one_hot.float())  # (B, H, n, R)
+        out.append((per_query * queries[:, None, :, None]).sum((0, 2)) / queries.sum().clamp(min=1))  # (H, R)
+    return torch.stack(out)  # (L, H, R)

@@ -5,6 +5,22 @@ from pathlib import Path
 
 from headlab.analysis.comparison import group_runs
 
+MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a few examples do not fill a plot
+
+
+def frame_accuracy(ax, rows: list[dict]) -> None:
+    """An accuracy axis that shows chance (a dashed line at 1 / classes, where the runs agree on the classes) and
+    spans at least MIN_SPAN, so that runs at chance do not look apart."""
+    chances = {r.get("chance") for r in rows}
+    low, high = ax.get_ylim()
+    if len(chances) == 1 and (chance := chances.pop()) is not None:
+        ax.axhline(chance, color="0.4", linestyle="--", linewidth=1, label=f"chance ({chance:.3g})")
+        low, high = min(low, chance), max(high, chance)
+    if high - low < MIN_SPAN:
+        middle = (low + high) / 2
+        low, high = middle - MIN_SPAN / 2, middle + MIN_SPAN / 2
+    ax.set_ylim(max(0.0, low - 0.01), min(1.0, high + 0.01) if high <= 1 else high)
+
 
 def plot_curves(out: Path, keys: list[str], rows: list[dict]) -> list[Path]:
     """compare_curves.png: validation accuracy at each validation, every run thin and each group's mean thick."""
@@ -26,6 +42,7 @@ def plot_curves(out: Path, keys: list[str], rows: list[dict]) -> list[Path]:
         ax.plot(steps, mean, lw=2, marker="o", ms=3, label=f"{label} ({len(row['curves'])} runs)")
     ax.set_xlabel("training step")
     ax.set_ylabel("val/acc (each run; mean per group)")
+    frame_accuracy(ax, rows)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     path = out / "compare_curves.png"
@@ -75,8 +92,10 @@ def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> li
         ax.set_xticks(sorted({r[x_key] for r in rows}), [str(v) for v in sorted({r[x_key] for r in rows})])
         ax.set_xlabel(x_key)
         ax.set_ylabel(f"{metric} (mean, 95% CI)")
+        if "acc" in metric.rsplit("/", 1)[-1]:
+            frame_accuracy(ax, rows)
         ax.grid(alpha=0.3)
-        if series_keys:
+        if series_keys or ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         path = out / f"compare_{metric.replace('/', '_')}.png"
         fig.savefig(path, dpi=120)

@@ -13,16 +13,14 @@ import sys
 from pathlib import Path
 
 
-def _add_importance(rows: list[dict], heads_json: Path, checkpoint: Path) -> None:
-    """Each head's importance from the run's heads.json, when it was measured on this checkpoint's weights."""
+def _measured(heads_json: Path, checkpoint: Path) -> dict | None:
+    """The run's heads.json, when its importance was measured on this checkpoint's weights."""
     try:
         report = json.loads(heads_json.read_text())
     except (OSError, ValueError):
-        return
-    if report.get("checkpoint") and Path(report["checkpoint"]).name == checkpoint.name:
-        measured = {(r["layer"], r["head"]): r.get("importance") for r in report.get("rows", [])}
-        for row in rows:
-            row["importance"] = measured.get((row["layer"], row["head"]))
+        return None
+    ok = isinstance(report, dict) and report.get("checkpoint") and Path(report["checkpoint"]).name == checkpoint.name
+    return report if ok and "pruning_curve" in report else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,42 +32,60 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
     args = parser.parse_args(argv)
 
-    import torch
+    import numpy as np
     from rich.console import Console
     from rich.table import Table
 
     from headlab.analysis import figures, head_view, statistics
     from headlab.cli import saved_run
-    from headlab.training.attention_logging import probe_snapshot, write_head_view
+    from headlab.training import probe
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:
-        probe = datamodule.probe_batch(args.n_probe, args.text)
+        batch = datamodule.probe_batch(args.n_probe, args.text)
     except ValueError as error:
         raise SystemExit(f"headlab-heads: {error}") from None
-    with torch.no_grad():
-        _, weights = model(probe["tokens"], probe["padding_mask"], need_weights=True)
-    report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
-    snapshot = probe_snapshot(model, datamodule, probe, weights, report, step=0, examples=head_view.MAX_EXAMPLES)
+    seen = probe.attention(model, datamodule, batch)
+    report = seen["report"]
+    snapshot = probe.snapshot(model, datamodule, batch, seen, step=0, examples=head_view.MAX_EXAMPLES)
 
     out = args.out or args.run_dir / "heads"
     out.mkdir(parents=True, exist_ok=True)
-    _add_importance(report["rows"], args.run_dir / "heads.json", checkpoint)
-    for name, data in figures.render_heads(snapshot).items():  # attention/layer_0, heads/similarity
+    pngs = figures.render_heads(snapshot)  # attention/layer_0, heads/similarity
+    measured = _measured(args.run_dir / "heads.json", checkpoint)
+    if measured:  # importance and pruning curves, as the run measured them on this checkpoint
+        importance = {(r["layer"], r["head"]): r.get("importance") for r in measured.get("rows", [])}
+        for row in report["rows"]:
+            row["importance"] = importance.get((row["layer"], row["head"]))
+        scores = np.array([[importance[(layer, h)] for h in range(model.n_heads)] for layer in range(model.n_layers)])
+        curves = {"importance": measured["pruning_curve"], **measured.get("pruning_baselines", {})}
+        plain = {o: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for o, c in curves.items()}
+        split, metric = measured.get("importance_split", "train"), f"{measured.get('pruning_split', 'val')} accuracy"
+        pngs |= figures.render_importance(scores=scores, curves=plain, split=split, metric=metric)
+    for name, data in pngs.items():  # attention_layer_0.png, similarity.png, importance_map.png, pruning_curves.png
         (out / f"{name.replace('attention/', 'attention_').removeprefix('heads/')}.png").write_bytes(data)
-    write_head_view(out / "view.html", snapshot, f"{args.run_dir}: heads of {checkpoint.name}")
+    probe.write_head_view(out / "view.html", snapshot, f"{args.run_dir}: heads of {checkpoint.name}")
     columns = ["layer", "head", *statistics.STATISTICS, *(["importance"] if "importance" in report["rows"][0] else [])]
     with (out / "statistics.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(report["rows"])
 
-    table = Table(title=f"heads of {args.run_dir} ({len(probe['tokens'])} probe examples)")
+    table = Table(title=f"heads of {args.run_dir} ({len(batch['tokens'])} probe examples)")
     for c in columns:
         table.add_column(c, justify="right")
     for row in report["rows"]:
         table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns))
-    Console(width=max(Console().width, 130)).print(table)
+    console = Console(width=max(Console().width, 130))
+    console.print(table)
+    names, share = seen["roles"]["names"], seen["roles"]["share"]  # (L, H, R)
+    where = Table(title="where each head looks: the share of attention per key, over all probe queries")
+    for c in ["layer", "head", *names]:
+        where.add_column(c, justify="right")
+    for layer, heads in enumerate(share):
+        for head, row in enumerate(heads):
+            where.add_row(str(layer), str(head), *(f"{v:.0%}" for v in row))
+    console.print(where)
     print(f"wrote {out}", file=sys.stderr)
 
 

@@ -27,6 +27,16 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "padding_mask": padding_mask, "labels": labels}
 
 
+POSITIONAL_ROLES = ["self", "previous", "next", "first", "elsewhere"]
+
+
+def positional_roles(batch: int, n: int) -> tuple[list[str], np.ndarray]:
+    """Each key's position relative to the query: itself, the previous or next token, the first, elsewhere."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    roles = np.select([i == j, j == i - 1, j == i + 1, j == 0], [0, 1, 2, 3], default=4)  # (n, n)
+    return list(POSITIONAL_ROLES), np.broadcast_to(roles, (batch, n, n)).copy()
+
+
 def split_digest(examples: list[Example]) -> str:
     """sha256 of a prepared split: every example's token ids and label(s), in order."""
     digest = hashlib.sha256()
@@ -185,7 +195,7 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         self.setup()
         val = self.splits["val"]
         chosen = np.random.default_rng([self.seed, 3]).permutation(len(val))[:n]
-        return collate([val[i] for i in sorted(chosen)] + [(self.encode(s), 0) for s in sentences or []])
+        return collate([val[i] for i in sorted(chosen)] + [(self.encode(s), IGNORE_INDEX) for s in sentences or []])
 
     def describe(self) -> dict:
         """What results.json records about the data: split sizes, vocabulary, classes, the digest of each prepared
@@ -211,6 +221,15 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
 
     def encode(self, text: str) -> np.ndarray:
         raise ValueError("probe sentences need a text dataset; this task is generated from token ids")
+
+    notation: str | None = None  # how the tokens of this data read (generated tasks), for the head view
+
+    def class_name(self, index: int) -> str:
+        return str(index)
+
+    def attention_roles(self, tokens: np.ndarray, padding: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """What key j is to query i of each example, by position: (role names, roles (B, n, n) int)."""
+        return positional_roles(tokens.shape[0], tokens.shape[1])
 
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         raise NotImplementedError
@@ -267,6 +286,16 @@ class TaskDataModule(ExampleDataModule):
         for i, (split, n) in enumerate(self.sizes.items()):
             if split not in self.splits:
                 self.splits[split] = self.task.sample(np.random.default_rng([self.seed, i]), n)
+
+    @property
+    def notation(self) -> str | None:
+        return getattr(self.task, "notation", None)
+
+    def attention_roles(self, tokens: np.ndarray, padding: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """The task's own roles where it states them (AssociativeRecall: the keys a query names), else positional."""
+        if hasattr(self.task, "attention_roles"):
+            return self.task.attention_roles(tokens)
+        return super().attention_roles(tokens, padding)
 
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         """Readable tokens of one example: ids (n,) or (n, c); a fused position reads 'k3+v7'."""

@@ -84,6 +84,7 @@ class ListOps:
     level = "sequence"
     vocab_size = len(VOCAB)
     n_classes = 10
+    notation = "[MIN [MAX [MED [SM: operators (SM: sum mod 10, MED: integer median), ]: the end of their arguments"
 
     def __init__(self, max_depth: int = 5, max_args: int = 5, max_length: int = 100, operator_p: float = 0.25):
         self.check(max_depth=max_depth, max_args=max_args, max_length=max_length, operator_p=operator_p)

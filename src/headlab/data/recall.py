@@ -48,6 +48,40 @@ class AssociativeRecall:
             rule = f"between {name('lookups')}={lookups} and {name('n_keys')}={n_keys}"
             raise InvalidSetting(name("n_pairs"), n_pairs, rule)
 
+    @property
+    def notation(self) -> str:
+        if not self.fused:
+            return "kN, vM: key N and value M, a token each, in pairs; then the queries, each a key of the context"
+        if self.lookups == 1:
+            return "kN+vM: a context position holding key N and its value M; kN: a query for key N (label: its value)"
+        return (
+            f"kN+vM: a context position holding key N and its value M; kA+bB: a query naming keys A (a) and B (b), "
+            f"labelled value(a) - value(b) + {self.n_values - 1}"
+        )
+
+    def attention_roles(self, tokens: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """What key j is to query i: the context position of a key the query names (key a, key b), another context
+        position, or a query position. tokens (B, n) or (B, n, 2) -> roles (B, n, n)."""
+        B, n = tokens.shape[:2]
+        P = self.n_pairs * (1 if self.fused else 2)
+        position = np.arange(n)
+        if self.fused:
+            held, named = tokens[:, :, 0], tokens[:, :, 0]  # (B, n): the key a position holds / a query names first
+            second = tokens[:, :, 1] - self.n_keys - self.n_values  # (B, n): the key token of b (lookups=2)
+        else:
+            held, named, second = tokens, tokens, np.full_like(tokens, -1)  # keys at even context positions
+            held = np.where(position % 2 == 0, tokens, -1)
+        is_a = (held[:, None, :] == named[:, :, None]) & (position[None, None, :] < P)  # (B, n, n)
+        is_b = (held[:, None, :] == second[:, :, None]) & (position[None, None, :] < P) & (self.lookups == 2)
+        names = ["key a", "key b"] if self.lookups == 2 else ["its key"]
+        value_of_a = np.zeros_like(is_a)
+        if not self.fused:  # the value follows its key
+            value_of_a[:, :, 1:] = is_a[:, :, :-1]
+            names = ["its key", "its value"]
+        context = position[None, None, :] < P
+        roles = np.select([is_a, is_b | value_of_a, context], [0, 1, len(names)], default=len(names) + 1)  # (B, n, n)
+        return [*names, "other context", "queries"], roles
+
     def vocab(self) -> list[str]:
         """Token strings by id, for attention maps."""
         keys = [f"k{i}" for i in range(self.n_keys)]

@@ -86,6 +86,9 @@ class TextDataModule(ExampleDataModule):
     def max_len(self) -> int:
         return self.max_length
 
+    def class_name(self, index: int) -> str:
+        return str(self.labels[index])
+
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         return [self.tokenizer.id_to_token(i) for i in ids.tolist()]
 

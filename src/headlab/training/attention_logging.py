@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from headlab.analysis import figures, head_view, importance, statistics
-from headlab.files import write_atomic, write_json_atomic
-from headlab.training import results
+from headlab.files import write_json_atomic
+from headlab.training import probe, results
 from headlab.training.callbacks import stop_if_signalled
 
 # The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with
@@ -86,31 +86,26 @@ class AttentionLogger(pl.Callback):
         self.logging_seconds = 0.0  # time spent logging during training, reported in heads.json
 
     # the work, on any model, datamodule and loggers (a packed run calls it for each member)
-    def _attention(self, model, datamodule, device) -> tuple[dict, list, dict]:
-        """The probe batch, every layer's attention on it (B, H, n, n) and the head statistics."""
+    def _attention(self, model, datamodule, device) -> tuple[dict, dict]:
+        """The probe batch (the same examples every time) and what the model makes of it (probe.attention)."""
         if self.probe is None:
             self.probe = datamodule.probe_batch(self.n_probe, self.sentences)
-        probe = {k: v.to(device) for k, v in self.probe.items()}
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            _, weights = model(probe["tokens"], probe["padding_mask"], need_weights=True)
-        model.train(was_training)
-        report = statistics.head_report(weights, model.attention_padding_mask(probe["padding_mask"]))
-        return probe, weights, report
+        batch = {k: v.to(device) for k, v in self.probe.items()}
+        return batch, probe.attention(model, datamodule, batch)
 
     def log_heads(self, model, datamodule, loggers: list, step: int, device, media: bool = True) -> dict | None:
         """Statistics of every head on the probe batch to every logger. With a W&B or TensorBoard logger, the
         figures too: rendered here, or (media=False) returned as a snapshot for log_media, so that a pack can
         render its members' figures in parallel (figures.render_heads)."""
         started = time.perf_counter()
-        probe, weights, report = self._attention(model, datamodule, device)
+        batch, seen = self._attention(model, datamodule, device)
+        report = seen["report"]
         scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
         snapshot = None
         if _media_loggers(loggers):
-            snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, figures.EXAMPLES)
+            snapshot = probe.snapshot(model, datamodule, batch, seen, step, figures.EXAMPLES)
             if media:
                 self.log_media(loggers, snapshot, figures.render_heads(snapshot))
                 snapshot = None
@@ -177,12 +172,14 @@ class AttentionLogger(pl.Callback):
         """heads.json and heads/view.html of the model as given, with what analyse() measured (None: statistics
         only); importance to every logger, and its figures to W&B and TensorBoard: rendered here, or (media=False)
         returned as a job for log_importance_media, so that a pack can render its members' figures in parallel."""
-        probe, weights, report = self._attention(model, datamodule, device)
+        batch, seen = self._attention(model, datamodule, device)
+        report = seen["report"]
         result = {
             "checkpoint": str(checkpoint) if checkpoint else None,  # None: the weights at the end of training
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
-            "probe_size": len(probe["tokens"]),
+            "probe_size": len(batch["tokens"]),
+            "attention_roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"].tolist()},
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
         }
         job = None
@@ -197,10 +194,10 @@ class AttentionLogger(pl.Callback):
             result.update(analysis.record())
             result.update(pruning_curve=curves.pop("importance"), pruning_baselines=curves)
         write_json_atomic(self.out_dir / "heads.json", result)
-        snapshot = probe_snapshot(model, datamodule, probe, weights, report, step, head_view.MAX_EXAMPLES)
+        snapshot = probe.snapshot(model, datamodule, batch, seen, step, head_view.MAX_EXAMPLES)
         view = self.out_dir / "heads" / "view.html"
         title = f"{self.out_dir.name}: heads at step {step}" + (f" ({Path(checkpoint).name})" if checkpoint else "")
-        write_head_view(view, snapshot, title)
+        probe.write_head_view(view, snapshot, title)
         for logger in _wandb_loggers(loggers):
             import wandb
 
@@ -278,32 +275,6 @@ class AttentionLogger(pl.Callback):
             )
         finally:
             model.load_state_dict(final)
-
-
-def probe_snapshot(model, datamodule, probe: dict, weights: list, report: dict, step: int, examples: int) -> dict:
-    """Plain arrays of the first `examples` probe examples: what the figures and the head view draw (figures
-    are rendered from it in worker processes when a pack logs all its members at once)."""
-    count = min(examples, len(probe["tokens"]))
-    lengths = (~probe["padding_mask"][:count]).sum(1).tolist()
-    tokens = [
-        model.attention_labels(datamodule.token_strings(probe["tokens"][e, : lengths[e]].cpu())) for e in range(count)
-    ]
-    n = max(len(t) for t in tokens)
-    return {
-        "weights": [w[:count, :, :n, :n].float().cpu().numpy() for w in weights],  # (E, H, n, n) per layer
-        "tokens": tokens,
-        "similarity": report["similarity"].cpu().numpy(),
-        "n_heads": model.n_heads,
-        "rows": report["rows"],
-        "step": step,
-    }
-
-
-def write_head_view(path: Path, snapshot: dict, title: str) -> None:
-    """heads/view.html of a snapshot (probe_snapshot): the interactive head view."""
-    data = head_view.page_data(snapshot["weights"], snapshot["tokens"], snapshot["rows"], title)
-    page = head_view.render(data).encode()
-    write_atomic(path, lambda f: f.write(page))
 
 
 def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:

@@ -1,0 +1,94 @@
+"""A model seen through the probe batch (the same examples every time): its attention on them, the head
+statistics, its predictions, where each head looks across all probe queries (attention roles), and the snapshot of
+plain arrays that the figures and the head view draw.
+
+Shapes: B probe examples, L layers, H heads, n positions (n' with the cls position), R roles.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from headlab.analysis import head_view, statistics
+from headlab.conventions import IGNORE_INDEX
+from headlab.files import write_atomic
+
+
+def attention(model, datamodule, batch: dict) -> dict:
+    """{"weights": per layer (B, H, n', n'), "logits", "report": statistics.head_report, "roles": {"names",
+    "share" (L, H, R)}} of the model on a probe batch, in evaluation mode."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits, weights = model(batch["tokens"], batch["padding_mask"], need_weights=True)
+    model.train(was_training)
+    padding = model.attention_padding_mask(batch["padding_mask"])  # (B, n')
+    report = statistics.head_report(weights, padding)
+    return {"weights": weights, "logits": logits, "report": report, "roles": roles(model, datamodule, batch, weights)}
+
+
+def roles(model, datamodule, batch: dict, weights: list) -> dict:
+    """The share of attention each key role gets from each head, over every counted probe query (scored positions
+    of a token task, every real position otherwise): the division of labour between heads, at a glance."""
+    tokens, padding = batch["tokens"].cpu().numpy(), batch["padding_mask"].cpu().numpy()
+    names, by_position = datamodule.attention_roles(tokens, padding)  # (B, n, n)
+    labels = batch["labels"].cpu()
+    counted = (
+        (labels != IGNORE_INDEX) & ~batch["padding_mask"].cpu() if labels.dim() == 2 else ~batch["padding_mask"].cpu()
+    )
+    offset = model.attention_offset  # the cls position: a role of its own, never a counted query
+    if offset:
+        by_position = np.pad(by_position, ((0, 0), (offset, 0), (offset, 0)), constant_values=len(names))
+        counted = torch.nn.functional.pad(counted, (offset, 0), value=False)
+        names = [*names, "[cls]"]
+    keys = torch.as_tensor(by_position)  # (B, n', n')
+    real = ~model.attention_padding_mask(batch["padding_mask"].cpu())
+    share = statistics.role_shares([w.cpu() for w in weights], keys, counted & real, len(names))  # (L, H, R)
+    return {"names": names, "share": share.numpy()}
+
+
+def snapshot(model, datamodule, batch: dict, seen: dict, step: int, examples: int) -> dict:
+    """Plain arrays of the first `examples` probe examples (what the figures and the head view draw; figures are
+    rendered from it in worker processes when a pack logs all its members at once): tokens, attention, each
+    example's label and prediction (per position for a token task), the statistics and the role shares."""
+    count = min(examples, len(batch["tokens"]))
+    lengths = (~batch["padding_mask"][:count]).sum(1).tolist()
+    tokens = [
+        model.attention_labels(datamodule.token_strings(batch["tokens"][e, : lengths[e]].cpu())) for e in range(count)
+    ]
+    n = max(len(t) for t in tokens)
+    predicted = seen["logits"][:count].argmax(-1).cpu()  # (E,) or (E, n)
+    labels = batch["labels"][:count].cpu()
+    return {
+        "weights": [w[:count, :, :n, :n].float().cpu().numpy() for w in seen["weights"]],  # (E, H, n, n) per layer
+        "tokens": tokens,
+        "outcomes": [_outcome(datamodule, model, labels[e], predicted[e], lengths[e]) for e in range(count)],
+        "notation": datamodule.notation,
+        "roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"]},
+        "similarity": seen["report"]["similarity"].cpu().numpy(),
+        "n_heads": model.n_heads,
+        "rows": seen["report"]["rows"],
+        "step": step,
+    }
+
+
+def _outcome(datamodule, model, label: torch.Tensor, predicted: torch.Tensor, length: int) -> dict:
+    """An example's label and the model's prediction, by class name: one each, or one a position (None where a
+    position is not scored, and at the cls position)."""
+    if label.dim() == 0:  # a probe sentence of the user's has no label
+        name = None if int(label) == IGNORE_INDEX else datamodule.class_name(int(label))
+        return {"label": name, "prediction": datamodule.class_name(int(predicted))}
+    scored = [
+        (datamodule.class_name(int(y)), datamodule.class_name(int(p))) if y != IGNORE_INDEX else (None, None)
+        for y, p in zip(label[:length].tolist(), predicted[:length].tolist(), strict=True)
+    ]
+    none = [(None, None)] * model.attention_offset
+    return {"labels": [y for y, _ in none + scored], "predictions": [p for _, p in none + scored]}
+
+
+def write_head_view(path: Path, snapshot: dict, title: str) -> None:
+    """heads/view.html of a snapshot: the interactive head view."""
+    data = head_view.page_data(snapshot, title)
+    page = head_view.render(data).encode()
+    write_atomic(path, lambda f: f.write(page))

@@ -1,0 +1,96 @@
+"""What a person sees, captured from the real CLI with its output redirected (as in a batch job): the model, the
+data being prepared, progress, each run's outcome and a sweep's table; no noise; and, when something stops a run,
+what happened and what to do."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TINY, cli_env, headlab_train
+
+pytestmark = pytest.mark.e2e
+NOISE = ("Tip:", "srun", "Total FLOPs", "LeafSpec", "anonymous", "GPU available", "Warning", "warn(")
+
+
+def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp_path):
+    done = run_cli(*TINY, "logger=csv", "callbacks.progress_bar=null", "+callbacks.plain._target_="
+                   "headlab.training.progress.PlainProgress", "hydra.run.dir=run")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    lines = done.stdout.splitlines()
+    assert any(f"model: {record['params']['total']:,} parameters" in line for line in lines)
+    assert sum("validated: val/loss" in line for line in lines) == 2 and any(
+        "tested: test/loss" in line for line in lines
+    )
+    outcome = lines[-1].split(" - ", 1)[1]
+    metrics = record["metrics"]
+    assert outcome == (
+        f"{tmp_path / 'run'}: completed in {record['duration_s']:.0f} s: val/acc_best {metrics['val/acc_best']:.4f}, "
+        f"test/acc {metrics['test/acc']:.4f}, test/loss {metrics['test/loss']:.4f}"
+    )
+    assert done.stderr == "" and not [n for n in NOISE if n in done.stdout]
+    log = (tmp_path / "run" / "train.log").read_text()  # what the console leaves out, the log keeps
+    assert "Seed set to" in log
+
+
+def test_text_data_preparation_says_what_it_does_with_counts(run_cli, tmp_path):
+    rows = "text,label\n" + "".join(f"word{i} word{i + 1} {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(80))
+    (tmp_path / "train.csv").write_text(rows)
+    done = run_cli("data=files", f"data.files.train={tmp_path}/train.csv", "model.d_model=16", "trainer.max_epochs=1",
+                   "logger=csv", "hydra.run.dir=run", "data.tokenizer.vocab_size=60")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line.split(" - ", 1)[1] for line in done.stdout.splitlines() if " - data: " in line]
+    assert said[0] == f"data: preparing train from {tmp_path}/train.csv"
+    assert said[1] == "data: learning a wordpiece vocabulary of 60 tokens from 76 texts"  # val carved: 4 of 80
+    assert said[2] == "data: tokenizing train (76), val (4)"
+    assert said[-1].startswith("data: train 76, val 4 examples, 2 classes, ")
+
+
+def test_a_sweep_ends_with_its_table_and_says_what_to_do_about_what_failed(run_cli, tmp_path):
+    done = run_cli("-m", "model.attention.n_heads=1,2", "seed=0,1", *TINY, "trainer.max_epochs=1", "logger=csv",
+                   "hydra.sweep.dir=sweep")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout[done.stdout.index("n_heads  runs") :].splitlines()
+    assert table[0].split() == ["n_heads", "runs", "val/acc_best", "test/acc"]
+    assert [line.split()[:2] for line in table[1:3]] == [["1", "2"], ["2", "2"]]
+    assert table[3] == "(mean +- sd over seeds; intervals, tests and plots: headlab-compare sweep)"
+
+    refused = run_cli("-m", "model.attention.n_heads=3,5", *TINY, "logger=csv", "hydra.sweep.dir=refused")
+    assert refused.returncode == 1 and "sweep.resume" not in refused.stderr
+    assert refused.stderr.strip().endswith(
+        "2 of 2 jobs did not complete; fix the settings above and run the sweep again"
+    )
+
+
+def test_ctrl_c_stops_at_the_next_step_saves_where_it_stopped_and_says_how_to_continue(tmp_path):
+    slow = [*TINY, "data.n_train=20000", "logger=csv", "hydra.run.dir=run"]
+    command = [sys.executable, "-m", "headlab.cli.train", *slow]
+    pipes = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), **pipes)
+    deadline = time.time() + 120
+    while not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.1)  # the first validation is done: training
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGINT and "Traceback" not in stderr
+    assert "headlab-train: stopping at the next step (Ctrl-C again to stop at once)" in stderr
+    assert f"headlab-train: interrupted: continue it with: headlab-train resume={tmp_path / 'run'}" in stderr
+    import torch
+
+    step = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert step > 20000 // 32  # saved where training stopped, in the second epoch, not at the last validation
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "interrupted"
+
+
+def test_resuming_a_completed_run_says_what_to_do_instead(tmp_path):
+    done = headlab_train(*TINY, "trainer.max_epochs=1", "logger=csv", "hydra.run.dir=run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    again = headlab_train("resume=run", cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.strip() == (
+        "headlab-train: invalid config: resume='run' is invalid: expected an incomplete run: it completed, its "
+        "records are final (headlab-eval run evaluates a checkpoint of it again; a new run needs a new directory)"
+    )
