@@ -4,7 +4,6 @@ the run's log file (train.log) only. Quiet by default: HEADLAB_VERBOSE=1 shows e
 
 import logging
 import os
-import warnings
 
 QUIET = ("lightning", "py.warnings", "torch", "wandb")  # loggers whose notes are for the log file
 
@@ -19,7 +18,6 @@ class Console(logging.Filter):
 def quiet() -> None:
     """Route warnings and Lightning's lines to the log file only (Hydra's file handler keeps them all), once the
     job's logging is configured. Idempotent."""
-    warnings.simplefilter("default")  # each warning once per place, into logging
     logging.captureWarnings(True)
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # Lightning's own console handlers
         logging.getLogger(name).handlers.clear()

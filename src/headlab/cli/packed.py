@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
+from headlab.cli import console
 from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_ctrl_c, stop_on_sigterm
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.training import optim, sweep
@@ -127,6 +128,7 @@ def launch(
     try:
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
+        console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
         if n_jobs == 1:
             for k, (pack_id, members) in enumerate(specs):
                 close(k, train_members(members, pack_id))

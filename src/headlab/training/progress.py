@@ -78,7 +78,7 @@ class PlainProgress(LightningProgressBar):
 
     def on_validation_end(self, trainer, pl_module):
         epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
-        self._line(trainer, f"{epoch} validated: {self._metrics(trainer, pl_module, 'val/')}".rstrip())
+        self._line(trainer, f"{epoch} validated: {self._metrics(trainer, pl_module, 'val/')}".rstrip(": "))
 
     def on_test_end(self, trainer, pl_module):
-        self._line(trainer, f"tested: {self._metrics(trainer, pl_module, 'test/')}".rstrip())
+        self._line(trainer, f"tested: {self._metrics(trainer, pl_module, 'test/')}".rstrip(": "))
