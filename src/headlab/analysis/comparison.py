@@ -101,13 +101,19 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
         ]
         row["params"] = params[0] if params else None
-        classes = {(r.get("data") or {}).get("n_classes") for r in runs}
-        row["chance"] = 1 / classes.pop() if len(classes) == 1 and None not in classes else None  # uniform guess
+        chances = {round(_chance(r), 6) if _chance(r) else None for r in runs}
+        row["chance"] = chances.pop() if len(chances) == 1 else None
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
         rows.append(row)
     if design.baseline:
         add_baseline(rows, keys, design)
     return keys, rows
+
+
+def _chance(record: dict) -> float | None:
+    """The accuracy of always answering the most common test label, as the run recorded it (else 1 / classes)."""
+    data = record.get("data") or {}
+    return data.get("chance") or (1 / data["n_classes"] if data.get("n_classes") else None)
 
 
 def _metric(record: dict, metric: str):

@@ -9,8 +9,8 @@ MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a fe
 
 
 def frame_accuracy(ax, rows: list[dict]) -> None:
-    """An accuracy axis that shows chance (a dashed line at 1 / classes, where the runs agree on the classes) and
-    spans at least MIN_SPAN, so that runs at chance do not look apart."""
+    """An accuracy axis that shows chance (a dashed line at the most common label's rate, where the runs agree on
+    it) and spans at least MIN_SPAN, so that runs at chance do not look apart."""
     chances = {r.get("chance") for r in rows}
     low, high = ax.get_ylim()
     if len(chances) == 1 and (chance := chances.pop()) is not None:

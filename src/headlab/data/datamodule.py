@@ -37,6 +37,13 @@ def positional_roles(batch: int, n: int) -> tuple[list[str], np.ndarray]:
     return list(POSITIONAL_ROLES), np.broadcast_to(roles, (batch, n, n)).copy()
 
 
+def majority_rate(examples: list[Example]) -> float:
+    """The accuracy of always answering the most common label of a split: chance, for a skewed task."""
+    labels = np.concatenate([np.atleast_1d(np.asarray(y)) for _, y in examples])
+    scored = labels[labels != IGNORE_INDEX]
+    return float(np.bincount(scored).max() / len(scored)) if len(scored) else 0.0
+
+
 def split_digest(examples: list[Example]) -> str:
     """sha256 of a prepared split: every example's token ids and label(s), in order."""
     digest = hashlib.sha256()
@@ -206,6 +213,7 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
             "splits": {role: len(examples) for role, examples in self.splits.items()},
             "vocab_size": self.vocab_size,
             "n_classes": self.n_classes,
+            "chance": majority_rate(self.splits.get("test") or self.splits["train"]),
             "digests": {"splits": dict(self._digests)},
         }
         return {**described, "warnings": list(self.warnings)} if self.warnings else described
