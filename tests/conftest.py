@@ -1,11 +1,18 @@
+import atexit
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers (CI sets this too)
+if "HEADLAB_CACHE" not in os.environ:  # the suite prepares data in a cache of its own (xdist's workers inherit it)
+    os.environ["HEADLAB_CACHE"] = tempfile.mkdtemp(prefix="headlab-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["HEADLAB_CACHE"], True)
 
 from headlab.cli import runtime  # noqa: E402
 
@@ -54,6 +61,13 @@ def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | 
         text=True,
         timeout=timeout,
     )
+
+
+def as_interrupted(run: Path) -> Path:
+    """Mark a completed run as one that stopped before its end (resume= refuses a completed run)."""
+    record = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps({**record, "status": "interrupted"}, indent=2))
+    return run
 
 
 @pytest.fixture

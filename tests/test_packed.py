@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, cli_env, headlab_train
+from conftest import TINY, as_interrupted, cli_env, headlab_train
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -225,7 +225,7 @@ def test_a_packed_sweep_on_text_files_prepares_the_data_once(run_cli, tmp_path):
     assert len({r["data"]["cache"] for r in runs}) == 1 and len(list((tmp_path / "cache").iterdir())) == 1
     # the text model's dropout (0.3) is off where the pack evaluates: its test is the best checkpoint's, as the
     # member's own run measures it again on resume (training done: it tests the best checkpoint)
-    resumed = run_cli(f"resume={sweep / '1'}")
+    resumed = run_cli(f"resume={as_interrupted(sweep / '1')}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = json.loads((sweep / "1" / "results.json").read_text())["metrics"]
     assert again["test/loss"] == pytest.approx(runs[1]["metrics"]["test/loss"], rel=1e-5)

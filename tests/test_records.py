@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, headlab_train
+from conftest import as_interrupted, cli_env, headlab_train
 from headlab.analysis import head_view
 from headlab.data import subwords
 
@@ -109,19 +109,20 @@ def test_a_text_run_keeps_its_tokenizer_labels_and_digests_and_every_reload_uses
     again = json.loads((text_run / "eval" / f"test-{Path(record['checkpoints']['best']).stem}.json").read_text())
     assert again["metrics"]["test/acc"] == record["metrics"]["test/acc"]
 
-    # a data file edited since: every reload refuses in one line
+    # a data file edited since: every reload refuses in one line (resume= takes an incomplete run: a copy)
     train = Path(record["config"]["data.files.train"])
     original = train.read_text()
+    stopped = as_interrupted(Path(shutil.copytree(text_run, tmp_path / "stopped")))
     try:
         train.write_text(original + "an extra row,1\n")
-        for done in (
-            tool("eval", str(text_run), env=fresh),
-            tool("heads", str(text_run), env=fresh),
-            headlab_train(f"resume={text_run}", cwd=tmp_path, env=fresh),
+        for run, done in (
+            (text_run, tool("eval", str(text_run), env=fresh)),
+            (text_run, tool("heads", str(text_run), env=fresh)),
+            (stopped, headlab_train(f"resume={stopped}", cwd=tmp_path, env=fresh)),
         ):
             lines = [line for line in done.stderr.splitlines() if line.startswith("headlab-")]
             assert done.returncode != 0 and "Traceback" not in done.stderr
-            assert len(lines) == 1 and f"data.files.train: {train} is not the file {text_run} trained on" in lines[0]
+            assert len(lines) == 1 and f"data.files.train: {train} is not the file {run} trained on" in lines[0]
     finally:
         train.write_text(original)
 

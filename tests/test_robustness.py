@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY, cli_env, headlab_train
+from conftest import TINY, as_interrupted, cli_env, headlab_train
 from headlab.model.attention import MultiHeadAttention
 
 
@@ -127,6 +127,7 @@ def test_last_checkpoint_follows_every_epoch_even_without_improvement(run_cli, t
 def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
     first = run_cli(*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
     assert first.returncode == 0
+    as_interrupted(tmp_path / "run")
     changed = run_cli(
         *TINY,
         "trainer.max_epochs=1",
@@ -266,7 +267,7 @@ def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_
 def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, tmp_path):
     first = run_cli(*TINY, "logger=csv", "model.attention.n_heads=2", "seed=3", "hydra.run.dir=run")
     assert first.returncode == 0, first.stderr[-2000:]
-    run = tmp_path / "run"
+    run = as_interrupted(tmp_path / "run")
     record = (run / "results.json").read_bytes()
 
     differs = run_cli(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
@@ -286,6 +287,7 @@ def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(ru
     after = json.loads((run / "results.json").read_text())
     before = json.loads(record)
     assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
+    assert run_cli(f"resume={run}").returncode == 2  # completed now: its records are final
     assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]
 
 
