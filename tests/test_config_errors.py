@@ -129,6 +129,18 @@ CASES = [
         fast=False,
     ),
     Case(
+        "an empty-text policy that does not exist",
+        [*FILES, "data.empty_text=drop"],
+        "invalid config: data.empty_text='drop' is invalid: expected refuse or keep",
+        files={"train.csv": GOOD_CSV},
+    ),
+    Case(
+        "a file format that does not exist",
+        [*FILES, "data.files.format=xml"],
+        "data error: data.files.format='xml' is invalid: expected one of csv, tsv, json, parquet, lines (label, ",
+        files={"train.csv": GOOD_CSV},
+    ),
+    Case(
         "listops max_length",
         ["data=listops", "data.task.max_length=0"],
         "invalid config: data.task.max_length=0 is invalid: expected an int >= 1",
@@ -171,7 +183,7 @@ CASES = [
         "(or trainer=cpu for one process)",
     ),
     # unknown names in every config group, unknown keys, unparsable overrides
-    unknown("data", "ag_news, files, imdb, listops, mqar, pair_recall, sst2, trec"),
+    unknown("data", "ag_news, cr, files, imdb, listops, mpqa, mqar, mr, pair_recall, sst2, sst5, subj, trec"),
     unknown("model", "encoder"),
     unknown("trainer", "cpu, ddp, ddp_cpu, gpu"),
     unknown("logger", "csv, none, tensorboard, wandb"),

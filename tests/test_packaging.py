@@ -45,4 +45,7 @@ def test_wheel_ships_every_config_group(tmp_path):
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.splitlines()[0].startswith(str(target))  # the wheel's copy, not the checkout
     experiments = next(line for line in probe.stdout.splitlines() if line.startswith("experiment:"))
-    assert "heads_vs_depth" in experiments and "listops, mqar, pair_recall, sst2, trec" in probe.stdout
+    assert (
+        "heads_vs_depth" in experiments
+        and "listops, mpqa, mqar, mr, pair_recall, sst2, sst5, subj, trec" in probe.stdout
+    )

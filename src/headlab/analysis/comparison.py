@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from headlab.analysis import inference
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 
-# keys that differ between runs without defining the experiment: where files go, and the seed itself
-IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", "compare", *RESUME_KEYS)
+# keys that differ between runs without defining the experiment: where files go, the seed itself, and the
+# cross-validation fold (folds x seeds are the replicates of an arm)
+FOLD = "data.cv.fold"
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, "compare", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
 
@@ -89,6 +91,8 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             if found:
                 seeds, values = (list(column) for column in zip(*found, strict=True))
                 row[metric] = {**summarise(values), "values": values, "seeds": seeds}
+                if any(_fold(r) is not None for r in runs):
+                    row[metric].update(summarise_folds(runs, metric))
         if design.solved:
             metric, threshold = design.solved
             found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
@@ -122,6 +126,24 @@ def _metric(record: dict, metric: str):
 
 def _seed(record: dict, index: int):
     return record["config"].get("seed", index)
+
+
+def _fold(record: dict):
+    return record["config"].get(FOLD)
+
+
+def summarise_folds(runs: list[dict], metric: str) -> dict:
+    """For cross-validated runs: the metric averaged over each fold's seeds ({fold: mean}), their mean (folds
+    weigh alike), and the corrected resampled t interval over folds (inference.cv_interval), which accounts for
+    the seeds within a fold and the folds both. k: data.cv.folds."""
+    by_fold: dict = {}
+    for r in runs:
+        if _metric(r, metric) is not None:
+            by_fold.setdefault(_fold(r), []).append(_metric(r, metric))
+    means = {fold: sum(v) / len(v) for fold, v in sorted(by_fold.items(), key=lambda item: str(item[0]))}
+    k = runs[0]["config"].get("data.cv.folds") or len(means)
+    low, high = inference.cv_interval(list(means.values()), k)
+    return {"mean": sum(means.values()) / len(means), "low": low, "high": high, "folds": means, "k": k}
 
 
 def select_best(records: list[dict], key: str, on: str) -> list[dict]:
@@ -163,6 +185,8 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             a, b = row[metric], base[metric]
             if row is base:
                 p = math.nan
+            elif "folds" in a and "folds" in b:  # the same folds: paired by fold, the corrected resampled test
+                p = inference.cv_paired_p(a["folds"], b["folds"], a["k"])
             elif design.paired:
                 pairs = [dict(zip(s["seeds"], s["values"], strict=True)) for s in (a, b)]
                 p = inference.paired_p(*pairs)

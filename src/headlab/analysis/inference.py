@@ -3,7 +3,8 @@
 Outcomes here are bounded (accuracies in [0, 1]) and often bimodal (a seed solves the task or does not), so:
 means get percentile bootstrap intervals, which stay inside the range of the values; solve rates get exact
 (Clopper-Pearson) intervals; arms are compared with Welch's t-test, a paired t-test over shared seeds, or
-Fisher's exact test for solve rates; many comparisons at once get Holm's correction.
+Fisher's exact test for solve rates; many comparisons at once get Holm's correction. Runs cross-validated over k
+folds are summarised per fold, with Nadeau & Bengio's corrected resampled t interval and test.
 """
 
 import math
@@ -61,3 +62,33 @@ def holm(p_values: list[float]) -> list[float]:
         running = max(running, min(1.0, (len(present) - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def cv_variance_factor(units: int, k: int) -> float:
+    """Nadeau & Bengio's (2003) corrected resampled factor for k-fold cross-validation with `units` folds measured:
+    1/units + n_test/n_train, n_test/n_train = 1/(k-1). It replaces 1/units in the variance of a mean over folds,
+    whose training sets overlap (the uncorrected t-test over folds is too liberal)."""
+    return 1 / units + 1 / (k - 1)
+
+
+def cv_interval(fold_values: list[float], k: int) -> tuple[float, float]:
+    """LEVEL interval of the mean over folds (each fold's value averaged over its seeds), with the corrected
+    variance and Student's t on folds - 1 degrees of freedom; (nan, nan) for fewer than 2 folds."""
+    x = np.asarray(fold_values, dtype=float)
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf((1 + LEVEL) / 2, len(x) - 1) * math.sqrt(cv_variance_factor(len(x), k) * x.var(ddof=1))
+    return float(x.mean() - half), float(x.mean() + half)
+
+
+def cv_paired_p(a: dict, b: dict, k: int) -> float:
+    """Two-sided corrected resampled paired t-test over the folds two arms share ({fold: value averaged over its
+    seeds} each): t = mean(d) / sqrt(cv_variance_factor * var(d)), folds - 1 degrees of freedom."""
+    shared = sorted(set(a) & set(b))
+    d = np.asarray([a[f] - b[f] for f in shared], dtype=float)
+    if len(d) < 2:
+        return math.nan
+    spread = math.sqrt(cv_variance_factor(len(d), k) * d.var(ddof=1))
+    if spread == 0:
+        return 1.0 if d.mean() == 0 else 0.0
+    return float(2 * stats.t.sf(abs(d.mean()) / spread, len(d) - 1))

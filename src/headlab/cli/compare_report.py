@@ -44,7 +44,9 @@ def _solved_cell(solved: dict | None) -> str:
 
 def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[str], list[list[str]]]:
     names = [f"{k} (selected on {design.select[1]})" if design.select and k == design.select[0] else k for k in keys]
-    header = [*names, "runs", *(f"{m} (mean [95% bootstrap CI])" for m in design.metrics)]
+    folds = any("folds" in (row.get(m) or {}) for row in rows for m in design.metrics)
+    interval = "mean over folds [95% corrected t CI]" if folds else "mean [95% bootstrap CI]"
+    header = [*names, "runs", *(f"{m} ({interval})" for m in design.metrics)]
     if design.solved:
         header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
     header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "train tokens/s"]
@@ -57,6 +59,13 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
         improving = f"{row['improving'][0]}/{row['improving'][1]}" if row["improving"] else ""
         body.append([*cells, improving, str(row["params"] or ""), speed])
     return header, body
+
+
+_CROSS_VALIDATED = (
+    "Cross-validated runs: each fold's value is the mean over its seeds; the interval is Student's t over folds with "
+    "Nadeau & Bengio's corrected variance (1/folds + 1/(k-1)) for overlapping training sets, and p its paired test "
+    "over the shared folds."
+)
 
 
 def provenance(runs: list[dict], command: list[str]) -> list[str]:
@@ -77,6 +86,7 @@ def provenance(runs: list[dict], command: list[str]) -> list[str]:
         "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
         "Clopper-Pearson; p: Welch's t-test (or paired over shared seeds with --paired), Fisher's exact test for "
         "solve rates, Holm-adjusted over the comparisons of each column.",
+        *([_CROSS_VALIDATED] if any(r["config"].get("data.cv.fold") is not None for r in runs) else []),
         "",
     ]
 

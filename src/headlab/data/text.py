@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from headlab.conventions import SPLITS, cache_root
+from headlab.data import folds
+from headlab.data import text_files as files_reader
 from headlab.data import text_pipeline as pipeline
 from headlab.data.datamodule import ExampleDataModule
 from headlab.errors import DataError
@@ -26,9 +28,12 @@ log = logging.getLogger("headlab")
 class TextDataModule(ExampleDataModule):
     """Sequence classification of text (or text pairs) from the hub (`hub`) or from local files (`files`).
 
-    files: {"train": path, "val": path or null, "test": path or null}; column_names: the columns of headerless
-    csv/tsv files, for all of them or per split ({"test": [...]}); hub_splits: {"train": name, "val": name or
-    null, "test": name or null}. A missing val split is carved from train (seeded, stratified).
+    files: {"train": path, "val": path or null, "test": path or null, "format": null or a format of
+    headlab.data.text_files, "encoding": null or an encoding}; column_names: the columns of headerless csv/tsv
+    files, for all of them or per split ({"test": [...]}); hub_splits: {"train": name, "val": name or null, "test":
+    name or null}. A missing val split is carved from train (seeded, stratified). empty_text: "refuse" a row
+    without text, or "keep" it as an example (some releases have such rows). cv: {"folds": k, "fold": j,
+    "seed": s}: fold j of k stratified folds of train (headlab.data.folds) is the test split, the others train.
     saved: a folder with the tokenizer.json and labels.json a run trained with (its run directory's data/, written
     by keep_in): they are used instead of a tokenizer learned again and labels read again (headlab sets it when it
     reloads a run: resume, headlab-eval, headlab-heads).
@@ -48,6 +53,8 @@ class TextDataModule(ExampleDataModule):
         column_names: list[str] | dict | None = None,
         text_pair_column: str | None = None,
         val_fraction: float = 0.05,
+        empty_text: str = "refuse",
+        cv: dict | None = None,
         tokenizer: dict | None = None,
         max_length: int = 128,
         batch_size: int = 64,
@@ -61,8 +68,10 @@ class TextDataModule(ExampleDataModule):
         self.columns = {"text_column": text_column, "text_pair_column": text_pair_column, "label_column": label_column}
         self.declared_classes, self.hub, self.hub_config = n_classes, hub, hub_config
         self.hub_splits = dict(hub_splits or {"train": "train", "val": "validation", "test": "test"})
-        self.files = {role: (files or {}).get(role) for role in SPLITS}
+        self.files = {key: (files or {}).get(key) for key in (*SPLITS, "format", "encoding")}
+        self.cv = {"folds": None, "fold": None, "seed": 0, **(cv or {})}
         self.column_names, self.val_fraction, self.max_length = column_names, val_fraction, max_length
+        self.empty_text = empty_text
         defaults = {"kind": "wordpiece", "vocab_size": 8000, "lowercase": True, "path": None, "hub": None}
         self.tokenizer_config = {**defaults, **(tokenizer or {})}
         self.cache_root = cache_root() if cache_dir is None else cache_dir
@@ -118,9 +127,10 @@ class TextDataModule(ExampleDataModule):
             return
         pipeline.check_cache_root(Path(self.cache_root))
         if self.hub is None:  # local files: their content hash is the fingerprint, a cache hit needs no datasets
-            paths = pipeline.local_paths(self.files)
+            paths = files_reader.local_paths(self.files)
             fingerprint = {role: pipeline.sha256(p) for role, p in paths.items()}
-            read, where = (lambda: pipeline.read_files(paths, self.column_names)), {r: str(p) for r, p in paths.items()}
+            where = {r: str(p) for r, p in paths.items()}
+            read = lambda: files_reader.read_files(paths, self.files, self.column_names, self.columns)  # noqa: E731
         else:
             hub_data = pipeline.read_hub(self.hub, self.hub_config, self.hub_splits)
             fingerprint = {role: ds._fingerprint for role, ds in hub_data.items()}
@@ -157,10 +167,19 @@ class TextDataModule(ExampleDataModule):
 
     def _prepare(self, data: dict, where: dict) -> None:
         text, pair, label = (self.columns[k] for k in ("text_column", "text_pair_column", "label_column"))
-        pipeline.check_columns(data, self.columns, where)
+        for role, rows in pipeline.check_columns(data, self.columns, where, self.empty_text).items():
+            if rows:
+                log.info(
+                    "data: %d rows of %s (%s) have no text: kept as examples (data.empty_text)", rows, where[role], role
+                )
         saved = pipeline.read_saved(self.saved) if self.saved else None
         known = saved[1] if saved else None
         labels = pipeline.label_vocabulary(data, label, self.declared_classes, where, known)
+        if self.cv["folds"]:
+            k, fold = self.cv["folds"], self.cv["fold"]
+            data = folds.split_fold(data, label, k, fold, self.cv["seed"])
+            where["test"] = f"{where['train']} (fold {fold} of {k})"
+            log.info("data: cross-validation: fold %d of %d (seed %d) is the test split", fold, k, self.cv["seed"])
         data = pipeline.carve_validation(data, label, self.val_fraction, self.seed)
         train = data["train"]
         if saved:
@@ -198,6 +217,8 @@ class TextDataModule(ExampleDataModule):
             "column_names": self.column_names,
             "n_classes": self.declared_classes,
             "val_fraction": self.val_fraction,
+            "empty_text": self.empty_text,
+            "cv": self.cv if self.cv["folds"] else None,
             "seed": self.seed if self._carves_validation() else None,  # the seed shapes the data only by the carve:
             # runs with other seeds (a pack's members) share the entry otherwise
             "tokenizer": self.tokenizer_config if self.saved is None else pipeline.saved_digests(self.saved),

@@ -21,13 +21,6 @@ from headlab.data import subwords
 from headlab.errors import DataError, first_line
 
 log = logging.getLogger("headlab")
-FORMATS = {  # extension -> (datasets builder, its options)
-    ".csv": ("csv", {}),
-    ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}),  # quoting 3: quotes are text (SST-2 has them)
-    ".json": ("json", {}),
-    ".jsonl": ("json", {}),
-    ".parquet": ("parquet", {}),
-}
 TOKENIZERS = ("wordpiece", "bpe")  # the kinds make_tokenizer trains
 SPECIAL = ["[PAD]", "[UNK]", "[SEP]"]  # [PAD] first: its id is PAD_ID
 CACHE_VERSION = 2
@@ -44,48 +37,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# reading
-def local_paths(files: dict) -> dict[str, Path]:
-    """The data files of each role, checked to exist and to have a known format."""
-    if not files.get("train"):
-        raise DataError("data.files.train is not set: give the training file (csv, tsv, json, jsonl, parquet)")
-    paths = {}
-    for role, path in files.items():
-        if not path:
-            continue
-        path = Path(path).expanduser()
-        if path.is_dir():
-            raise DataError(f"data.files.{role}: {path} is a directory: give a file (csv, tsv, json, jsonl, parquet)")
-        if not path.is_file():
-            raise DataError(f"data.files.{role}: cannot read {path}: no such file")
-        if path.suffix.lower() not in FORMATS:
-            raise DataError(f"data.files.{role}: {path} has an unknown format; use one of {', '.join(FORMATS)}")
-        paths[role] = path
-    return paths
-
-
-def read_files(paths: dict[str, Path], column_names) -> dict:
-    """Each file as a Dataset; column_names names the columns of headerless csv/tsv files (all, or per role)."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a file that fails is reported below, once
-    data = {}
-    for role, path in paths.items():
-        builder, options = FORMATS[path.suffix.lower()]
-        names = column_names.get(role) if isinstance(column_names, dict) else column_names
-        if names and builder == "csv":
-            options = {**options, "column_names": list(names)}
-        try:
-            data[role] = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
-        except Exception as error:  # datasets raises many types for unreadable files
-            if "corresponds to no data" in str(error):  # what datasets says of a file with no rows
-                raise DataError(f"the {role} split of {path} is empty") from None
-            cause = error.__cause__ or error  # DatasetGenerationError wraps what the parser said
-            raise DataError(f"data.files.{role}: cannot read {path}: {first_line(cause)}") from None
-    return data
-
-
+# reading (local files: headlab.data.text_files)
 def _hub_reachable(timeout: float = 5.0) -> bool:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
     try:
@@ -127,9 +79,11 @@ def read_hub(name: str, config: str | None, splits: dict) -> dict:
 
 
 # checking and labels
-def check_columns(data: dict, columns: dict, where: dict) -> None:
-    """Every configured column exists in every split, text columns hold text in every row, no split is empty.
-    columns: config key -> column name (or None); where: role -> file or hub name, for the message."""
+def check_columns(data: dict, columns: dict, where: dict, empty_text: str = "refuse") -> dict[str, int]:
+    """Every configured column exists in every split, text columns hold text in every row (empty_text="keep": rows
+    without text are counted instead), no split is empty. columns: config key -> column name (or None); where:
+    role -> file or hub name, for the message. Returns the rows without text of each split."""
+    without_text: dict[str, int] = {}
     for role, ds in data.items():
         for key, column in columns.items():
             if column is not None and column not in ds.column_names:
@@ -145,9 +99,14 @@ def check_columns(data: dict, columns: dict, where: dict) -> None:
             dtype = getattr(ds.features[column], "dtype", None)
             if dtype not in ("string", "large_string"):
                 raise DataError(f"column {column!r} (data.{key}) of {where[role]} holds {dtype}, not text")
-            empty = next((row for row, text in enumerate(ds[column]) if text is None or not text.strip()), None)
-            if empty is not None:
-                raise DataError(f"the {role} split of {where[role]} has no text in row {empty} (column {column!r})")
+            empty = [row for row, text in enumerate(ds[column]) if text is None or not text.strip()]
+            if empty and empty_text != "keep":
+                raise DataError(
+                    f"the {role} split of {where[role]} has no text in row {empty[0]} (column {column!r}); "
+                    "data.empty_text=keep keeps such rows as examples without text"
+                )
+            without_text[role] = without_text.get(role, 0) + len(empty)
+    return without_text
 
 
 def _is_integer(y) -> bool:

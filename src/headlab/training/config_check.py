@@ -129,9 +129,13 @@ def check_config(cfg: DictConfig) -> None:
     check_task(cfg)
     check_device(cfg)
     if _is_text(cfg) and cfg.data.get("hub") is None:  # files that are not there: before anything is imported
-        from headlab.data.text_pipeline import local_paths
+        from headlab.data.text_files import local_paths
 
         local_paths(OmegaConf.to_container(cfg.data.files, resolve=True))
+    if _is_text(cfg):
+        if cfg.data.get("empty_text", "refuse") not in ("refuse", "keep"):
+            fail("data.empty_text", cfg.data.empty_text, "refuse or keep")
+        check_cross_validation(cfg.data)
     sentences = _value(cfg, "callbacks.attention.sentences")
     if sentences not in (_ABSENT, None) and len(sentences) and not _is_text(cfg):
         target = cfg.data.get("task", {}).get("_target_", cfg.data.get("_target_"))
@@ -139,6 +143,32 @@ def check_config(cfg: DictConfig) -> None:
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") and cfg.trainer.get("devices") == 1 and cfg.trainer.get("num_nodes", 1) == 1:
         fail("trainer.devices", 1, f"at least 2 with trainer.strategy={strategy} (or trainer=cpu for one process)")
+
+
+def check_cross_validation(data: DictConfig) -> None:
+    """data.cv: k folds (2 or more) of data without a test split, and the fold a run tests among them."""
+    cv = data.get("cv") or {}
+    k, fold = cv.get("folds"), cv.get("fold")
+    if k is None:
+        if fold is not None:
+            fail("data.cv.fold", fold, "null without data.cv.folds (set data.cv.folds=k for k-fold cross-validation)")
+        return
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        fail("data.cv.folds", k, "an integer of 2 or more (or null: no cross-validation)")
+    test = (
+        (data.get("files") or {}).get("test") if data.get("hub") is None else (data.get("hub_splits") or {}).get("test")
+    )
+    if test:
+        which = "data.files.test" if data.get("hub") is None else "data.hub_splits.test"
+        fail(
+            "data.cv.folds",
+            k,
+            f"null: the data has a test split ({which}={test}); cross-validation is for data without one",
+        )
+    if fold is None:
+        fail("data.cv.fold", fold, f"the fold this run tests, 0..{k - 1} (headlab-train -m runs one job per fold)")
+    if not isinstance(fold, int) or isinstance(fold, bool) or not 0 <= fold < k:
+        fail("data.cv.fold", fold, f"a fold of 0..{k - 1}")
 
 
 def check_device(cfg: DictConfig) -> None:
