@@ -7,7 +7,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from headlab.analysis import inference
+import numpy as np
+
+from headlab.analysis import inference, power
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
@@ -60,12 +62,28 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
 
 
+TESTS = {  # --test: how each arm is compared with its baseline: (independent arms, paired over shared seeds)
+    "welch": ("Welch's t-test", "paired t-test over shared seeds"),
+    "paired": ("paired t-test over shared seeds", "paired t-test over shared seeds"),
+    "rank": (
+        "Mann-Whitney U test (exact without ties up to 40 runs, else 10,000 seeded permutations)",
+        "Wilcoxon signed-rank test over shared seeds (exact without ties up to 40 pairs, else seeded permutations)",
+    ),
+    "permutation": (
+        "permutation test of the difference of means (10,000 seeded resamples, exact when fewer)",
+        "paired permutation test over shared seeds (signs flipped; 10,000 seeded resamples, exact when fewer)",
+    ),
+}
+
+
 @dataclass
 class Design:
-    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE),
-    whether by Welch's or a paired test over seeds, and the keys a row must share with its baseline (within;
-    default: every other varying key); what counts as solving the task (metric, threshold); and a key whose best
-    value per arm is chosen on a validation metric (select KEY, ON)."""
+    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE), by
+    which test (TESTS; paired over seeds or not), and the keys a row must share with its baseline (within;
+    default: every other varying key); what counts as solving the task (metric, threshold); a key whose best
+    value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
+    means, tests on logs); the effect power is computed for (None: the observed one), and whether the seeds
+    needed for 80% power are reported (power)."""
 
     metrics: list[str]
     baseline: tuple[str, str] | None = None
@@ -73,12 +91,21 @@ class Design:
     solved: tuple[str, float] | None = None
     select: tuple[str, str] | None = None
     within: list[str] = field(default_factory=list)  # the keys a row shares with its baseline (default: all others)
+    test: str = "welch"
+    log: list[str] = field(default_factory=list)
+    effect: float | None = None
+    power: bool = False
+
+    @property
+    def test_name(self) -> str:
+        return TESTS[self.test][self.paired or self.test == "paired"]
 
 
 def compare(records: list[dict], design: Design) -> tuple[list, list]:
     """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
+    edges: dict = {}
     if design.select:
-        records = select_best(records, *design.select)
+        records, edges = select_best(records, *design.select)
     keys = varying_keys(records)
     if design.select and design.select[0] not in keys:
         keys.append(design.select[0])  # every arm chose the same value: still shown
@@ -90,7 +117,7 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             found = [(_seed(r, i), _metric(r, metric)) for i, r in enumerate(runs) if _metric(r, metric) is not None]
             if found:
                 seeds, values = (list(column) for column in zip(*found, strict=True))
-                row[metric] = {**summarise(values), "values": values, "seeds": seeds}
+                row[metric] = summarise_metric(values, seeds, metric in design.log, metric)
                 if any(_fold(r) is not None for r in runs):
                     row[metric].update(summarise_folds(runs, metric))
         if design.solved:
@@ -108,10 +135,25 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
         chances = {round(_chance(r), 6) if _chance(r) else None for r in runs}
         row["chance"] = chances.pop() if len(chances) == 1 else None
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
+        if design.select:
+            row["select_grid"] = edges.get(tuple(row[k] for k in keys if k != design.select[0]))
         rows.append(row)
     if design.baseline:
         add_baseline(rows, keys, design)
     return keys, rows
+
+
+def summarise_metric(values: list[float], seeds: list, log: bool, metric: str) -> dict:
+    """summarise() of a metric's values over seeds; log: on the log scale (the values kept for the tests are the
+    logs; mean and interval are the geometric mean and its interval, back-transformed)."""
+    if not log:
+        return {**summarise(values), "values": values, "seeds": seeds}
+    if not all(v > 0 for v in values):
+        raise CompareError(f"--log {metric}: its values must be positive, not {min(values)}")
+    logs = [math.log(v) for v in values]
+    summary = summarise(logs)
+    back = {k: math.exp(summary[k]) if not math.isnan(summary[k]) else math.nan for k in ("mean", "low", "high")}
+    return {**summary, **back, "values": logs, "seeds": seeds, "log": True}
 
 
 def _chance(record: dict) -> float | None:
@@ -146,19 +188,24 @@ def summarise_folds(runs: list[dict], metric: str) -> dict:
     return {"mean": sum(means.values()) / len(means), "low": low, "high": high, "folds": means, "k": k}
 
 
-def select_best(records: list[dict], key: str, on: str) -> list[dict]:
+def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dict]:
     """Per arm (the groups of the other varying keys), the runs at the value of `key` whose mean `on` (a
-    validation metric) is highest over seeds; the other values' runs are dropped."""
+    validation metric) is highest over seeds; the other values' runs are dropped. Also, per arm whose choice is
+    the lowest or highest value of its grid (numeric, 2 or more values): {arm's values: (chosen, grid)}, an
+    optimum not bracketed."""
     others = [k for k in varying_keys(records) if k != key]
     if key not in {k for r in records for k in r["config"]}:
         raise CompareError(f"--select key {key!r} is not in the runs' configs")
-    chosen = []
-    for runs in group_runs(records, others).values():
+    chosen, edges = [], {}
+    for arm, runs in group_runs(records, others).items():
         by_value = group_runs(runs, [key])
         scores = {v: [_metric(r, on) for r in rs if _metric(r, on) is not None] for v, rs in by_value.items()}
         best = max((v for v in scores if scores[v]), key=lambda v: sum(scores[v]) / len(scores[v]), default=None)
         chosen += by_value.get(best, [])
-    return chosen
+        grid = sorted(v[0] for v in by_value if isinstance(v[0], int | float))
+        if len(grid) > 1 and best is not None and best[0] in (grid[0], grid[-1]):
+            edges[arm] = (best[0], grid)
+    return chosen, edges
 
 
 def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
@@ -183,22 +230,72 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             if base is None or metric not in row or metric not in base:
                 continue
             a, b = row[metric], base[metric]
-            if row is base:
-                p = math.nan
-            elif "folds" in a and "folds" in b:  # the same folds: paired by fold, the corrected resampled test
-                p = inference.cv_paired_p(a["folds"], b["folds"], a["k"])
-            elif design.paired:
-                pairs = [dict(zip(s["seeds"], s["values"], strict=True)) for s in (a, b)]
-                p = inference.paired_p(*pairs)
-            else:
-                p = inference.welch_p(a["values"], b["values"])
+            p = math.nan if row is base else contrast_p(a, b, design)
             a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
+            if a.get("log"):
+                a["ratio"] = a["mean"] / b["mean"]
+            if row is not base:
+                a.update(contrast_power(a, b, design))
         if base is not None and row.get("solved") and base.get("solved"):
             row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])
+            if design.power and row is not base:
+                row["solved"].update(solve_rate_power(row["solved"], base["solved"]))
     for metric in [*design.metrics, "solved"]:
         summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
+            summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan))
+
+
+def contrast_p(a: dict, b: dict, design: Design) -> float:
+    """The p-value of an arm against its baseline by the design's test (cross-validated runs: the corrected
+    resampled t-test over shared folds, whatever the test)."""
+    if "folds" in a and "folds" in b:
+        return inference.cv_paired_p(a["folds"], b["folds"], a["k"])
+    by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
+    paired = design.paired or design.test == "paired"
+    if design.test in ("welch", "paired"):
+        return inference.paired_p(*by_seed) if paired else inference.welch_p(a["values"], b["values"])
+    if design.test == "rank":
+        return inference.signed_rank_p(*by_seed) if paired else inference.rank_p(a["values"], b["values"])
+    return (
+        inference.permutation_p(*by_seed, paired=True) if paired else inference.permutation_p(a["values"], b["values"])
+    )
+
+
+def contrast_power(a: dict, b: dict, design: Design) -> dict:
+    """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
+    the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
+    "seeds_for_power"}; {} for cross-validated runs."""
+    if "folds" in a:
+        return {}
+    effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
+    if design.paired or design.test == "paired":
+        by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
+        d = [by_seed[0][s] - by_seed[1][s] for s in sorted(set(by_seed[0]) & set(by_seed[1]))]
+        sd = _sd(d)
+        at = lambda n: power.paired_power(effect, sd, n)  # noqa: E731
+        now = at(len(d))
+    else:
+        sd_a, sd_b = _sd(a["values"]), _sd(b["values"])
+        at = lambda n: power.t_power(effect, sd_a, sd_b, n, n)  # noqa: E731
+        now = power.t_power(effect, sd_a, sd_b, len(a["values"]), len(b["values"]))
+    return {"power": now, "power_effect": effect, "seeds_for_power": power.seeds_needed(at) if effect else None}
+
+
+def solve_rate_power(a: dict, b: dict) -> dict:
+    """Fisher's test's simulated power at the observed solve rates with the seeds there are, and the seeds per arm
+    that give it 80% (up to 500)."""
+    at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
+    return {"power": at(min(a["n"], b["n"])), "seeds_for_power": power.seeds_needed(at, limit=500)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _sd(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:

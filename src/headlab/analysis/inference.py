@@ -92,3 +92,52 @@ def cv_paired_p(a: dict, b: dict, k: int) -> float:
     if spread == 0:
         return 1.0 if d.mean() == 0 else 0.0
     return float(2 * stats.t.sf(abs(d.mean()) / spread, len(d) - 1))
+
+
+EXACT_UP_TO = 40  # seeds (both arms together) up to which a rank test without ties uses its exact distribution
+RESAMPLES = 10_000  # a permutation test's resamples (all permutations where there are fewer)
+
+
+def _resampled():
+    return stats.PermutationMethod(n_resamples=RESAMPLES, rng=np.random.default_rng(0))
+
+
+def rank_p(a: list[float], b: list[float]) -> float:
+    """Two-sided Mann-Whitney U test: exact without ties up to EXACT_UP_TO values, else by seeded permutation."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    exact = len(set(a) | set(b)) == len(a) + len(b) and len(a) + len(b) <= EXACT_UP_TO
+    return float(stats.mannwhitneyu(a, b, method="exact" if exact else _resampled()).pvalue)
+
+
+def signed_rank_p(a: dict, b: dict) -> float:
+    """Two-sided Wilcoxon signed-rank test over the seeds two arms share ({seed: value} each): exact without zero
+    or tied differences up to EXACT_UP_TO pairs, else by seeded permutation (signs flipped)."""
+    shared = sorted(set(a) & set(b))
+    d = [a[s] - b[s] for s in shared]
+    if len(d) < 2:
+        return math.nan
+    if not any(d):
+        return 1.0
+    exact = 0 not in d and len({abs(x) for x in d}) == len(d) and len(d) <= EXACT_UP_TO
+    return float(stats.wilcoxon(d, method="exact" if exact else _resampled()).pvalue)
+
+
+def permutation_p(a, b, paired: bool = False) -> float:
+    """Two-sided permutation test of the difference of means, twice the smaller one-sided p (seeded; exact where
+    the permutations are fewer than RESAMPLES): a, b lists (independent) or {seed: value} dicts (paired over shared
+    seeds, signs flipped)."""
+    if paired:
+        shared = sorted(set(a) & set(b))
+        a, b = [a[s] for s in shared], [b[s] for s in shared]
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    result = stats.permutation_test(
+        (np.asarray(a, float), np.asarray(b, float)),
+        lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+        permutation_type="samples" if paired else "independent",
+        n_resamples=RESAMPLES,
+        rng=np.random.default_rng(0),
+        vectorized=True,
+    )
+    return float(result.pvalue)

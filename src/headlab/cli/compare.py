@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from headlab.analysis import archive
-from headlab.analysis.comparison import METRICS, CompareError, Design, compare, pruning_summary, select_best
+from headlab.analysis.comparison import METRICS, TESTS, CompareError, Design, compare, pruning_summary, select_best
 from headlab.analysis.runs import Runs, head_means, load_dirs
 from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
 
@@ -74,7 +74,21 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
     select = (args.select, args.select_on) if args.select else None
     if args.within and not baseline:
         parser.error("--within needs --baseline")
-    return Design(args.metric or list(METRICS[:2]), baseline, args.paired, solved, select, args.within or [])
+    if (args.power or args.effect is not None) and not baseline:
+        parser.error("--power and --effect need --baseline (power is a contrast's)")
+    metrics = args.metric or list(METRICS[:2])
+    return Design(
+        metrics,
+        baseline,
+        args.paired,
+        solved,
+        select,
+        args.within or [],
+        args.test,
+        args.log or [],
+        args.effect,
+        args.power,
+    )
 
 
 def experiment_name(records: list[dict]) -> str:
@@ -105,7 +119,17 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--within", metavar="KEY", action="append", help="with --baseline: compare only with the baseline of equal KEY"
     )
-    parser.add_argument("--paired", action="store_true", help="with --baseline: paired t-test over shared seeds")
+    parser.add_argument("--paired", action="store_true", help="with --baseline: pair the test over shared seeds")
+    parser.add_argument(
+        "--test", choices=list(TESTS), default="welch", help="with --baseline: the test (docs/sweeps.md: which when)"
+    )
+    parser.add_argument("--log", metavar="METRIC", action="append", help="analyse METRIC on the log scale")
+    parser.add_argument(
+        "--effect", type=float, metavar="X", help="with --baseline: the smallest difference that matters, for power"
+    )
+    parser.add_argument(
+        "--power", action="store_true", help="with --baseline: the seeds each contrast needs for 80%% power"
+    )
     parser.add_argument("--solved", metavar="METRIC>=X", help="solve rate per group with its exact interval")
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
@@ -178,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
     if args.pruning:
-        chosen = select_best(runs.completed, *design.select) if design.select else runs.completed
+        chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
             f.write("\n" + "\n".join(pruning_table(pruning_summary(chosen, keys))))
     if args.archive:

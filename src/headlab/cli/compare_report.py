@@ -15,7 +15,16 @@ from headlab.training.results import git_sha
 def _p(summary: dict) -> str:
     if math.isnan(summary.get("p_value", math.nan)):
         return ""
-    return f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
+    text = f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
+    if summary.get("verdict"):
+        text += f" {summary['verdict']}"
+        if not math.isnan(summary.get("power", math.nan)):
+            text += f" (power {summary['power']:.2f}"
+            if "seeds_for_power" in summary:
+                needed = summary["seeds_for_power"]
+                text += f"; 80% needs {needed if needed else 'more than 10,000'} seeds an arm"
+            text += ")"
+    return text
 
 
 def _mean_interval(summary: dict) -> str:
@@ -23,17 +32,34 @@ def _mean_interval(summary: dict) -> str:
     return f"{summary['mean']:.4f}{interval}"
 
 
-def _cell(summary: dict | None) -> str:
+def _cell(summary: dict | None, design: Design) -> str:
     if summary is None:
         return ""
     text = _mean_interval(summary)
     if not math.isnan(summary["low"]):
-        text += f" (sd {summary['std']:.4f})"
+        text += f" (sd of logs {summary['std']:.4f})" if summary.get("log") else f" (sd {summary['std']:.4f})"
     if summary.get("is_baseline"):
         text += " (baseline)"
     elif "delta" in summary:
-        text += f" Δ {summary['delta']:+.4f}" + _p(summary)
+        shown = {k: v for k, v in summary.items() if design.power or k != "seeds_for_power"}
+        ratio = f" (x{summary['ratio']:.3f})" if "ratio" in summary else ""
+        text += f" Δ {summary['delta']:+.4f}{ratio}" + _p(shown)
     return text
+
+
+def _improving(improving: tuple[int, int] | None) -> str:
+    """How many runs were still improving when training ended, and the arm's verdict."""
+    if not improving:
+        return ""
+    return f"{improving[0]}/{improving[1]} " + ("not converged" if improving[0] else "converged")
+
+
+def _key_cell(row: dict, key: str, design: Design) -> str:
+    """A key's value; a selected value at an edge of its grid says its optimum is not bracketed."""
+    edge = row.get("select_grid") if design.select and key == design.select[0] else None
+    if not edge:
+        return str(row[key])
+    return f"{row[key]} (edge of its grid {edge[1][0]}..{edge[1][-1]}: not bracketed)"
 
 
 def _solved_cell(solved: dict | None) -> str:
@@ -46,18 +72,19 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     names = [f"{k} (selected on {design.select[1]})" if design.select and k == design.select[0] else k for k in keys]
     folds = any("folds" in (row.get(m) or {}) for row in rows for m in design.metrics)
     interval = "mean over folds [95% corrected t CI]" if folds else "mean [95% bootstrap CI]"
-    header = [*names, "runs", *(f"{m} ({interval})" for m in design.metrics)]
+    geometric = "geometric mean [95% bootstrap CI]"
+    header = [*names, "runs", *(f"{m} ({geometric if m in design.log else interval})" for m in design.metrics)]
     if design.solved:
         header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
     header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "train tokens/s"]
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
-        cells = [*(str(row[k]) for k in keys), str(row["runs"]), *(_cell(row.get(m)) for m in design.metrics)]
+        cells = [*(_key_cell(row, k, design) for k in keys), str(row["runs"])]
+        cells += [_cell(row.get(m), design) for m in design.metrics]
         if design.solved:
             cells.append(_solved_cell(row.get("solved")))
-        improving = f"{row['improving'][0]}/{row['improving'][1]}" if row["improving"] else ""
-        body.append([*cells, improving, str(row["params"] or ""), speed])
+        body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), speed])
     return header, body
 
 
@@ -68,9 +95,19 @@ _CROSS_VALIDATED = (
 )
 
 
-def provenance(runs: list[dict], command: list[str]) -> list[str]:
-    """Markdown lines saying how the table was made: the command, headlab's commit now, and the commits and
-    hardware the runs record."""
+def _verdicts(design: Design) -> str:
+    at = f"a difference of {design.effect}" if design.effect is not None else "the observed difference"
+    return (
+        "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
+        f"{at} was below 0.5: the seeds could not have told it from none); no difference found (not, with power "
+        "0.5 or more). Power: the t-test's (noncentral t), for rank and permutation tests too; solve rates: "
+        "Fisher's, simulated. Converged: no run of the arm improved val/acc at its last validation."
+    )
+
+
+def provenance(runs: list[dict], command: list[str], design: Design) -> list[str]:
+    """Markdown lines saying how the table was made: the command, headlab's commit now, the commits and hardware
+    the runs record, and which statistics made each interval, p-value and verdict."""
     commits: dict[str, int] = {}
     hardware: dict[str, int] = {}
     for r in runs:
@@ -84,8 +121,14 @@ def provenance(runs: list[dict], command: list[str]) -> list[str]:
         "Runs' commits: " + ", ".join(f"{c} ({n} runs)" for c, n in commits.items()),
         "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
         "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
-        "Clopper-Pearson; p: Welch's t-test (or paired over shared seeds with --paired), Fisher's exact test for "
-        "solve rates, Holm-adjusted over the comparisons of each column.",
+        f"Clopper-Pearson; p: {design.test_name}, Fisher's exact test for solve rates, Holm-adjusted over the "
+        "comparisons of each column.",
+        *([_verdicts(design)] if design.baseline else []),
+        *(
+            [f"On the log scale (geometric means; tests on the logs; x: the ratio): {', '.join(design.log)}."]
+            if design.log
+            else []
+        ),
         *([_CROSS_VALIDATED] if any(r["config"].get("data.cv.fold") is not None for r in runs) else []),
         "",
     ]
@@ -93,7 +136,7 @@ def provenance(runs: list[dict], command: list[str]) -> list[str]:
 
 def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command) -> list[Path]:
     header, body = table_rows(keys, rows, design)
-    lines = provenance(runs.completed, command)
+    lines = provenance(runs.completed, command, design)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     if runs.failed or runs.unreadable:

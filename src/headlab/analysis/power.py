@@ -1,0 +1,85 @@
+"""Statistical power of a contrast between two arms, and the seeds a contrast needs (numpy and scipy only).
+
+Means are compared by t-tests: power from the noncentral t distribution (Welch's degrees of freedom for
+independent arms; the differences' sd for paired ones). Rank and permutation tests have no closed form: their
+power is read from the t-test's, which they approach for the sample sizes a sweep has. Solve rates are compared
+by Fisher's exact test: its power is simulated (seeded). A contrast that is not significant while its power is
+below 0.5 is inconclusive: the data could not have told the effect from none.
+"""
+
+import math
+
+import numpy as np
+from scipy import stats
+
+ALPHA = 0.05
+TARGET = 0.8  # the power a planned sweep aims at
+MAX_SEEDS = 10_000
+
+
+def t_power(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, alpha: float = ALPHA) -> float:
+    """Power of a two-sided Welch t-test to detect a difference of means `delta` between arms of these sds and
+    sizes."""
+    if n_a < 2 or n_b < 2 or any(map(math.isnan, (delta, sd_a, sd_b))):
+        return math.nan
+    va, vb = sd_a**2 / n_a, sd_b**2 / n_b
+    if va + vb == 0:
+        return 1.0 if delta else math.nan
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1)) if va and vb else n_a + n_b - 2
+    return _two_sided_power(delta / math.sqrt(va + vb), df, alpha)
+
+
+def paired_power(delta: float, sd_difference: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of a two-sided paired t-test over n pairs whose differences have this sd."""
+    if n < 2 or math.isnan(delta) or math.isnan(sd_difference):
+        return math.nan
+    if sd_difference == 0:
+        return 1.0 if delta else math.nan
+    return _two_sided_power(delta / (sd_difference / math.sqrt(n)), n - 1, alpha)
+
+
+def _two_sided_power(noncentrality: float, df: float, alpha: float) -> float:
+    """P(|T| > critical) for T noncentral t; the far tail, where scipy's nct returns nan, is 0 to many digits."""
+    critical, nc = stats.t.ppf(1 - alpha / 2, df), abs(noncentrality)
+    near, far = stats.nct.sf(critical, df, nc), stats.nct.cdf(-critical, df, nc)
+    return float(min(1.0, (1.0 if math.isnan(near) else near) + (0.0 if math.isnan(far) else far)))
+
+
+def seeds_needed(power_at, target: float = TARGET, limit: int = MAX_SEEDS) -> int | None:
+    """The fewest seeds per arm n (2 or more) with power_at(n) >= target; None beyond limit (or no effect)."""
+    if not power_at(limit) >= target:
+        return None
+    low, high = 1, 2
+    while not power_at(high) >= target:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if power_at(middle) >= target else (middle, high)
+    return high
+
+
+def fisher_power(rate_a: float, rate_b: float, n: int, alpha: float = ALPHA, sims: int = 2000, seed: int = 0) -> float:
+    """Power of a two-sided Fisher exact test between two solve rates with n seeds each, by simulation."""
+    if n < 1 or rate_a == rate_b:
+        return math.nan if n < 1 else alpha  # no difference to find: the test's size at most
+    rng = np.random.default_rng([seed, n])
+    k_a, k_b = rng.binomial(n, rate_a, sims), rng.binomial(n, rate_b, sims)
+    tables = {}
+    for pair in zip(k_a.tolist(), k_b.tolist(), strict=True):  # few distinct tables: each tested once
+        if pair not in tables:
+            table = [[pair[0], n - pair[0]], [pair[1], n - pair[1]]]
+            tables[pair] = stats.fisher_exact(table).pvalue <= alpha
+    return float(np.mean([tables[pair] for pair in zip(k_a.tolist(), k_b.tolist(), strict=True)]))
+
+
+def verdict(p_holm: float, power: float, alpha: float = ALPHA) -> str:
+    """'significant' (Holm-adjusted p below alpha), 'inconclusive' (not, with power below 0.5), 'no difference
+    found' (not, with power of 0.5 or more at the effect it was computed for), or 'not significant' (power not
+    computed)."""
+    if math.isnan(p_holm):
+        return ""
+    if p_holm < alpha:
+        return "significant"
+    if math.isnan(power):
+        return "not significant"
+    return "inconclusive" if power < 0.5 else "no difference found"

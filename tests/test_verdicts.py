@@ -1,0 +1,157 @@
+"""Verdicts that do not hang on the test, the grid or the seeds: rank and permutation tests, the log scale, power and
+'inconclusive', converged arms and unbracketed learning rates, each against an independent computation."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from headlab.analysis import inference, power
+from headlab.analysis.comparison import Design, compare
+from headlab.cli.compare import main
+
+HEADS = "model.attention.n_heads"
+
+
+def brute_force_p(a, b, statistic) -> float:
+    """Two-sided permutation p-value by enumerating every split of the pooled values (|stat| >= observed)."""
+    pooled, n = list(a) + list(b), len(a)
+    observed = abs(statistic(a, b))
+    splits = list(itertools.combinations(range(len(pooled)), n))
+    extreme = 0
+    for chosen in splits:
+        x = [pooled[i] for i in chosen]
+        y = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        extreme += abs(statistic(x, y)) >= observed - 1e-12
+    return extreme / len(splits)
+
+
+def u_centred(x, y) -> float:
+    ranks = stats.rankdata(list(x) + list(y))
+    return ranks[: len(x)].sum() - len(x) * (len(x) + len(y) + 1) / 2
+
+
+def test_rank_tests_are_exact_mann_whitney_and_wilcoxon_and_permute_where_ties_are():
+    a, b = [0.81, 0.83, 0.80, 0.86, 0.84], [0.78, 0.79, 0.82, 0.77, 0.785, 0.775]
+    assert inference.rank_p(a, b) == pytest.approx(stats.mannwhitneyu(a, b, method="exact").pvalue)
+    tied = [0.5, 0.5, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5, 1.0]  # bimodal accuracies: a seed solves or not
+    assert inference.rank_p(*tied) == pytest.approx(brute_force_p(*tied, u_centred))  # all 252 splits < 10,000
+    pairs = {s: v for s, v in enumerate([0.3, -0.1, 0.5, 0.45, 0.2, 0.7, -0.05])}
+    zero = dict.fromkeys(pairs, 0.0)
+    assert inference.signed_rank_p(pairs, zero) == pytest.approx(
+        stats.wilcoxon(list(pairs.values()), method="exact").pvalue
+    )
+    flips = [0.2, -0.2, 0.2, 0.4, 0.1]  # tied |d|: every sign flip enumerated
+    signed = [sum(s * x for s, x in zip(signs, flips, strict=True)) for signs in itertools.product((1, -1), repeat=5)]
+    ranks = stats.rankdata(np.abs(flips))
+    w = lambda signs: sum(r for r, s, x in zip(ranks, signs, flips, strict=True) if s * x > 0)  # noqa: E731
+    all_w = [w(signs) for signs in itertools.product((1, -1), repeat=5)]
+    centre = ranks.sum() / 2
+    expected = np.mean([abs(v - centre) >= abs(all_w[0] - centre) - 1e-12 for v in all_w])
+    assert len(signed) == 32 and inference.signed_rank_p(
+        dict(enumerate(flips)), dict.fromkeys(range(5), 0.0)
+    ) == pytest.approx(expected)
+
+
+def test_permutation_tests_enumerate_every_split_when_there_are_fewer_than_the_resamples():
+    a, b = [0.40, 2.9, 0.35, 0.52, 0.61], [0.33, 0.30, 0.45, 0.31]  # a heavy tail (one diverged run)
+    pooled, observed = a + b, np.mean(a) - np.mean(b)
+    null = [
+        np.mean([pooled[i] for i in chosen]) - np.mean([pooled[i] for i in range(9) if i not in chosen])
+        for chosen in itertools.combinations(range(9), 5)
+    ]  # two-sided: twice the smaller tail (the null is not symmetric with 5 against 4)
+    tails = np.mean([t >= observed - 1e-12 for t in null]), np.mean([t <= observed + 1e-12 for t in null])
+    assert inference.permutation_p(a, b) == pytest.approx(min(1.0, 2 * min(tails)))
+    d = [0.01, 0.03, -0.005, 0.02, 0.015]
+    flipped = [
+        abs(np.mean([s * x for s, x in zip(signs, d, strict=True)])) for signs in itertools.product((1, -1), repeat=5)
+    ]
+    expected = np.mean([v >= abs(np.mean(d)) - 1e-12 for v in flipped])
+    assert inference.permutation_p(dict(enumerate(d)), dict.fromkeys(range(5), 0.0), paired=True) == pytest.approx(
+        expected
+    )
+
+
+def test_power_matches_the_textbook_values_and_the_seeds_needed():
+    # Cohen's d = 1 with 20 per group: 0.869 (G*Power); d = 0.5 needs 64 per group; d_z = 0.5 needs 34 pairs
+    assert power.t_power(1.0, 1.0, 1.0, 20, 20) == pytest.approx(0.8689528, abs=1e-4)
+    assert power.seeds_needed(lambda n: power.t_power(0.5, 1.0, 1.0, n, n)) == 64
+    assert power.paired_power(0.5, 1.0, 34) == pytest.approx(0.8077, abs=1e-3)
+    assert power.seeds_needed(lambda n: power.paired_power(0.5, 1.0, n)) == 34
+
+
+def test_fishers_simulated_power_agrees_with_its_exact_sum_over_tables():
+    def exact(p_a, p_b, n):
+        return sum(
+            stats.binom.pmf(i, n, p_a) * stats.binom.pmf(j, n, p_b)
+            for i in range(n + 1)
+            for j in range(n + 1)
+            if stats.fisher_exact([[i, n - i], [j, n - j]]).pvalue <= 0.05
+        )
+
+    for p_a, p_b, n in ((0.8, 1.0, 10), (0.3, 0.9, 12)):
+        simulated = power.fisher_power(p_a, p_b, n)
+        assert abs(simulated - exact(p_a, p_b, n)) < 4 * math.sqrt(0.25 / 2000)  # 2,000 simulations
+    assert power.fisher_power(0.8, 1.0, 10) < 0.1  # 10 seeds cannot tell 0.8 from 1.0
+
+
+def record(heads, seed, acc, lr=3e-3, improving=False, loss=None):
+    curve = [{"step": 10, "val/acc": 0.5}, {"step": 20, "val/acc": 0.6 if improving else 0.5}]
+    metrics = {"test/acc": acc, "val/acc_best": acc, **({"test/loss": loss} if loss else {})}
+    return {
+        "status": "completed",
+        "config": {HEADS: heads, "seed": seed, "optim.lr": lr},
+        "metrics": metrics,
+        "curve": curve,
+    }
+
+
+def test_a_non_significant_contrast_is_inconclusive_where_power_is_low_and_settled_where_it_is_not():
+    rng = np.random.default_rng(0)
+    runs = [record(h, s, 0.8 + 0.001 * (h == 4) + rng.normal(0, 0.01)) for h in (1, 4) for s in range(5)]
+    _, rows = compare(runs, Design(["test/acc"], baseline=(HEADS, "1")))
+    four = rows[1]["test/acc"]
+    a = [r["metrics"]["test/acc"] for r in runs if r["config"][HEADS] == 4]
+    b = [r["metrics"]["test/acc"] for r in runs if r["config"][HEADS] == 1]
+    assert four["p_value"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    assert four["power"] == pytest.approx(
+        power.t_power(abs(np.mean(a) - np.mean(b)), np.std(a, ddof=1), np.std(b, ddof=1), 5, 5)
+    )
+    assert four["p_holm"] >= 0.05 and four["power"] < 0.5 and four["verdict"] == "inconclusive"
+    _, rows = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.05))  # a large effect would show
+    assert rows[1]["test/acc"]["power"] > 0.5 and rows[1]["test/acc"]["verdict"] == "no difference found"
+    clear = [record(h, s, 0.8 + 0.05 * (h == 4) + rng.normal(0, 0.01)) for h in (1, 4) for s in range(5)]
+    assert compare(clear, Design(["test/acc"], baseline=(HEADS, "1")))[1][1]["test/acc"]["verdict"] == "significant"
+
+
+def test_a_log_scale_metric_is_summarised_by_its_geometric_mean_and_tested_on_its_logs():
+    losses = {1: [0.40, 2.9, 0.35, 0.52, 0.61], 4: [0.33, 0.30, 0.45, 0.31, 0.36]}
+    runs = [record(h, s, 0.8, loss=v) for h, vs in losses.items() for s, v in enumerate(vs)]
+    _, rows = compare(runs, Design(["test/loss"], baseline=(HEADS, "1"), log=["test/loss"]))
+    one, four = (row["test/loss"] for row in rows)
+    assert one["mean"] == pytest.approx(stats.gmean(losses[1])) and four["ratio"] == pytest.approx(
+        stats.gmean(losses[4]) / stats.gmean(losses[1])
+    )
+    assert four["p_value"] == pytest.approx(
+        stats.ttest_ind(np.log(losses[4]), np.log(losses[1]), equal_var=False).pvalue
+    )
+
+
+def test_the_table_names_its_test_marks_unbracketed_rates_and_says_which_arms_converged(tmp_path):
+    rates = {1: {1e-3: 0.70, 3e-3: 0.75, 1e-2: 0.80}, 4: {1e-3: 0.70, 3e-3: 0.85, 1e-2: 0.80}}  # 1 head: the edge
+    for h, by_rate in rates.items():
+        for lr, acc in by_rate.items():
+            for s in range(3):
+                run = tmp_path / "sweep" / f"{h}-{lr}-{s}"
+                run.mkdir(parents=True)
+                (run / "results.json").write_text(json.dumps(record(h, s, acc + 0.001 * s, lr, improving=h == 1)))
+    main([str(tmp_path / "sweep"), "--select", "optim.lr", "--baseline", f"{HEADS}=1", "--test", "rank", "--power"])
+    table = (tmp_path / "sweep" / "compare.md").read_text()
+    assert "p: Mann-Whitney U test (exact without ties up to 40 runs" in table and "Verdicts: significant" in table
+    one, four = (line for line in table.splitlines() if line.startswith(("| 1 |", "| 4 |")))
+    assert "0.01 (edge of its grid 0.001..0.01: not bracketed)" in one and "not bracketed" not in four
+    assert "3/3 not converged" in one and "0/3 converged" in four
+    assert "seeds an arm" in four  # --power: the seeds each contrast needs
