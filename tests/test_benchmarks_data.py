@@ -11,7 +11,8 @@ import pytest
 from scipy import stats
 
 from conftest import cli_env, headlab_train
-from headlab.analysis.comparison import Design, compare
+from headlab.analysis.comparison import compare
+from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main as compare_main
 from headlab.data import folds, text_files

@@ -14,7 +14,8 @@ from scipy import stats
 
 from conftest import TINY
 from headlab.analysis import inference
-from headlab.analysis.comparison import Design, compare
+from headlab.analysis.comparison import compare
+from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
 

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headlab.analysis import inference, power
-from headlab.analysis.comparison import Design, compare
+from conftest import TINY
+from headlab.analysis import inference, power, predictions
+from headlab.analysis.comparison import compare
+from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
 
 HEADS = "model.attention.n_heads"
@@ -155,3 +157,60 @@ def test_the_table_names_its_test_marks_unbracketed_rates_and_says_which_arms_co
     assert "0.01 (edge of its grid 0.001..0.01: not bracketed)" in one and "not bracketed" not in four
     assert "3/3 not converged" in one and "0/3 converged" in four
     assert "seeds an arm" in four  # --power: the seeds each contrast needs
+
+
+# predictions kept, and the tests over test examples
+def test_predictions_round_trip_through_their_compact_field():
+    rng = np.random.default_rng(1)
+    for classes in (rng.integers(0, 5, 1821), rng.integers(0, 300, 77)):  # uint8, uint16
+        correct = rng.random(classes.size) < 0.8
+        field = predictions.encode(classes, correct)
+        assert len(json.dumps(field)) < 4 * classes.size + 400  # a few KB for a few thousand examples
+        back_classes, back_correct = predictions.decode(field)
+        assert np.array_equal(back_classes, classes) and np.array_equal(back_correct, correct)
+
+
+def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_examples():
+    a = np.array([1] * 40 + [0] * 12 + [1] * 3 + [0] * 45, dtype=bool)  # 40 both right, 45 both wrong
+    b = np.array([1] * 40 + [1] * 12 + [0] * 3 + [0] * 45, dtype=bool)
+    only_a, only_b = 3, 12
+    n = only_a + only_b
+    expected = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n)
+    assert inference.mcnemar_p(a, b) == pytest.approx(expected) and inference.mcnemar_p(a, a) == 1.0
+
+
+def test_the_two_way_bootstrap_agrees_with_a_plain_loop_and_widens_with_seed_noise():
+    rng = np.random.default_rng(2)
+    hard = rng.random(600) < 0.3  # examples every run gets wrong more often
+    correct = rng.random((6, 600)) < np.where(hard, 0.4, 0.9) + rng.normal(0, 0.01, (6, 1))
+    low, high = inference.two_way_interval(correct)
+    loop = np.random.default_rng(99)
+    means = [correct[loop.integers(0, 6, 6)][:, loop.integers(0, 600, 600)].mean() for _ in range(2000)]
+    assert (low, high) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])), abs=0.004)
+    one = correct[:1]
+    p = one.mean()
+    wald = 1.96 * math.sqrt(p * (1 - p) / 600)  # one seed: the examples' binomial error alone
+    assert inference.two_way_interval(one) == pytest.approx((p - wald, p + wald), abs=0.006)
+    better = correct.copy()
+    better[:, :120] = True  # a fifth of the examples right in every run: about 4 points more than a seed's spread
+    assert inference.two_way_paired_p(better, correct) < 0.01 and inference.two_way_paired_p(correct, correct) > 0.5
+
+
+@pytest.mark.e2e
+def test_runs_and_pack_members_keep_their_test_predictions_and_compare_tests_over_examples(run_cli, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = run_cli("-m", "hydra/launcher=packed", *TINY, "model.attention.n_heads=1,2", "seed=0,1", "logger=csv",
+                   "callbacks.attention=null", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = run_cli(*TINY, "logger=csv", "callbacks.attention=null", "hydra.run.dir=single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    for run in [*sweep.glob("[0-9]*"), tmp_path / "single"]:
+        record = json.loads((run / "results.json").read_text())
+        assert predictions.correctness(record).mean() == pytest.approx(record["metrics"]["test/acc"], abs=1e-6)
+    main([str(sweep), "--baseline", f"{HEADS}=1", "--test", "examples"])
+    table = (sweep / "compare.md").read_text()
+    assert "p: for test/acc, a bootstrap over seeds and test examples both" in table
+    with pytest.raises(
+        SystemExit, match="--test mcnemar compares one run per arm; with several seeds use --test examples"
+    ):
+        main([str(sweep), "--baseline", f"{HEADS}=1", "--test", "mcnemar"])

@@ -1,15 +1,21 @@
 """A sweep as groups of runs and their statistics: the configuration keys that vary, runs grouped by them (seeds
-pooled), each metric summarised over seeds, a value chosen per arm on validation, and each group compared with a
-baseline group (headlab.analysis.inference). What headlab-compare prints is rendered from what this computes.
+pooled), each metric summarised over seeds (or folds), a value chosen per arm on validation, and each group compared
+with a baseline group (headlab.analysis.contrasts). What headlab-compare prints is rendered from what this computes.
 """
 
 import json
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from headlab.analysis import inference, power
+from headlab.analysis.contrasts import (
+    EXAMPLE_TESTS,
+    CompareError,
+    Design,
+    contrast_p,
+    contrast_power,
+    example_summary,
+    solve_rate_power,
+)
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
@@ -18,10 +24,6 @@ FOLD = "data.cv.fold"
 IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, "compare", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
-
-
-class CompareError(ValueError):
-    """An analysis that cannot be made from these runs (a key that does not vary, an ambiguous baseline)."""
 
 
 def improving_at_end(curve: list[dict], margin: float = IMPROVING_MARGIN) -> bool:
@@ -62,45 +64,6 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
 
 
-TESTS = {  # --test: how each arm is compared with its baseline: (independent arms, paired over shared seeds)
-    "welch": ("Welch's t-test", "paired t-test over shared seeds"),
-    "paired": ("paired t-test over shared seeds", "paired t-test over shared seeds"),
-    "rank": (
-        "Mann-Whitney U test (exact without ties up to 40 runs, else 10,000 seeded permutations)",
-        "Wilcoxon signed-rank test over shared seeds (exact without ties up to 40 pairs, else seeded permutations)",
-    ),
-    "permutation": (
-        "permutation test of the difference of means (10,000 seeded resamples, exact when fewer)",
-        "paired permutation test over shared seeds (signs flipped; 10,000 seeded resamples, exact when fewer)",
-    ),
-}
-
-
-@dataclass
-class Design:
-    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE), by
-    which test (TESTS; paired over seeds or not), and the keys a row must share with its baseline (within;
-    default: every other varying key); what counts as solving the task (metric, threshold); a key whose best
-    value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
-    means, tests on logs); the effect power is computed for (None: the observed one), and whether the seeds
-    needed for 80% power are reported (power)."""
-
-    metrics: list[str]
-    baseline: tuple[str, str] | None = None
-    paired: bool = False
-    solved: tuple[str, float] | None = None
-    select: tuple[str, str] | None = None
-    within: list[str] = field(default_factory=list)  # the keys a row shares with its baseline (default: all others)
-    test: str = "welch"
-    log: list[str] = field(default_factory=list)
-    effect: float | None = None
-    power: bool = False
-
-    @property
-    def test_name(self) -> str:
-        return TESTS[self.test][self.paired or self.test == "paired"]
-
-
 def compare(records: list[dict], design: Design) -> tuple[list, list]:
     """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
     edges: dict = {}
@@ -118,6 +81,8 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             if found:
                 seeds, values = (list(column) for column in zip(*found, strict=True))
                 row[metric] = summarise_metric(values, seeds, metric in design.log, metric)
+                if metric == "test/acc" and design.test in EXAMPLE_TESTS:
+                    row[metric].update(example_summary(runs, design.test))
                 if any(_fold(r) is not None for r in runs):
                     row[metric].update(summarise_folds(runs, metric))
         if design.solved:
@@ -245,57 +210,6 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
             summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan))
-
-
-def contrast_p(a: dict, b: dict, design: Design) -> float:
-    """The p-value of an arm against its baseline by the design's test (cross-validated runs: the corrected
-    resampled t-test over shared folds, whatever the test)."""
-    if "folds" in a and "folds" in b:
-        return inference.cv_paired_p(a["folds"], b["folds"], a["k"])
-    by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
-    paired = design.paired or design.test == "paired"
-    if design.test in ("welch", "paired"):
-        return inference.paired_p(*by_seed) if paired else inference.welch_p(a["values"], b["values"])
-    if design.test == "rank":
-        return inference.signed_rank_p(*by_seed) if paired else inference.rank_p(a["values"], b["values"])
-    return (
-        inference.permutation_p(*by_seed, paired=True) if paired else inference.permutation_p(a["values"], b["values"])
-    )
-
-
-def contrast_power(a: dict, b: dict, design: Design) -> dict:
-    """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
-    the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
-    "seeds_for_power"}; {} for cross-validated runs."""
-    if "folds" in a:
-        return {}
-    effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
-    if design.paired or design.test == "paired":
-        by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
-        d = [by_seed[0][s] - by_seed[1][s] for s in sorted(set(by_seed[0]) & set(by_seed[1]))]
-        sd = _sd(d)
-        at = lambda n: power.paired_power(effect, sd, n)  # noqa: E731
-        now = at(len(d))
-    else:
-        sd_a, sd_b = _sd(a["values"]), _sd(b["values"])
-        at = lambda n: power.t_power(effect, sd_a, sd_b, n, n)  # noqa: E731
-        now = power.t_power(effect, sd_a, sd_b, len(a["values"]), len(b["values"]))
-    return {"power": now, "power_effect": effect, "seeds_for_power": power.seeds_needed(at) if effect else None}
-
-
-def solve_rate_power(a: dict, b: dict) -> dict:
-    """Fisher's test's simulated power at the observed solve rates with the seeds there are, and the seeds per arm
-    that give it 80% (up to 500)."""
-    at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
-    return {"power": at(min(a["n"], b["n"])), "seeds_for_power": power.seeds_needed(at, limit=500)}
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _sd(values: list[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:

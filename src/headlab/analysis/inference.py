@@ -141,3 +141,46 @@ def permutation_p(a, b, paired: bool = False) -> float:
         vectorized=True,
     )
     return float(result.pvalue)
+
+
+def mcnemar_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact McNemar test between two runs' correctness on the same examples ((N,) bools): a binomial test of the
+    examples one got right and the other wrong."""
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    if only_a + only_b == 0:
+        return 1.0
+    return float(stats.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+
+
+def _two_way_means(correct: np.ndarray, seeds: np.ndarray, examples: np.ndarray) -> np.ndarray:
+    """Mean correctness of resampled seeds and examples: correct (S, N); seeds (R, S) and examples (R, N) are how
+    often each is drawn in each of R resamples -> (R,)."""
+    return np.einsum("rs,sn,rn->r", seeds, correct.astype(float), examples) / (correct.shape[0] * correct.shape[1])
+
+
+def _counts(rng, size: int, resamples: int) -> np.ndarray:
+    return rng.multinomial(size, np.full(size, 1 / size), resamples).astype(float)  # (R, size)
+
+
+def two_way_interval(correct: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """LEVEL percentile interval of an arm's accuracy over seeds and test examples both (correct (S, N), seeds
+    crossed with the same examples): seeds and examples are resampled independently (a two-way bootstrap)."""
+    rng = np.random.default_rng(seed)
+    means = _two_way_means(
+        correct, _counts(rng, correct.shape[0], resamples), _counts(rng, correct.shape[1], resamples)
+    )
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def two_way_paired_p(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> float:
+    """Two-sided bootstrap p-value of the accuracy difference of two arms on the same test examples (a (S_a, N),
+    b (S_b, N)): each resample draws the examples once for both arms and each arm's seeds on their own; twice the
+    smaller share of differences on either side of 0."""
+    rng = np.random.default_rng(seed)
+    examples = _counts(rng, a.shape[1], resamples)
+    d = _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
+        b, _counts(rng, b.shape[0], resamples), examples
+    )
+    return float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))

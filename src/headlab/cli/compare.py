@@ -23,7 +23,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from headlab.analysis import archive
-from headlab.analysis.comparison import METRICS, TESTS, CompareError, Design, compare, pruning_summary, select_best
+from headlab.analysis.comparison import METRICS, compare, pruning_summary, select_best
+from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs
 from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
 

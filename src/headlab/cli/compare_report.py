@@ -6,7 +6,8 @@ import math
 import shlex
 from pathlib import Path
 
-from headlab.analysis.comparison import IMPROVING_MARGIN, Design
+from headlab.analysis.comparison import IMPROVING_MARGIN
+from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import Runs
 from headlab.cli.compare_plots import plot, plot_curves
 from headlab.training.results import git_sha

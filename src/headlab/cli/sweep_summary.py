@@ -10,7 +10,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.analysis.comparison import Design, compare
+from headlab.analysis.comparison import compare
+from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli import tensorboard_sweep
 from headlab.training.results import read_record

@@ -11,6 +11,7 @@ from headlab.conventions import IGNORE_INDEX, SPLITS
 from headlab.errors import TrainingError
 from headlab.model import Encoder
 from headlab.training import objective, optim
+from headlab.training.kept_predictions import KeptPredictions
 from headlab.training.sharpness import SharpnessAware
 
 
@@ -32,6 +33,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         self.model = model
         self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
         self._first_bad: torch.Tensor | None = None  # (first step with a non-finite objective or -1, its CE too)
+        self.kept = KeptPredictions()  # the test predictions, for results.json
         self.acc = torch.nn.ModuleDict(
             {f"{s}_acc": MulticlassAccuracy(n_classes, average="micro", ignore_index=IGNORE_INDEX) for s in SPLITS}
         )
@@ -114,8 +116,13 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         self._log("val", *self._loss(batch), batch["labels"])
 
+    def on_test_epoch_start(self):
+        self.kept.start()
+
     def test_step(self, batch, batch_idx):
-        self._log("test", *self._loss(batch), batch["labels"])
+        loss, logits = self._loss(batch)
+        self._log("test", loss, logits, batch["labels"])
+        self.kept.add(logits[None], batch["labels"][None])  # a member axis of one
 
     def sam_rho(self) -> float:
         return self.hparams.sam_rho

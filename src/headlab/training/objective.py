@@ -43,6 +43,15 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Ten
     return mean, sums
 
 
+def scored_predictions(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each member's predicted class and its correctness at its scored positions, in order: [(classes (N_e,),
+    correct (N_e,))] per member. logits (E, B, C) or (E, B, n, C); labels (E, B) or (E, B, n)."""
+    E, C = logits.shape[0], logits.shape[-1]
+    classes, flat_labels = logits.reshape(E, -1, C).argmax(-1), labels.reshape(E, -1)  # (E, N), (E, N)
+    scored = flat_labels != IGNORE_INDEX
+    return [(classes[e][scored[e]], (classes[e] == flat_labels[e])[scored[e]]) for e in range(E)]
+
+
 def disagreement(a: torch.Tensor, b: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """R-Drop's (KL(p_a || p_b) + KL(p_b || p_a)) / 2 averaged over the scored positions, p = softmax of the logits:
     a, b (..., N, C), scored (..., N) bool -> (...)."""

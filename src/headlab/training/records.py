@@ -39,11 +39,13 @@ def run_fields(
     checkpoints: dict,
     progress: dict,
     wandb: dict | None,
+    predictions: dict | None = None,
     pack: dict | None = None,
 ) -> dict:
     """metrics: val/, test/ and TRAIN_METRICS numbers; model_facts: model_fields; throughput: train_tokens_per_s,
     fit_s (and a member's pack_train_tokens_per_s); resources: threads, devices, accelerator; checkpoints: best,
-    last (paths or None); progress: epochs, global_step, curve; wandb: {id, url}; pack: {id, size, index}."""
+    last (paths or None); progress: epochs, global_step, curve; wandb: {id, url}; predictions: the test
+    predictions (headlab.analysis.predictions) or None; pack: {id, size, index}."""
     fields = {
         "metrics": dict(metrics),
         **model_facts,
@@ -54,6 +56,7 @@ def run_fields(
         "global_step": progress["global_step"],
         "curve": list(progress["curve"]),
         "wandb": wandb,
+        "predictions": predictions,
     }
     return {**fields, "pack": pack} if pack is not None else fields
 

@@ -201,7 +201,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     facts = records.model_fields(model, datamodule)
     log.info(records.model_line(facts))
     config = {**flat_config, **loggers_.run_facts(facts, flat_config)}
-    metrics, failed, progress = {}, True, {}
+    metrics, failed, progress, predictions = {}, True, {}, None
     try:
         loggers_.start(loggers, config, resumed_step)
         fit_started = time.perf_counter()
@@ -223,6 +223,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         if datamodule.splits.get("test"):
             trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
             metrics.update(_floats(trainer.callback_metrics, "test/"))
+            if trainer.world_size == 1:  # with DDP each rank tests a share of the examples
+                predictions = module.kept.fields()[0]
         failed = False
     finally:
         wandb = loggers_.finish(loggers, failed, metrics, config, progress.get("global_step", trainer.global_step))
@@ -237,4 +239,5 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         },
         progress=progress,
         wandb=wandb,
+        predictions=predictions,
     )

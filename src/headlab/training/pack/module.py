@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from headlab.training import objective, optim
+from headlab.training.kept_predictions import KeptPredictions
 from headlab.training.sharpness import SharpnessAware
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member, member_norms
 
@@ -31,6 +32,7 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         self.register_buffer("diverged_at", torch.full((E,), -1, dtype=torch.long), persistent=False)
         self.register_buffer("diverged_in_loss", torch.zeros(E, dtype=torch.bool), persistent=False)
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
+        self.kept = KeptPredictions()  # each member's test predictions, for its results.json
 
     def forward(self, batch: dict) -> torch.Tensor:
         """(E, B, C) or (E, B, n, C) logits. A batch is padded to the longest example of any member's batch; on the
@@ -93,8 +95,13 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         self._add("val", self._measure(batch))
 
+    def on_test_epoch_start(self):
+        self.kept.start()
+
     def test_step(self, batch, batch_idx):
-        self._add("test", self._measure(batch))
+        logits = self(batch)
+        self._add("test", objective.cross_entropy(logits, batch["labels"])[1])
+        self.kept.add(logits, batch["labels"])
 
     def sam_rho(self) -> float:
         return self.optim[0].get("sam_rho", 0.0)  # one for the pack: packs never mix values (pack_key)

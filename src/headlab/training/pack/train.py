@@ -49,9 +49,11 @@ def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | No
     return analysis.analyse_members(module.stack, analysts, batches, stacked)
 
 
-def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str) -> dict:
+def pack_fields(
+    member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str, predictions: dict | None
+) -> dict:
     """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
-    (rate: the pack's training tokens/s)."""
+    (rate: the pack's training tokens/s; predictions: the member's test predictions)."""
     return records.run_fields(
         metrics=member.metrics,
         model_facts=records.model_fields(member.module.model, member.datamodule),
@@ -71,6 +73,7 @@ def pack_fields(member: Member, rate: float | None, trainer, fit_seconds: float,
             "curve": member.callback(LearningCurve).points,
         },
         wandb=member.wandb,
+        predictions=predictions,
         pack={"id": pack_id, "size": size, "index": member.index},
     )
 
@@ -139,8 +142,9 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         if all(m.datamodule.splits.get("test") for m in members):
             trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
             test = {k: v.tolist() for k, v in module.epoch_metrics("test").items()}
+            kept = module.kept.fields()
         else:
-            test = {}
+            test, kept = {}, [None] * len(members)
         diverged = module.diverged_at.tolist()
         analysed, jobs = measure_heads(module, members), []
         for member in members:
@@ -168,7 +172,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
                 )  # fmt: skip
                 if job:
                     jobs.append((member, job))
-            results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id))
+            results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id, kept[member.index]))
         outputs.render_importance(jobs)
         failed = False
     finally:

@@ -1,0 +1,162 @@
+"""How an arm is compared with its baseline: the design of a comparison (which test, paired or not, the log scale,
+the effect power is computed for), each test's p-value (over seeds, folds or test examples), and the power and
+seeds a contrast needs (headlab.analysis.inference and .power hold the statistics)."""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from headlab.analysis import inference, power, predictions
+
+
+class CompareError(ValueError):
+    """An analysis that cannot be made from these runs (a key that does not vary, an ambiguous baseline)."""
+
+
+_EXAMPLES = (
+    "for test/acc, a bootstrap over seeds and test examples both (2,000 resamples: the same examples for both arms, "
+    "each arm's seeds on their own; intervals the same way), from the runs' kept predictions; other metrics: Welch's "
+    "t-test"
+)
+_MCNEMAR = (
+    "for test/acc, McNemar's exact test over the test examples between one run per arm, from the runs' kept "
+    "predictions; other metrics: Welch's t-test"
+)
+TESTS = {  # --test: how each arm is compared with its baseline: (independent arms, paired over shared seeds)
+    "welch": ("Welch's t-test", "paired t-test over shared seeds"),
+    "paired": ("paired t-test over shared seeds", "paired t-test over shared seeds"),
+    "rank": (
+        "Mann-Whitney U test (exact without ties up to 40 runs, else 10,000 seeded permutations)",
+        "Wilcoxon signed-rank test over shared seeds (exact without ties up to 40 pairs, else seeded permutations)",
+    ),
+    "permutation": (
+        "permutation test of the difference of means (10,000 seeded resamples, exact when fewer)",
+        "paired permutation test over shared seeds (signs flipped; 10,000 seeded resamples, exact when fewer)",
+    ),
+    "examples": (
+        _EXAMPLES := (
+            "for test/acc, a bootstrap over seeds and test examples both (2,000 resamples: the same examples for both "
+            "arms, each arm's seeds on their own; intervals the same way), from the runs' kept predictions; other "
+            "metrics: Welch's t-test"
+        ),
+        _EXAMPLES,
+    ),
+    "mcnemar": (
+        _MCNEMAR := (
+            "for test/acc, McNemar's exact test over the test examples between one run per arm, from the runs' kept "
+            "predictions; other metrics: Welch's t-test"
+        ),
+        _MCNEMAR,
+    ),
+}
+EXAMPLE_TESTS = ("examples", "mcnemar")  # tests over the test examples: of test/acc, from kept predictions
+
+
+@dataclass
+class Design:
+    """How to compare: the metrics shown; the group that every other is compared with (baseline KEY, VALUE), by
+    which test (TESTS; paired over seeds or not), and the keys a row must share with its baseline (within;
+    default: every other varying key); what counts as solving the task (metric, threshold); a key whose best
+    value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
+    means, tests on logs); the effect power is computed for (None: the observed one), and whether the seeds
+    needed for 80% power are reported (power)."""
+
+    metrics: list[str]
+    baseline: tuple[str, str] | None = None
+    paired: bool = False
+    solved: tuple[str, float] | None = None
+    select: tuple[str, str] | None = None
+    within: list[str] = field(default_factory=list)  # the keys a row shares with its baseline (default: all others)
+    test: str = "welch"
+    log: list[str] = field(default_factory=list)
+    effect: float | None = None
+    power: bool = False
+
+    @property
+    def test_name(self) -> str:
+        return TESTS[self.test][self.paired or self.test == "paired"]
+
+
+def example_summary(runs: list[dict], test: str) -> dict:
+    """The arm's test correctness per run and example ("examples", (runs, N) bool, from the kept predictions), the
+    digest of the test split they are of, and (for --test examples) the two-way bootstrap interval."""
+    kept = [predictions.correctness(r) for r in runs]
+    if missing := [r.get("where", "a run") for r, k in zip(runs, kept, strict=True) if k is None]:
+        raise CompareError(
+            f"--test {test} needs the runs' test predictions; {len(missing)} run(s) kept none ({missing[0]}: made "
+            "before headlab kept them, or tested by several DDP ranks)"
+        )
+    if len({k.size for k in kept}) > 1:
+        raise CompareError(f"--test {test}: the runs of one arm were tested on different numbers of examples")
+    digests = {str(((r.get("data") or {}).get("digests") or {}).get("splits", {}).get("test")) for r in runs}
+    summary = {"examples": np.stack(kept), "test_digests": digests}
+    if test == "examples":
+        summary["low"], summary["high"] = inference.two_way_interval(summary["examples"])
+    return summary
+
+
+def contrast_p(a: dict, b: dict, design: Design) -> float:
+    """The p-value of an arm against its baseline by the design's test (cross-validated runs: the corrected
+    resampled t-test over shared folds, whatever the test)."""
+    if "folds" in a and "folds" in b:
+        return inference.cv_paired_p(a["folds"], b["folds"], a["k"])
+    if "examples" in a and "examples" in b:
+        return example_p(a, b, design.test)
+    by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
+    paired = design.paired or design.test == "paired"
+    if design.test in ("welch", "paired"):
+        return inference.paired_p(*by_seed) if paired else inference.welch_p(a["values"], b["values"])
+    if design.test == "rank":
+        return inference.signed_rank_p(*by_seed) if paired else inference.rank_p(a["values"], b["values"])
+    return (
+        inference.permutation_p(*by_seed, paired=True) if paired else inference.permutation_p(a["values"], b["values"])
+    )
+
+
+def example_p(a: dict, b: dict, test: str) -> float:
+    """A contrast over the test examples both arms were tested on (the same test split, by its digest)."""
+    if a["test_digests"] != b["test_digests"] or a["examples"].shape[1] != b["examples"].shape[1]:
+        raise CompareError(
+            f"--test {test} pairs arms over their test examples: these arms were tested on different ones"
+        )
+    if test == "mcnemar":
+        if len(a["examples"]) != 1 or len(b["examples"]) != 1:
+            raise CompareError("--test mcnemar compares one run per arm; with several seeds use --test examples")
+        return inference.mcnemar_p(a["examples"][0], b["examples"][0])
+    return inference.two_way_paired_p(a["examples"], b["examples"])
+
+
+def contrast_power(a: dict, b: dict, design: Design) -> dict:
+    """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
+    the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
+    "seeds_for_power"}; {} for cross-validated runs and tests over examples."""
+    if "folds" in a or "examples" in a:
+        return {}
+    effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
+    if design.paired or design.test == "paired":
+        by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
+        d = [by_seed[0][s] - by_seed[1][s] for s in sorted(set(by_seed[0]) & set(by_seed[1]))]
+        sd = _sd(d)
+        at = lambda n: power.paired_power(effect, sd, n)  # noqa: E731
+        now = at(len(d))
+    else:
+        sd_a, sd_b = _sd(a["values"]), _sd(b["values"])
+        at = lambda n: power.t_power(effect, sd_a, sd_b, n, n)  # noqa: E731
+        now = power.t_power(effect, sd_a, sd_b, len(a["values"]), len(b["values"]))
+    return {"power": now, "power_effect": effect, "seeds_for_power": power.seeds_needed(at) if effect else None}
+
+
+def solve_rate_power(a: dict, b: dict) -> dict:
+    """Fisher's test's simulated power at the observed solve rates with the seeds there are, and the seeds per arm
+    that give it 80% (up to 500)."""
+    at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
+    return {"power": at(min(a["n"], b["n"])), "seeds_for_power": power.seeds_needed(at, limit=500)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _sd(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
