@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from conftest import TINY
-from headlab.analysis import inference, power, predictions
+from headlab.analysis import inference, power, predictions, survival
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
@@ -214,3 +214,75 @@ def test_runs_and_pack_members_keep_their_test_predictions_and_compare_tests_ove
         SystemExit, match="--test mcnemar compares one run per arm; with several seeds use --test examples"
     ):
         main([str(sweep), "--baseline", f"{HEADS}=1", "--test", "mcnemar"])
+
+
+# budget: time to reach a threshold, and an equal budget
+SIX_MP = ([6, 6, 6, 6, 7, 9, 10, 10, 11, 13, 16, 17, 19, 20, 22, 23, 25, 32, 32, 34, 35],
+          [1, 1, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0])  # fmt: skip
+PLACEBO = [1, 1, 2, 2, 3, 4, 4, 5, 5, 8, 8, 8, 8, 11, 11, 12, 12, 15, 17, 22, 23]
+
+
+def test_kaplan_meier_and_log_rank_reproduce_the_textbook_leukaemia_example():
+    # Freireich et al. (1963), remission in weeks, as worked in Kleinbaum & Klein's Survival Analysis, chapter 2
+    six_mp = survival.kaplan_meier(SIX_MP[0], [bool(e) for e in SIX_MP[1]])
+    by_week = dict(zip(six_mp["steps"], six_mp["survival"], strict=True))
+    assert [round(by_week[t], 4) for t in (6, 7, 10, 13, 16, 22, 23)] == [
+        0.8571,
+        0.8067,
+        0.7529,
+        0.6902,
+        0.6275,
+        0.5378,
+        0.4482,
+    ]
+    assert six_mp["median"] == 23 and (six_mp["k"], six_mp["n"]) == (9, 21)
+    placebo = survival.kaplan_meier(PLACEBO, [True] * 21)
+    assert placebo["median"] == 8 and placebo["low"] <= 8 <= placebo["high"]
+    p = survival.logrank_p((SIX_MP[0], [bool(e) for e in SIX_MP[1]]), (PLACEBO, [True] * 21))
+    assert p == pytest.approx(stats.chi2.sf(16.79, 1), rel=2e-3)  # the textbook's log-rank chi-square, 16.79
+
+
+def curve_run(heads, seed, reach_at, budget=500):
+    """A run whose val/acc crosses 0.9 at step reach_at (None: never, within its budget)."""
+    points = [{"step": s, "epoch": s // 100, "val/acc": 0.95 if reach_at and s >= reach_at else 0.5}
+              for s in range(100, budget + 1, 100)]  # fmt: skip
+    metrics = {"test/acc": points[-1]["val/acc"], "val/acc_best": max(p["val/acc"] for p in points)}
+    config = {HEADS: heads, "seed": seed}
+    return {
+        "status": "completed",
+        "config": config,
+        "curve": points,
+        "flops_per_token": 1000 * heads,
+        "metrics": metrics,
+    }
+
+
+def test_steps_to_reach_are_censored_kaplan_meier_arms_compared_by_log_rank_and_budgets_read_from_curves(tmp_path):
+    fast = [curve_run(4, s, 100 * (1 + s % 2)) for s in range(6)]  # 100 or 200 steps
+    slow = [curve_run(1, s, [300, 400, 500, None, None, None][s]) for s in range(6)]  # half never within 500
+    design = Design(["test/acc", "val/acc@step=200"], baseline=(HEADS, "1"), reach=("val/acc", ">=", 0.9))
+    _, rows = compare(fast + slow, design)
+    one, four = rows
+    assert (one["reach"]["k"], one["reach"]["median"]) == (3, 500) and (
+        four["reach"]["k"],
+        four["reach"]["median"],
+    ) == (6, 100)
+    times = lambda runs: [survival.time_to_reach(r["curve"], "val/acc", True, 0.9) for r in runs]  # noqa: E731
+    assert times(slow)[3] == (500, False)  # censored at the last validation
+    expected = stats.logrank(
+        stats.CensoredData(uncensored=[100, 200] * 3), stats.CensoredData(uncensored=[300, 400, 500], right=[500] * 3)
+    ).pvalue
+    assert four["reach"]["p_value"] == pytest.approx(expected)
+    assert (
+        four["val/acc@step=200"]["mean"] == pytest.approx(0.95) and one["val/acc@step=200"]["mean"] == 0.5
+    )  # equal budget
+    for i, run in enumerate(fast + slow):
+        (tmp_path / "sweep" / str(i)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(i) / "results.json").write_text(json.dumps(run))
+    main([str(tmp_path / "sweep"), "--baseline", f"{HEADS}=1", "--reach", "val/acc>=0.9", "--at", "steps=200"])
+    table = (tmp_path / "sweep" / "compare.md").read_text()
+    assert "steps to val/acc>=0.9 (Kaplan-Meier median [95% CI]; reached)" in table and "FLOPs/token" in table
+    four_line = next(line for line in table.splitlines() if line.startswith("| 4 |"))
+    assert "| 100 [100, 200] 6/6 reached p=" in four_line and "| 4,000 |" in four_line
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "sweep"), "--at", "flops=1e12"])

@@ -6,7 +6,7 @@ with a baseline group (headlab.analysis.contrasts). What headlab-compare prints 
 import json
 import math
 
-from headlab.analysis import inference, power
+from headlab.analysis import inference, power, survival
 from headlab.analysis.contrasts import (
     EXAMPLE_TESTS,
     CompareError,
@@ -89,6 +89,8 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             metric, threshold = design.solved
             found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
             row["solved"] = inference.solve_rate(found, threshold) if found else None
+        if design.reach:
+            row["reach"] = reach_summary(runs, *design.reach)
         curves = [r["curve"] for r in runs if r.get("curve")]
         row["improving"] = (sum(map(improving_at_end, curves)), len(curves)) if curves else None
         row["curves"] = curves
@@ -97,6 +99,8 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             r["throughput"]["train_tokens_per_s"] for r in runs if (r.get("throughput") or {}).get("train_tokens_per_s")
         ]
         row["params"] = params[0] if params else None
+        flops = {r.get("flops_per_token") for r in runs if r.get("flops_per_token")}
+        row["flops_per_token"] = flops.pop() if len(flops) == 1 else None
         chances = {round(_chance(r), 6) if _chance(r) else None for r in runs}
         row["chance"] = chances.pop() if len(chances) == 1 else None
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
@@ -128,7 +132,25 @@ def _chance(record: dict) -> float | None:
 
 
 def _metric(record: dict, metric: str):
+    """A metric of the run; "val/acc@step=N": the curve's value at its last validation by step N (None for a run
+    whose training ended before step N)."""
+    if "@step=" in metric:
+        name, step = metric.split("@step=")
+        curve = [p for p in record.get("curve") or [] if p.get(name) is not None]
+        before = [p for p in curve if p["step"] <= int(step)]
+        return before[-1][name] if before and curve[-1]["step"] >= int(step) else None
     return (record.get("metrics") or {}).get(metric)
+
+
+def reach_summary(runs: list[dict], metric: str, op: str, threshold: float) -> dict | None:
+    """Steps to reach metric op threshold on the validation curve, per run (censored where it never did), as a
+    Kaplan-Meier summary (headlab.analysis.survival), with the times and outcomes the log-rank test takes."""
+    found = [survival.time_to_reach(r.get("curve") or [], metric, op == ">=", threshold) for r in runs]
+    found = [f for f in found if f is not None]
+    if not found:
+        return None
+    times, reached = [t for t, _ in found], [r for _, r in found]
+    return {**survival.kaplan_meier(times, reached), "times": times, "reached": reached, "budget": max(times)}
 
 
 def _seed(record: dict, index: int):
@@ -205,7 +227,10 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])
             if design.power and row is not base:
                 row["solved"].update(solve_rate_power(row["solved"], base["solved"]))
-    for metric in [*design.metrics, "solved"]:
+        if base is not None and row.get("reach") and base.get("reach"):
+            times = [(s["times"], s["reached"]) for s in (row["reach"], base["reach"])]
+            row["reach"]["p_value"] = math.nan if row is base else survival.logrank_p(*times)
+    for metric in [*design.metrics, "solved", "reach"]:
         summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted

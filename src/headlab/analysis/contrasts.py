@@ -59,8 +59,9 @@ class Design:
     which test (TESTS; paired over seeds or not), and the keys a row must share with its baseline (within;
     default: every other varying key); what counts as solving the task (metric, threshold); a key whose best
     value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
-    means, tests on logs); the effect power is computed for (None: the observed one), and whether the seeds
-    needed for 80% power are reported (power)."""
+    means, tests on logs); the effect power is computed for (None: the observed one), whether the seeds needed
+    for 80% power are reported (power), and a threshold on a validation curve whose time to reach is compared
+    (reach)."""
 
     metrics: list[str]
     baseline: tuple[str, str] | None = None
@@ -72,6 +73,7 @@ class Design:
     log: list[str] = field(default_factory=list)
     effect: float | None = None
     power: bool = False
+    reach: tuple[str, str, float] | None = None  # (curve metric, ">=" or "<=", threshold): steps to reach it
 
     @property
     def test_name(self) -> str:

@@ -65,6 +65,7 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
             parser.error(f"{flag} takes KEY{sep}VALUE, got {text!r}")
         return parts[0].strip(), parts[1].strip()
 
+    reach = _reach(parser, args.reach) if args.reach else None
     solved = pair(args.solved, ">=", "--solved")
     if solved:
         try:
@@ -78,6 +79,11 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
     if (args.power or args.effect is not None) and not baseline:
         parser.error("--power and --effect need --baseline (power is a contrast's)")
     metrics = args.metric or list(METRICS[:2])
+    for budget in args.at or []:
+        kind, _, steps = budget.partition("=")
+        if kind != "steps" or not steps.isdigit():
+            parser.error(f"--at takes steps=N (compare at N training steps, read from the curves), got {budget!r}")
+        metrics.append(f"val/acc@step={steps}")
     return Design(
         metrics,
         baseline,
@@ -89,7 +95,20 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
         args.log or [],
         args.effect,
         args.power,
+        reach,
     )
+
+
+def _reach(parser: argparse.ArgumentParser, text: str) -> tuple[str, str, float]:
+    """--reach METRIC>=X or METRIC<=X -> (metric, op, X)."""
+    op = ">=" if ">=" in text else "<="
+    metric, _, threshold = text.partition(op)
+    try:
+        if metric.strip():
+            return metric.strip(), op, float(threshold)
+    except ValueError:
+        pass
+    parser.error(f"--reach takes METRIC>=X or METRIC<=X (a validation curve's metric), got {text!r}")
 
 
 def experiment_name(records: list[dict]) -> str:
@@ -132,6 +151,12 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
         "--power", action="store_true", help="with --baseline: the seeds each contrast needs for 80%% power"
     )
     parser.add_argument("--solved", metavar="METRIC>=X", help="solve rate per group with its exact interval")
+    parser.add_argument(
+        "--reach", metavar="METRIC>=X", help="steps to reach X on the validation curve: Kaplan-Meier, log-rank"
+    )
+    parser.add_argument(
+        "--at", metavar="steps=N", action="append", help="also val/acc at N training steps, read from the curves"
+    )
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")

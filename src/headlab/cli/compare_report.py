@@ -48,6 +48,15 @@ def _cell(summary: dict | None, design: Design) -> str:
     return text
 
 
+def _reach_cell(reach: dict | None) -> str:
+    """Median steps to the threshold [95% CI], or "> budget" where fewer than half the runs reached it."""
+    if reach is None:
+        return ""
+    bound = lambda v: "?" if v is None else f"{v:,}"  # noqa: E731 (?: a bound the runs cannot close)
+    median = f"> {reach['budget']:,}" if reach["median"] is None else f"{reach['median']:,}"
+    return f"{median} [{bound(reach['low'])}, {bound(reach['high'])}] {reach['k']}/{reach['n']} reached" + _p(reach)
+
+
 def _improving(improving: tuple[int, int] | None) -> str:
     """How many runs were still improving when training ended, and the arm's verdict."""
     if not improving:
@@ -77,7 +86,10 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     header = [*names, "runs", *(f"{m} ({geometric if m in design.log else interval})" for m in design.metrics)]
     if design.solved:
         header.append(f"solved ({design.solved[0]} >= {design.solved[1]}; exact 95% CI)")
-    header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "train tokens/s"]
+    if design.reach:
+        header.append(f"steps to {''.join(map(str, design.reach))} (Kaplan-Meier median [95% CI]; reached)")
+    header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "FLOPs/token"]
+    header.append("train tokens/s")
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
@@ -85,7 +97,10 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
         cells += [_cell(row.get(m), design) for m in design.metrics]
         if design.solved:
             cells.append(_solved_cell(row.get("solved")))
-        body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), speed])
+        if design.reach:
+            cells.append(_reach_cell(row.get("reach")))
+        flops = f"{row['flops_per_token']:,}" if row.get("flops_per_token") else ""
+        body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), flops, speed])
     return header, body
 
 
