@@ -286,3 +286,27 @@ def test_steps_to_reach_are_censored_kaplan_meier_arms_compared_by_log_rank_and_
     assert "| 100 [100, 200] 6/6 reached p=" in four_line and "| 4,000 |" in four_line
     with pytest.raises(SystemExit):
         main([str(tmp_path / "sweep"), "--at", "flops=1e12"])
+
+
+@pytest.mark.e2e
+def test_sweep_extend_adds_a_value_beyond_an_arms_edge_as_jobs_of_the_same_sweep_and_resumes_them(run_cli, tmp_path):
+    command = ["-m", "hydra/launcher=packed", *TINY, "logger=csv", "callbacks.attention=null", "optim.lr=1e-5,1e-4",
+               "seed=0,1", "sweep.extend.key=optim.lr", "sweep.extend.limit=1", "hydra.sweep.dir=sweep"]  # fmt: skip
+    done = run_cli(*command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = {int(p.parent.name): json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/results.json")}
+    assert sorted(records) == list(range(6))  # the grid's 4 jobs, then 2 more: the new value for each seed
+    grid = [records[i] for i in range(4)]
+    means = {
+        lr: np.mean([r["metrics"]["val/acc_best"] for r in grid if r["config"]["optim.lr"] == lr])
+        for lr in (1e-5, 1e-4)
+    }
+    best = max(means, key=means.get)  # an edge whichever wins: a grid of two
+    beyond = 3e-4 if best == 1e-4 else float(f"{1e-5 / 3:.6g}")
+    said = f"the only arm: best optim.lr={best} at the edge of [1e-05, 0.0001]; adding optim.lr={beyond}"
+    assert f"sweep.extend round 1: {said}" in done.stdout
+    added = [(r["config"]["optim.lr"], r["config"]["seed"], r["status"]) for i, r in sorted(records.items()) if i >= 4]
+    assert added == [(beyond, 0, "completed"), (beyond, 1, "completed")]
+    assert all(records[i]["pack"]["size"] == 2 for i in (4, 5))  # the extension is packed like the grid
+    again = run_cli(*command, "sweep.resume=true")  # the same extension: its jobs are found done, none added
+    assert again.returncode == 0 and len(list((tmp_path / "sweep").glob("*/results.json"))) == 6

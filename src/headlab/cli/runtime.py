@@ -27,9 +27,11 @@ def data_dir() -> str:
 def configure() -> None:
     from hydra.core.plugins import Plugins
 
+    from hydra_plugins.headlab_launcher.grid_sweeper import GridSweeper
     from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
     from hydra_plugins.headlab_launcher.slurm_launcher import SlurmLauncher
 
+    Plugins.instance().register(GridSweeper)
     Plugins.instance().register(PackedLauncher)
     Plugins.instance().register(SlurmLauncher)
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)

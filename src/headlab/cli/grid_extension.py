@@ -1,0 +1,40 @@
+"""sweep.extend: after a sweep, each arm whose best value of a key (the learning rate) is an edge of its grid gets
+one more value beyond that edge, as new jobs of the same sweep, until every arm's best value is bracketed or the
+limit of rounds is reached. An arm is a group of the other varying keys (headlab.analysis.comparison); its best
+value has the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it.
+"""
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from headlab.analysis.comparison import group_runs, select_best, varying_keys
+from headlab.analysis.runs import load_dirs
+
+
+def beyond(value: float, grid: list[float], factor: float) -> float:
+    """The next value past the edge `value` of grid: x factor past the top, / factor past the bottom."""
+    return float(f"{(value * factor if value == grid[-1] else value / factor):.6g}")
+
+
+def extension_jobs(sweep_dir: Path, key: str, factor: float, on: str) -> tuple[list[list[str]], list[str]]:
+    """The overrides of the jobs that extend each arm at an edge (the overrides of its runs at the chosen value,
+    with key at the value beyond), and one line per extended arm saying why."""
+    runs = load_dirs([sweep_dir]).completed
+    if len({r["config"].get(key) for r in runs}) < 2:
+        return [], []
+    chosen, edges = select_best(runs, key, on)
+    others = [k for k in varying_keys(runs) if k != key]
+    jobs, said = [], []
+    for arm, arm_runs in group_runs(chosen, others).items():
+        if arm not in edges:
+            continue
+        value, grid = edges[arm]
+        new = beyond(value, grid, factor)
+        name = ", ".join(f"{k}={v}" for k, v in zip(others, arm, strict=True)) or "the only arm"
+        said.append(f"{name}: best {key}={value} at the edge of {grid}; adding {key}={new}")
+        for run in arm_runs:
+            overrides = [str(o) for o in OmegaConf.load(Path(run["where"]) / ".hydra" / "overrides.yaml")]
+            kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in (key, "sweep.resume")]
+            jobs.append([*kept, f"{key}={new}"])
+    return jobs, said

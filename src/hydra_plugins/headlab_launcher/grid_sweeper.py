@@ -1,0 +1,49 @@
+"""hydra/sweeper=grid (headlab's default): Hydra's basic sweeper, the grid of the -m overrides, then the rounds of
+sweep.extend (headlab.cli.grid_extension): arms whose best value of a key is an edge of its grid get one more value
+beyond, launched as more jobs of the same sweep by the same launcher (packed, local or SLURM).
+
+It holds a BasicSweeper rather than subclassing it: Hydra's plugin scan loads its core plugins' modules again, and
+BasicSweeper's own super() call then refuses a subclass of the class as first imported."""
+
+import logging
+from pathlib import Path
+
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import OmegaConf
+
+log = logging.getLogger("headlab")
+
+
+class GridSweeper(Sweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict | None = None):
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the class as Hydra has it now
+
+        self.grid = BasicSweeper(max_batch_size, params)
+        self.config = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.config = config
+
+    def sweep(self, arguments: list[str]):
+        from headlab.cli.grid_extension import extension_jobs
+
+        returns = self.grid.sweep(arguments)
+        extend = OmegaConf.select(self.config, "sweep.extend")
+        if not extend or not extend.get("key"):
+            return returns
+        sweep_dir, done = Path(str(self.config.hydra.sweep.dir)), sum(len(batch) for batch in returns)
+        rounds = int(extend.limit)
+        for round_ in range(1, rounds + 2):
+            jobs, said = extension_jobs(sweep_dir, extend.key, float(extend.factor), extend.select_on)
+            if not jobs:
+                log.info("sweep.extend: every arm's best %s is inside its grid", extend.key)
+                break
+            if round_ > rounds:
+                log.warning("sweep.extend: after %d round(s) some arm's best %s is still an edge", rounds, extend.key)
+                break
+            for line in said:
+                log.info("sweep.extend round %d: %s", round_, line)
+            returns.append(self.grid.launcher.launch(jobs, initial_job_idx=done))
+            done += len(jobs)
+        return returns
