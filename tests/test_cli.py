@@ -61,7 +61,7 @@ def test_console_script_help_answers():
     assert (
         script.returncode == 0
         and "model" in script.stdout
-        and "listops, mqar, pair_recall, sst2, trec" in script.stdout
+        and "listops, mpqa, mqar, mr, pair_recall, sst2, sst5, subj, trec" in script.stdout
     )
 
 

@@ -194,7 +194,7 @@ CASES = [
         "sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
-    unknown("hydra/sweeper", "basic, optuna, search"),
+    unknown("hydra/sweeper", "basic, grid, optuna, search"),
     Case(
         "+scoring=nope",
         ["+scoring=nope"],
