@@ -137,6 +137,7 @@ def test_a_cross_validated_sweep_runs_one_packed_job_per_fold_and_compare_pools_
     ]
     assert sum(r["data"]["splits"]["test"] for r in runs if r["config"]["seed"] == 0) == 90  # each row tested once
     assert all(r["data"]["splits"]["test"] == 30 and r["pack"]["size"] == 2 for r in runs)  # a fold's seeds: a pack
+    assert len({r["data"]["cache"] for r in runs}) == 3  # a fold's seeds share its data: validation carved by cv.seed
     keys, rows = compare(runs, Design(["test/acc"]))
     assert keys == [] and len(rows) == 1 and rows[0]["runs"] == 6  # folds x seeds: one arm
     by_fold = {

@@ -180,7 +180,7 @@ class TextDataModule(ExampleDataModule):
             data = folds.split_fold(data, label, k, fold, self.cv["seed"])
             where["test"] = f"{where['train']} (fold {fold} of {k})"
             log.info("data: cross-validation: fold %d of %d (seed %d) is the test split", fold, k, self.cv["seed"])
-        data = pipeline.carve_validation(data, label, self.val_fraction, self.seed)
+        data = pipeline.carve_validation(data, label, self.val_fraction, self._carve_seed())
         train = data["train"]
         if saved:
             tokenizer = saved[0]
@@ -205,6 +205,11 @@ class TextDataModule(ExampleDataModule):
         }
         pipeline.write_cache(self.cache_path, arrays, tokenizer, labels)
 
+    def _carve_seed(self) -> int:
+        """The seed of the validation carve: data.cv.seed under cross-validation (every run of a fold, whatever its
+        seed, trains on the same data and tokenizer: one pack holds them), else the run's."""
+        return self.cv["seed"] if self.cv["folds"] else self.seed
+
     def _carves_validation(self) -> bool:
         return not (self.files["val"] if self.hub is None else self.hub_splits.get("val"))
 
@@ -219,8 +224,9 @@ class TextDataModule(ExampleDataModule):
             "val_fraction": self.val_fraction,
             "empty_text": self.empty_text,
             "cv": self.cv if self.cv["folds"] else None,
-            "seed": self.seed if self._carves_validation() else None,  # the seed shapes the data only by the carve:
-            # runs with other seeds (a pack's members) share the entry otherwise
+            # the seed shapes the data only by the carve: runs with other seeds (a pack's members) share the entry
+            # otherwise
+            "seed": self._carve_seed() if self._carves_validation() else None,
             "tokenizer": self.tokenizer_config if self.saved is None else pipeline.saved_digests(self.saved),
             "max_length": self.max_length,
         }
