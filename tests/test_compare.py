@@ -7,9 +7,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from scipy import stats
 
 from conftest import TINY
@@ -368,3 +370,30 @@ def test_learning_curves_count_the_runs_still_improving_and_are_plotted(tmp_path
     assert (row["improving_k"], row["improving_n"]) == ("2", "4")
     assert (tmp_path / "compare_curves.png").stat().st_size > 10_000
     assert "improving at end (last val/acc best by > 0.005)" in (tmp_path / "compare.md").read_text()
+
+
+def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_stated_analysis_parses(tmp_path):
+    import argparse
+
+    from headlab.cli.compare import add_analysis_options
+
+    for i, (heads, lr, seed) in enumerate((h, lr, k) for h in (1, 4) for lr in (1e-3, 3e-3) for k in range(10, 13)):
+        acc = 0.9 - 0.1 * (heads == 1)
+        write_run(
+            tmp_path / "sweep" / str(i), heads, "dot", seed, acc, experiment="heads_fixed_width", **{"optim.lr": lr}
+        )
+    main([str(tmp_path / "sweep"), "--confirm"])
+    table = (tmp_path / "sweep" / "compare.md").read_text()
+    assert "--reach 'val/acc>=0.9' --power" in table and "steps to val/acc>=0.9 (Kaplan-Meier median" in table
+    for record in (tmp_path / "sweep").glob("*/results.json"):
+        stored = json.loads(record.read_text())
+        stored["config"]["experiment"] = "heads_vs_depth"  # a file that states no confirmation
+        record.write_text(json.dumps(stored))
+    with pytest.raises(SystemExit, match="experiments/heads_vs_depth.yaml states no confirmation analysis"):
+        main([str(tmp_path / "sweep"), "--confirm"])
+    analysis = argparse.ArgumentParser(exit_on_error=False)
+    add_analysis_options(analysis)
+    for experiment in (Path(__file__).parents[1] / "experiments").glob("*.yaml"):
+        stated = yaml.safe_load(experiment.read_text())
+        for key in ("compare", "confirm"):
+            analysis.parse_args([str(a) for a in stated.get(key) or []])  # analysis options only, each valid

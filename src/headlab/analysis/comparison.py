@@ -21,7 +21,7 @@ from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
 # cross-validation fold (folds x seeds are the replicates of an arm)
 FOLD = "data.cv.fold"
-IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, "compare", *RESUME_KEYS)
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, "compare", "confirm", *RESUME_KEYS)
 METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
 

@@ -163,9 +163,10 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
 
 
 def pre_stated(records: list[dict], argv: list[str]) -> list[str]:
-    """The analysis the runs' experiment states: the `compare` key of its file in headlab's experiments/, never
-    what the runs record (a record is data: options and paths never come from it); [] when the command line gives
-    analysis options of its own, or the runs are not of one known experiment."""
+    """The analysis the runs' experiment states: the `compare` key of its file in headlab's experiments/ (with
+    --confirm, its `confirm` key: the analysis stated after a first reading, for new seeds), never what the runs
+    record (a record is data: options and paths never come from it); [] when the command line gives analysis
+    options of its own, or the runs are not of one known experiment."""
     analysis = argparse.ArgumentParser(add_help=False)
     add_analysis_options(analysis)
     flags = {flag for action in analysis._actions for flag in action.option_strings}
@@ -178,10 +179,13 @@ def pre_stated(records: list[dict], argv: list[str]) -> list[str]:
     if not path.is_file():
         print(f"headlab-compare: the runs are of experiment {name!r}, which this headlab has not", file=sys.stderr)
         return []
-    stated = [str(a) for a in OmegaConf.create(path.read_text()).get("compare") or []]
-    analysis.prog = f"{name}.yaml's compare key"
+    key = "confirm" if "--confirm" in argv else "compare"
+    stated = [str(a) for a in OmegaConf.create(path.read_text()).get(key) or []]
+    if key == "confirm" and not stated:
+        raise SystemExit(f"headlab-compare: experiments/{name}.yaml states no confirmation analysis (confirm key)")
+    analysis.prog = f"{name}.yaml's {key} key"
     analysis.parse_args(stated)  # analysis options only: anything else is refused here
-    if {tuple(r["config"].get("compare") or ()) for r in records} != {tuple(stated)}:
+    if {tuple(r["config"].get(key) or ()) for r in records} != {tuple(stated)}:
         print(
             f"headlab-compare: the runs record another analysis than experiments/{name}.yaml states now; applying "
             "the file's",
@@ -197,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
     add_analysis_options(parser)
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    parser.add_argument(
+        "--confirm", action="store_true", help="apply the experiment file's confirmation analysis (its confirm key)"
+    )
     parser.add_argument("--into", type=Path, metavar="FILE", help="also put compare.md into FILE's experiment block")
     parser.add_argument(
         "--archive", type=Path, metavar="FILE.tar.xz", help="also archive the runs' records, which this reads as a DIR"
@@ -215,7 +222,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
-    if stated := pre_stated(runs.completed, argv):
+    stated = pre_stated(runs.completed, argv)
+    if args.confirm and not stated:
+        raise SystemExit(
+            "headlab-compare: --confirm applies the confirm key of the runs' experiment, without analysis options of "
+            "the command line: give the runs of one experiment and no other analysis options"
+        )
+    if stated:
         print(f"headlab-compare: the experiment's pre-stated analysis: {shlex.join(stated)}", file=sys.stderr)
         argv = [*argv, *stated]
         args = parser.parse_args(argv)
