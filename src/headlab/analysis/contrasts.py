@@ -34,21 +34,8 @@ TESTS = {  # --test: how each arm is compared with its baseline: (independent ar
         "permutation test of the difference of means (10,000 seeded resamples, exact when fewer)",
         "paired permutation test over shared seeds (signs flipped; 10,000 seeded resamples, exact when fewer)",
     ),
-    "examples": (
-        _EXAMPLES := (
-            "for test/acc, a bootstrap over seeds and test examples both (2,000 resamples: the same examples for both "
-            "arms, each arm's seeds on their own; intervals the same way), from the runs' kept predictions; other "
-            "metrics: Welch's t-test"
-        ),
-        _EXAMPLES,
-    ),
-    "mcnemar": (
-        _MCNEMAR := (
-            "for test/acc, McNemar's exact test over the test examples between one run per arm, from the runs' kept "
-            "predictions; other metrics: Welch's t-test"
-        ),
-        _MCNEMAR,
-    ),
+    "examples": (_EXAMPLES, _EXAMPLES),
+    "mcnemar": (_MCNEMAR, _MCNEMAR),
 }
 EXAMPLE_TESTS = ("examples", "mcnemar")  # tests over the test examples: of test/acc, from kept predictions
 
@@ -76,8 +63,13 @@ class Design:
     reach: tuple[str, str, float] | None = None  # (curve metric, ">=" or "<=", threshold): steps to reach it
 
     @property
+    def over_shared_seeds(self) -> bool:
+        """Whether contrasts pair runs by seed (--paired, or --test paired)."""
+        return self.paired or self.test == "paired"
+
+    @property
     def test_name(self) -> str:
-        return TESTS[self.test][self.paired or self.test == "paired"]
+        return TESTS[self.test][self.over_shared_seeds]
 
 
 def example_summary(runs: list[dict], test: str) -> dict:
@@ -105,8 +97,7 @@ def contrast_p(a: dict, b: dict, design: Design) -> float:
         return inference.cv_paired_p(a["folds"], b["folds"], a["k"])
     if "examples" in a and "examples" in b:
         return example_p(a, b, design.test)
-    by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
-    paired = design.paired or design.test == "paired"
+    by_seed, paired = [_by_seed(a), _by_seed(b)], design.over_shared_seeds
     if design.test in ("welch", "paired"):
         return inference.paired_p(*by_seed) if paired else inference.welch_p(a["values"], b["values"])
     if design.test == "rank":
@@ -136,9 +127,9 @@ def contrast_power(a: dict, b: dict, design: Design) -> dict:
     if "folds" in a or "examples" in a:
         return {}
     effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
-    if design.paired or design.test == "paired":
-        by_seed = [dict(zip(summary["seeds"], summary["values"], strict=True)) for summary in (a, b)]
-        d = [by_seed[0][s] - by_seed[1][s] for s in sorted(set(by_seed[0]) & set(by_seed[1]))]
+    if design.over_shared_seeds:
+        by_a, by_b = _by_seed(a), _by_seed(b)
+        d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
         sd = _sd(d)
         at = lambda n: power.paired_power(effect, sd, n)  # noqa: E731
         now = at(len(d))
@@ -154,6 +145,11 @@ def solve_rate_power(a: dict, b: dict) -> dict:
     that give it 80% (up to 500)."""
     at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
     return {"power": at(min(a["n"], b["n"])), "seeds_for_power": power.seeds_needed(at, limit=500)}
+
+
+def _by_seed(summary: dict) -> dict:
+    """{seed: value} of a metric's summary over seeds."""
+    return dict(zip(summary["seeds"], summary["values"], strict=True))
 
 
 def _mean(values: list[float]) -> float:
