@@ -221,3 +221,16 @@ def test_a_fold_of_cr_trains_through_the_real_cli(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["data"]["splits"]["test"] in (377, 378) and sum(record["data"]["splits"].values()) == 3_775
+
+
+def test_a_sweep_of_a_cross_validated_config_gets_one_job_per_fold_unless_it_names_its_folds():
+    from hydra import compose, initialize_config_module
+
+    from headlab.cli.sweep_grid import fold_sweep
+
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        named = compose("train", overrides=["data=mr"])  # folds from the data config
+        plain = compose("train", overrides=["data=sst2"])
+    assert fold_sweep(named, ["seed=0,1"]) == ["seed=0,1", "data.cv.fold=range(10)"]
+    assert fold_sweep(named, ["seed=0,1", "data.cv.fold=0,1"]) == ["seed=0,1", "data.cv.fold=0,1"]
+    assert fold_sweep(plain, ["seed=0,1"]) == ["seed=0,1"]

@@ -24,7 +24,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headlab.cli import console, rundir, runtime
-from headlab.cli.cv_sweep import fold_sweep
 from headlab.cli.hydra_errors import one_line
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_json_atomic
@@ -280,7 +279,7 @@ def cli() -> None:
     """headlab-train: Hydra's own errors, like headlab's, are one line on stderr and exit code 2."""
     os.environ.setdefault(TRACEBACKS, os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
-    sys.argv[1:] = fold_sweep(resume_argv(sys.argv[1:]))
+    sys.argv[1:] = resume_argv(sys.argv[1:])
     try:
         main()
     except Exception as error:

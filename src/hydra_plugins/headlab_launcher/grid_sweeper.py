@@ -1,6 +1,7 @@
-"""hydra/sweeper=grid (headlab's default): Hydra's basic sweeper, the grid of the -m overrides, then the rounds of
-sweep.extend (headlab.cli.grid_extension): arms whose best value of a key is an edge of its grid get one more value
-beyond, launched as more jobs of the same sweep by the same launcher (packed, local or SLURM).
+"""hydra/sweeper=grid (headlab's default): Hydra's basic sweeper, the grid of the -m overrides (one job per fold
+where the config cross-validates and names no fold), then the rounds of sweep.extend (headlab.cli.sweep_grid): arms
+whose best value of a key is an edge of its grid get one more value beyond, launched as more jobs of the same sweep
+by the same launcher (packed, local or SLURM).
 
 It holds a BasicSweeper rather than subclassing it: Hydra's plugin scan loads its core plugins' modules again, and
 BasicSweeper's own super() call then refuses a subclass of the class as first imported."""
@@ -26,9 +27,9 @@ class GridSweeper(Sweeper):
         self.config = config
 
     def sweep(self, arguments: list[str]):
-        from headlab.cli.grid_extension import extension_jobs
+        from headlab.cli.sweep_grid import extension_jobs, fold_sweep
 
-        returns = self.grid.sweep(arguments)
+        returns = self.grid.sweep(fold_sweep(self.config, arguments))
         extend = OmegaConf.select(self.config, "sweep.extend")
         if not extend or not extend.get("key"):
             return returns

@@ -1,15 +1,28 @@
-"""sweep.extend: after a sweep, each arm whose best value of a key (the learning rate) is an edge of its grid gets
-one more value beyond that edge, as new jobs of the same sweep, until every arm's best value is bracketed or the
-limit of rounds is reached. An arm is a group of the other varying keys (headlab.analysis.comparison); its best
-value has the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it.
+"""What headlab's grid sweeper adds to the grid of a sweep's overrides.
+
+Cross-validation: one job per fold where the composed config has folds and the overrides name none.
+sweep.extend: after the grid, each arm whose best value of a key (the learning rate) is an edge of its grid gets one
+more value beyond that edge, as new jobs of the same sweep, until every arm's best value is bracketed or the limit
+of rounds is reached. An arm is a group of the other varying keys (headlab.analysis.comparison); its best value has
+the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it.
 """
 
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from headlab.analysis.comparison import group_runs, select_best, varying_keys
 from headlab.analysis.runs import load_dirs
+
+
+def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:
+    """The sweep's overrides, with data.cv.fold=range(k) added where the composed config cross-validates
+    (data.cv.folds=k, from the command line, a data config or an experiment) and no fold is given: `headlab-train
+    -m data=mr seed=0,1,2` is the whole k-fold protocol, each fold a job."""
+    k = OmegaConf.select(config, "data.cv.folds", default=None)
+    if not k or any(a.split("=", 1)[0].lstrip("+~") == "data.cv.fold" for a in arguments):
+        return arguments
+    return [*arguments, f"data.cv.fold=range({k})"]
 
 
 def beyond(value: float, grid: list[float], factor: float) -> float:
