@@ -67,8 +67,8 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     for key in ("val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
         assert runs[member]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9)
     assert set(single) - set(runs[member]) == set()  # the single run's schema, plus "pack"
-    assert [(p["epoch"], p["step"]) for p in runs[member]["curve"]] == [
-        (p["epoch"], p["step"]) for p in single["curve"]
+    assert [(p["epoch"], p["step"], p["tokens"]) for p in runs[member]["curve"]] == [
+        (p["epoch"], p["step"], p["tokens"]) for p in single["curve"]
     ]
     for ours_point, theirs_point in zip(runs[member]["curve"], single["curve"], strict=True):
         assert ours_point["val/acc"] == pytest.approx(theirs_point["val/acc"], abs=1e-9)
@@ -191,7 +191,7 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
         assert ours["status"] == "completed" and ours["epochs"] == theirs["epochs"] == 2
         for key in ("val/acc", "val/acc_best", "test/acc", "test/loss"):
             assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], abs=1e-6), key
-        assert [p["step"] for p in ours["curve"]] == [p["step"] for p in theirs["curve"]]
+        assert [(p["step"], p["tokens"]) for p in ours["curve"]] == [(p["step"], p["tokens"]) for p in theirs["curve"]]
 
 
 def test_packs_refuse_what_they_cannot_do(run_cli):

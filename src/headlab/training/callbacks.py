@@ -63,25 +63,33 @@ class ThroughputMeter(pl.Callback):
 
 
 class LearningCurve(pl.Callback):
-    """The validation metrics of every validation, for results.json's `curve`: [{epoch, step, val/acc, val/loss}].
-    Kept in checkpoints, so that a resumed run's curve starts where it was left."""
+    """The validation metrics of every validation and the real (non-padding) training tokens seen by then, for
+    results.json's `curve`: [{epoch, step, tokens, val/acc, val/loss}] (tokens: over all ranks, each rank's count
+    times the ranks). Kept in checkpoints, so that a resumed run's curve and count start where they were left.
+    A pack counts its members' tokens itself (headlab.training.pack.writer) and sets `tokens`."""
 
     def __init__(self):
         self.points: list[dict] = []
+        self.tokens = 0  # real training tokens so far: a device tensor while training (no sync a step)
 
     def add(self, epoch: int, step: int, metrics: dict) -> None:
-        point = {"epoch": epoch, "step": step, **{k: float(v) for k, v in metrics.items() if k in CURVE_METRICS}}
+        point = {"epoch": epoch, "step": step, "tokens": int(self.tokens)}
+        point.update({k: float(v) for k, v in metrics.items() if k in CURVE_METRICS})
         self.points = [p for p in self.points if p["step"] < step] + [point]  # a validation repeated on resume
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.tokens = self.tokens + (~batch["padding_mask"]).sum() * trainer.world_size
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
             self.add(trainer.current_epoch, trainer.global_step, trainer.callback_metrics)
 
     def state_dict(self) -> dict:
-        return {"points": self.points}
+        return {"points": self.points, "tokens": int(self.tokens)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.points = list(state_dict.get("points", []))
+        self.tokens = int(state_dict.get("tokens", 0))  # a checkpoint from before tokens were counted: 0
 
 
 class ExactResume(pl.Callback):

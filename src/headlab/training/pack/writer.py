@@ -53,7 +53,18 @@ class MemberWriter(pl.Callback):
                 for logger in member.loggers:
                     logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
 
+    def on_train_start(self, trainer, pl_module):
+        counted = [m.callback(LearningCurve).tokens for m in self.members]  # a member continued: where it was
+        self.tokens = torch.tensor(counted, device=pl_module.device)  # (E,) real training tokens of each member
+
+    def _count_tokens(self, member: Member) -> LearningCurve:
+        """The member's learning curve, its token count brought up to this step."""
+        curve = member.callback(LearningCurve)
+        curve.tokens = int(self.tokens[member.index])
+        return curve
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.tokens += (~batch["padding_mask"]).sum((1, 2))  # (E, B, n) -> (E,): each member's own batch
         if trainer.global_step % trainer.log_every_n_steps or not any(m.loggers for m in self.members):
             return
         losses = pl_module.last_losses.tolist()
@@ -73,7 +84,7 @@ class MemberWriter(pl.Callback):
                 continue
             values = {k: v[member.index] for k, v in metrics.items()}
             member.metrics.update(values)
-            member.callback(LearningCurve).add(trainer.current_epoch, trainer.global_step, values)
+            self._count_tokens(member).add(trainer.current_epoch, trainer.global_step, values)
             for logger in member.loggers:
                 logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
             attention = member.callback(AttentionLogger)
@@ -162,6 +173,7 @@ class MemberWriter(pl.Callback):
             path = directory / f"best-epoch{trainer.current_epoch}-step{trainer.global_step}.ckpt"
             member.best = {"score": score, "path": path, "state": {k: v.cpu() for k, v in state.items()}}
         self._update_checkpoint_callbacks(member, directory)
+        self._count_tokens(member)  # its checkpoint keeps the count where training stopped
         checkpoint = member_checkpoint(member, pl_module, pack_checkpoint, state)
         if improved:
             save_checkpoint_atomic(checkpoint, member.best["path"])
