@@ -10,10 +10,11 @@ import pytest
 from scipy import stats
 
 from conftest import TINY
-from headlab.analysis import inference, power, predictions, survival
+from headlab.analysis import budget, inference, power, predictions, survival
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
+from headlab.cli.compare_report import table_rows
 
 HEADS = "model.attention.n_heads"
 
@@ -129,6 +130,39 @@ def test_a_non_significant_contrast_is_inconclusive_where_power_is_low_and_settl
     assert compare(clear, Design(["test/acc"], baseline=(HEADS, "1")))[1][1]["test/acc"]["verdict"] == "significant"
 
 
+def test_paired_solve_rates_are_a_conditional_logistic_model_over_seeds_tested_exactly_with_exact_power():
+    from statsmodels.discrete.conditional_models import ConditionalLogit
+
+    four = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]  # by seed: 7 solved by h=4 only, 1 by h=1 only, 3 by both
+    one = [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0]
+    runs = [record(h, s, 0.1 + 0.9 * solved[s]) for h, solved in ((1, one), (4, four)) for s in range(12)]
+    design = Design(["test/acc"], baseline=(HEADS, "1"), paired=True, solved=("test/acc", 0.9), power=True)
+    solved = compare(runs, design)[1][1]["solved"]
+    fit = ConditionalLogit(
+        np.array(one + four), np.array([[0.0]] * 12 + [[1.0]] * 12), groups=np.array(list(range(12)) * 2)
+    ).fit(disp=0)
+    assert solved["odds_ratio"] == 7 and math.exp(fit.params[0]) == pytest.approx(7, rel=1e-4)
+    assert solved["p_value"] == pytest.approx(stats.binomtest(7, 8, 0.5).pvalue)  # the discordant seeds
+
+    def enumerated(only_a, only_b, n):  # every split of n seeds into a-only, b-only and concordant
+        return sum(
+            stats.multinomial.pmf([i, j, n - i - j], n, [only_a, only_b, 1 - only_a - only_b])
+            for i in range(n + 1)
+            for j in range(n + 1 - i)
+            if i + j and stats.binomtest(i, i + j, 0.5).pvalue <= 0.05
+        )
+
+    assert solved["power"] == pytest.approx(enumerated(7 / 12, 1 / 12, 12), rel=1e-9)
+    assert power.mcnemar_power(0.3, 0.05, 20) == pytest.approx(enumerated(0.3, 0.05, 20), rel=1e-9)
+    n = solved["seeds_for_power"]
+    assert power.mcnemar_power(7 / 12, 1 / 12, n) >= 0.8 > power.mcnemar_power(7 / 12, 1 / 12, n - 1)
+    unpaired = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), solved=("test/acc", 0.9)))[1][1]["solved"]
+    assert unpaired["p_value"] == pytest.approx(stats.fisher_exact([[10, 2], [4, 8]]).pvalue)
+    header, body = table_rows([HEADS], compare(runs, design)[1], design)
+    assert "4/12" in body[0][header.index("solved (test/acc >= 0.9; exact 95% CI)")]
+    assert " OR 7 (7:1 seeds) p=" in body[1][header.index("solved (test/acc >= 0.9; exact 95% CI)")]
+
+
 def test_a_log_scale_metric_is_summarised_by_its_geometric_mean_and_tested_on_its_logs():
     losses = {1: [0.40, 2.9, 0.35, 0.52, 0.61], 4: [0.33, 0.30, 0.45, 0.31, 0.36]}
     runs = [record(h, s, 0.8, loss=v) for h, vs in losses.items() for s, v in enumerate(vs)]
@@ -207,6 +241,9 @@ def test_runs_and_pack_members_keep_their_test_predictions_and_compare_tests_ove
     for run in [*sweep.glob("[0-9]*"), tmp_path / "single"]:
         record = json.loads((run / "results.json").read_text())
         assert predictions.correctness(record).mean() == pytest.approx(record["metrics"]["test/acc"], abs=1e-6)
+        # the real training tokens by each validation: 256 sequences of 32 tokens an epoch, no padding
+        assert [p["tokens"] for p in record["curve"]] == [256 * 32, 2 * 256 * 32]
+        assert budget.training_flops(record) == record["flops_per_token"] * 2 * 256 * 32
     main([str(sweep), "--baseline", f"{HEADS}=1", "--test", "examples"])
     table = (sweep / "compare.md").read_text()
     assert "p: for test/acc, a bootstrap over seeds and test examples both" in table
@@ -284,8 +321,31 @@ def test_steps_to_reach_are_censored_kaplan_meier_arms_compared_by_log_rank_and_
     assert "steps to val/acc>=0.9 (Kaplan-Meier median [95% CI]; reached)" in table and "FLOPs/token" in table
     four_line = next(line for line in table.splitlines() if line.startswith("| 4 |"))
     assert "| 100 [100, 200] 6/6 reached p=" in four_line and "| 4,000 |" in four_line
+    with pytest.raises(SystemExit, match="these runs' curves count none .* compare at steps"):
+        main([str(tmp_path / "sweep"), "--at", "flops=1e12"])  # curves without token counts
     with pytest.raises(SystemExit):
-        main([str(tmp_path / "sweep"), "--at", "flops=1e12"])
+        main([str(tmp_path / "sweep"), "--at", "flops=lots"])
+
+
+def test_training_flops_are_flops_a_token_times_the_tokens_counted_and_passes_and_budgets_read_at_equal_flops():
+    # FLOPs a token 1,000 (h=1) and 4,000 (h=4), 100 real tokens a step, validated every 100 steps
+    runs = [curve_run(h, s, 100 if h == 4 else 300) for h in (1, 4) for s in range(3)]
+    for run in runs:
+        for point in run["curve"]:
+            point["tokens"] = 100 * point["step"]
+    both = {**runs[0], "config": {**runs[0]["config"], "optim.rdrop": 0.5, "optim.sam_rho": 0.05}}
+    assert budget.training_flops(runs[0]) == 1000 * 100 * 500  # FLOPs a token x the tokens at the last point
+    assert budget.training_flops(both) == 1000 * 100 * 500 * 4  # R-Drop's two passes, SAM's two steps
+    # at 4e7 FLOPs: h=4 has spent them at step 100 (4,000 x 100 x 100), h=1 (without R-Drop/SAM) at step 400
+    assert budget.at_budget(runs[3], "val/acc", "flops", 4e7) == 0.95  # h=4, step 100: reached
+    assert budget.at_budget(runs[1], "val/acc", "flops", 4e7) == 0.95  # h=1, step 400 (reached at 300)
+    assert budget.at_budget(runs[1], "val/acc", "flops", 2.9e7) == 0.5  # h=1, step 200 (not yet)
+    assert budget.at_budget(runs[3], "val/acc", "flops", 1e12) is None  # beyond what the run spent: no value
+    design = Design(["test/acc", budget.label("flops=2.5e7")], baseline=(HEADS, "1"))
+    _, (one, four) = compare(runs, design)
+    # at 2.5e7 FLOPs h=1 is at step 200 (0.5); h=4's first validation (step 100) had spent 4e7: no value
+    assert "val/acc@flops=2.5e+07" not in four and one["val/acc@flops=2.5e+07"]["mean"] == 0.5
+    assert (one["train_flops"], four["train_flops"]) == (1000 * 50_000, 4000 * 50_000)
 
 
 @pytest.mark.e2e

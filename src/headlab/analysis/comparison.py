@@ -6,15 +6,16 @@ with a baseline group (headlab.analysis.contrasts). What headlab-compare prints 
 import json
 import math
 
-from headlab.analysis import inference, power, survival
+from headlab.analysis import budget, inference, meta, power, survival
 from headlab.analysis.contrasts import (
     EXAMPLE_TESTS,
     CompareError,
     Design,
+    contrast_effect,
     contrast_p,
     contrast_power,
     example_summary,
-    solve_rate_power,
+    solve_rate_contrast,
 )
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 
@@ -67,6 +68,12 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
 def compare(records: list[dict], design: Design) -> tuple[list, list]:
     """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
     edges: dict = {}
+    on_flops = [m for m in design.metrics if (budget.parse(m) or ("", ""))[1] == "flops"]
+    if on_flops and not any(budget.training_flops(r) for r in records):
+        raise CompareError(
+            f"{on_flops[0]} reads FLOPs from learning curves that count training tokens, and these runs' curves "
+            "count none (made before headlab counted them): compare at steps (--at steps=N)"
+        )
     if design.select:
         records, edges = select_best(records, *design.select)
     keys = varying_keys(records)
@@ -87,8 +94,11 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
                     row[metric].update(summarise_folds(runs, metric))
         if design.solved:
             metric, threshold = design.solved
-            found = [r["metrics"][metric] for r in runs if _metric(r, metric) is not None]
-            row["solved"] = inference.solve_rate(found, threshold) if found else None
+            found = [(_seed(r, i), r["metrics"][metric]) for i, r in enumerate(runs) if _metric(r, metric) is not None]
+            row["solved"] = None
+            if found:
+                row["solved"] = inference.solve_rate([v for _, v in found], threshold)
+                row["solved"]["by_seed"] = {seed: v >= threshold for seed, v in found}
         if design.reach:
             row["reach"] = reach_summary(runs, *design.reach)
         curves = [r["curve"] for r in runs if r.get("curve")]
@@ -101,6 +111,7 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
         row["params"] = params[0] if params else None
         flops = {r.get("flops_per_token") for r in runs if r.get("flops_per_token")}
         row["flops_per_token"] = flops.pop() if len(flops) == 1 else None
+        row["train_flops"] = budget.mean_flops(runs)
         chances = {round(_chance(r), 6) if _chance(r) else None for r in runs}
         row["chance"] = chances.pop() if len(chances) == 1 else None
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
@@ -132,13 +143,10 @@ def _chance(record: dict) -> float | None:
 
 
 def _metric(record: dict, metric: str):
-    """A metric of the run; "val/acc@step=N": the curve's value at its last validation by step N (None for a run
-    whose training ended before step N)."""
-    if "@step=" in metric:
-        name, step = metric.split("@step=")
-        curve = [p for p in record.get("curve") or [] if p.get(name) is not None]
-        before = [p for p in curve if p["step"] <= int(step)]
-        return before[-1][name] if before and curve[-1]["step"] >= int(step) else None
+    """A metric of the run; "val/acc@step=N" or "val/acc@flops=F": the curve's value at its last validation within
+    that budget (None for a run whose training ended before it: headlab.analysis.budget)."""
+    if at := budget.parse(metric):
+        return budget.at_budget(record, *at)
     return (record.get("metrics") or {}).get(metric)
 
 
@@ -197,8 +205,8 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
 
 def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     """Difference of each group to the group with key=value and the other keys equal (a selected key may
-    differ); Welch's t-test or a paired t-test over shared seeds, Fisher's exact test for solve rates, and Holm's
-    correction over all the comparisons of a metric."""
+    differ): the design's test (contrasts.contrast_p), solve rates by Fisher's test or paired over seeds
+    (contrasts.solve_rate_contrast), and Holm's correction over all the comparisons of a metric."""
     key, value = design.baseline
     if key not in keys:
         raise CompareError(f"--baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
@@ -219,14 +227,17 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             a, b = row[metric], base[metric]
             p = math.nan if row is base else contrast_p(a, b, design)
             a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
+            if row is not base and "examples" not in a:
+                a["effect"], a["se"] = contrast_effect(a, b, design)
             if a.get("log"):
                 a["ratio"] = a["mean"] / b["mean"]
             if row is not base:
                 a.update(contrast_power(a, b, design))
         if base is not None and row.get("solved") and base.get("solved"):
-            row["solved"]["p_value"] = math.nan if row is base else inference.fisher_p(row["solved"], base["solved"])
-            if design.power and row is not base:
-                row["solved"].update(solve_rate_power(row["solved"], base["solved"]))
+            if row is base:
+                row["solved"]["p_value"] = math.nan
+            else:
+                row["solved"].update(solve_rate_contrast(row["solved"], base["solved"], design))
         if base is not None and row.get("reach") and base.get("reach"):
             times = [(s["times"], s["reached"]) for s in (row["reach"], base["reach"])]
             row["reach"]["p_value"] = math.nan if row is base else survival.logrank_p(*times)
@@ -235,6 +246,38 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
             summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan))
+
+
+def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
+    """Each arm's contrast with its baseline pooled over the values of design.meta (the datasets): per arm and
+    metric, the random-effects mean of the datasets' effects (meta.random_effects, weighted by contrast_effect's
+    standard errors), Holm-adjusted over the arms of a metric. An arm is named by the keys that vary within a
+    dataset (a selected key left out); keys with one value per dataset (its files, its folds) are the dataset's.
+    [{"arm": {key: value}, "metric", "datasets": {value: (effect, se)}, "left_out": [values], **random_effects}];
+    a dataset whose contrast has no spread (every run alike) cannot be weighted and is left out, by name."""
+    if design.meta not in keys:
+        raise CompareError(f"--meta key {design.meta!r} does not vary; varying keys: {', '.join(keys)}")
+    within = lambda k: any(len({_hashable(r[k]) for r in rows if r[design.meta] == d}) > 1 for d in values)  # noqa: E731
+    values = {_hashable(r[design.meta]) for r in rows}
+    arm_keys = [k for k in keys if k != design.meta and within(k) and (not design.select or k != design.select[0])]
+    pooled = []
+    for metric in design.metrics:
+        arms: dict[tuple, list] = {}
+        for row in rows:
+            if "se" in (row.get(metric) or {}):
+                arm = tuple(row[k] for k in arm_keys)
+                arms.setdefault(arm, []).append((row[design.meta], row[metric]["effect"], row[metric]["se"]))
+        found = []
+        for arm, contrasts in arms.items():
+            usable = [(d, e, se) for d, e, se in contrasts if se > 0 and math.isfinite(se)]
+            combined = meta.random_effects([e for _, e, _ in usable], [se for _, _, se in usable])
+            combined["datasets"] = {d: (e, se) for d, e, se in usable}
+            combined["left_out"] = [d for d, _, se in contrasts if not (se > 0 and math.isfinite(se))]
+            found.append({"arm": dict(zip(arm_keys, arm, strict=True)), "metric": metric, **combined})
+        for result, adjusted in zip(found, inference.holm([r["p_value"] for r in found]), strict=True):
+            result["p_holm"] = adjusted
+        pooled += found
+    return pooled
 
 
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:

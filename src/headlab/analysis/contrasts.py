@@ -47,8 +47,9 @@ class Design:
     default: every other varying key); what counts as solving the task (metric, threshold); a key whose best
     value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
     means, tests on logs); the effect power is computed for (None: the observed one), whether the seeds needed
-    for 80% power are reported (power), and a threshold on a validation curve whose time to reach is compared
-    (reach)."""
+    for 80% power are reported (power), a threshold on a validation curve whose time to reach is compared
+    (reach), and a key over whose values (datasets) each contrast is pooled by a random-effects meta-analysis
+    (meta)."""
 
     metrics: list[str]
     baseline: tuple[str, str] | None = None
@@ -61,6 +62,7 @@ class Design:
     effect: float | None = None
     power: bool = False
     reach: tuple[str, str, float] | None = None  # (curve metric, ">=" or "<=", threshold): steps to reach it
+    meta: str | None = None  # a key (the dataset) over whose values each contrast is pooled (random effects)
 
     @property
     def over_shared_seeds(self) -> bool:
@@ -70,6 +72,15 @@ class Design:
     @property
     def test_name(self) -> str:
         return TESTS[self.test][self.over_shared_seeds]
+
+    @property
+    def solve_test_name(self) -> str:
+        if self.over_shared_seeds:
+            return (
+                "for solve rates, the conditional logistic model with seeds as strata (McNemar's exact test of the "
+                "seeds one arm solved and the other did not; OR: its conditional odds ratio)"
+            )
+        return "Fisher's exact test for solve rates"
 
 
 def example_summary(runs: list[dict], test: str) -> dict:
@@ -107,6 +118,21 @@ def contrast_p(a: dict, b: dict, design: Design) -> float:
     )
 
 
+def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float]:
+    """An arm's difference to its baseline and its standard error, on the scale its test uses (logs with --log),
+    as a meta-analysis weighs it: over shared folds, the corrected resampled one (cross-validated runs); paired
+    over shared seeds, the differences' sd / sqrt(pairs); else Welch's sqrt(sd_a^2 / n_a + sd_b^2 / n_b)."""
+    if "folds" in a and "folds" in b:
+        d = [a["folds"][f] - b["folds"][f] for f in sorted(set(a["folds"]) & set(b["folds"]))]
+        return _mean(d), math.sqrt(inference.cv_variance_factor(len(d), a["k"]) * _sd(d) ** 2)
+    if design.over_shared_seeds:
+        by_a, by_b = _by_seed(a), _by_seed(b)
+        d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
+        return _mean(d), _sd(d) / math.sqrt(len(d))
+    va, vb = (_sd(x["values"]) ** 2 / len(x["values"]) for x in (a, b))
+    return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb)
+
+
 def example_p(a: dict, b: dict, test: str) -> float:
     """A contrast over the test examples both arms were tested on (the same test split, by its digest)."""
     if a["test_digests"] != b["test_digests"] or a["examples"].shape[1] != b["examples"].shape[1]:
@@ -140,11 +166,23 @@ def contrast_power(a: dict, b: dict, design: Design) -> dict:
     return {"power": now, "power_effect": effect, "seeds_for_power": power.seeds_needed(at) if effect else None}
 
 
-def solve_rate_power(a: dict, b: dict) -> dict:
-    """Fisher's test's simulated power at the observed solve rates with the seeds there are, and the seeds per arm
-    that give it 80% (up to 500)."""
-    at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
-    return {"power": at(min(a["n"], b["n"])), "seeds_for_power": power.seeds_needed(at, limit=500)}
+def solve_rate_contrast(a: dict, b: dict, design: Design) -> dict:
+    """An arm's solve rate against its baseline's (inference.solve_rate's dicts, with "by_seed"): Fisher's exact
+    test of independent arms; paired over shared seeds, the conditional logistic model with seeds as strata
+    (inference.paired_solve: McNemar's exact test of the seeds one arm solved and the other did not). With
+    design.power: the test's power at the observed rates with the seeds there are, and the seeds per arm that give
+    it 80% (up to 500)."""
+    if not design.over_shared_seeds:
+        at = lambda n: power.fisher_power(a["rate"], b["rate"], n)  # noqa: E731
+        found, seeds = {"p_value": inference.fisher_p(a, b)}, min(a["n"], b["n"])
+    else:
+        found = inference.paired_solve(a["by_seed"], b["by_seed"])
+        seeds = found["pairs"]
+        only_a, only_b = (found[k] / seeds if seeds else math.nan for k in ("only_a", "only_b"))
+        at = lambda n: power.mcnemar_power(only_a, only_b, n)  # noqa: E731
+    if design.power:
+        found.update(power=at(seeds), seeds_for_power=power.seeds_needed(at, limit=500))
+    return found
 
 
 def _by_seed(summary: dict) -> dict:

@@ -3,7 +3,8 @@
 Outcomes here are bounded (accuracies in [0, 1]) and often bimodal (a seed solves the task or does not), so:
 means get percentile bootstrap intervals, which stay inside the range of the values; solve rates get exact
 (Clopper-Pearson) intervals; arms are compared with Welch's t-test, a paired t-test over shared seeds, or
-Fisher's exact test for solve rates; many comparisons at once get Holm's correction. Runs cross-validated over k
+Fisher's exact test for solve rates (paired over seeds: a conditional logistic model, McNemar's exact test); many
+comparisons at once get Holm's correction. Runs cross-validated over k
 folds are summarised per fold, with Nadeau & Bengio's corrected resampled t interval and test.
 """
 
@@ -52,6 +53,20 @@ def fisher_p(a: dict, b: dict) -> float:
     """Two-sided Fisher exact test between two solve rates (solve_rate's dicts)."""
     table = [[a["k"], a["n"] - a["k"]], [b["k"], b["n"] - b["k"]]]
     return float(stats.fisher_exact(table).pvalue)
+
+
+def paired_solve(a: dict, b: dict) -> dict:
+    """Solve rates of two arms paired over the seeds they share ({seed: solved} each): the conditional logistic
+    model of solving on the arm with the seeds as strata (Breslow & Day 1980). With two arms only the seeds
+    where exactly one arm solved inform it: the conditional odds ratio is (solved by a only) / (solved by b only),
+    and its exact test the binomial test of those seeds (McNemar's exact test). {"p_value", "odds_ratio",
+    "only_a", "only_b", "pairs"}."""
+    shared = sorted(set(a) & set(b))
+    x, y = np.array([bool(a[s]) for s in shared]), np.array([bool(b[s]) for s in shared])
+    only_a, only_b = int(np.sum(x & ~y)), int(np.sum(~x & y))
+    odds = only_a / only_b if only_b else (math.inf if only_a else math.nan)
+    p = mcnemar_p(x, y) if shared else math.nan
+    return {"p_value": p, "odds_ratio": odds, "only_a": only_a, "only_b": only_b, "pairs": len(shared)}
 
 
 def holm(p_values: list[float]) -> list[float]:

@@ -3,8 +3,9 @@
 Means are compared by t-tests: power from the noncentral t distribution (Welch's degrees of freedom for
 independent arms; the differences' sd for paired ones). Rank and permutation tests have no closed form: their
 power is read from the t-test's, which they approach for the sample sizes a sweep has. Solve rates are compared
-by Fisher's exact test: its power is simulated (seeded). A contrast that is not significant while its power is
-below 0.5 is inconclusive: the data could not have told the effect from none.
+by Fisher's exact test, its power simulated (seeded); paired over seeds, by McNemar's exact test, its power summed
+exactly. A contrast that is not significant while its power is below 0.5 is inconclusive: the data could not have
+told the effect from none.
 """
 
 import math
@@ -70,6 +71,21 @@ def fisher_power(rate_a: float, rate_b: float, n: int, alpha: float = ALPHA, sim
             table = [[pair[0], n - pair[0]], [pair[1], n - pair[1]]]
             tables[pair] = stats.fisher_exact(table).pvalue <= alpha
     return float(np.mean([tables[pair] for pair in zip(k_a.tolist(), k_b.tolist(), strict=True)]))
+
+
+def mcnemar_power(only_a: float, only_b: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the exact McNemar test over n paired seeds (paired solve rates) where a seed is solved by arm a
+    only with probability only_a and by arm b only with only_b: exact, summed over how many seeds are discordant
+    (m) and how many of those arm a solved (the test rejects where its binomial p at one half is <= alpha)."""
+    discordant = only_a + only_b
+    if n < 1 or only_a == only_b:
+        return math.nan if n < 1 else alpha  # no difference to find: the test's size at most
+    total = 0.0
+    for m in range(1, n + 1):
+        x = np.arange(m + 1)
+        p = np.minimum(1.0, 2 * np.minimum(stats.binom.cdf(x, m, 0.5), stats.binom.sf(x - 1, m, 0.5)))
+        total += stats.binom.pmf(m, n, discordant) * stats.binom.pmf(x[p <= alpha], m, only_a / discordant).sum()
+    return float(total)
 
 
 def verdict(p_holm: float, power: float, alpha: float = ALPHA) -> str:

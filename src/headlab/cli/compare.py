@@ -22,11 +22,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from headlab.analysis import archive
-from headlab.analysis.comparison import METRICS, compare, pruning_summary, select_best
+from headlab.analysis import archive, budget
+from headlab.analysis.comparison import METRICS, compare, pool, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs
-from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
+from headlab.cli.compare_report import meta_table, pruning_table, table_rows, write_meta, write_outputs
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -78,12 +78,17 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
         parser.error("--within needs --baseline")
     if (args.power or args.effect is not None) and not baseline:
         parser.error("--power and --effect need --baseline (power is a contrast's)")
+    if args.meta and not baseline:
+        parser.error("--meta needs --baseline (it pools each arm's contrast with its baseline)")
     metrics = args.metric or list(METRICS[:2])
-    for budget in args.at or []:
-        kind, _, steps = budget.partition("=")
-        if kind != "steps" or not steps.isdigit():
-            parser.error(f"--at takes steps=N (compare at N training steps, read from the curves), got {budget!r}")
-        metrics.append(f"val/acc@step={steps}")
+    for at in args.at or []:
+        try:
+            metrics.append(budget.label(at))
+        except ValueError:
+            parser.error(
+                f"--at takes steps=N or flops=F (compare at N training steps or F training FLOPs, read from the "
+                f"curves), got {at!r}"
+            )
     return Design(
         metrics,
         baseline,
@@ -96,6 +101,7 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
         args.effect,
         args.power,
         reach,
+        args.meta,
     )
 
 
@@ -155,7 +161,13 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
         "--reach", metavar="METRIC>=X", help="steps to reach X on the validation curve: Kaplan-Meier, log-rank"
     )
     parser.add_argument(
-        "--at", metavar="steps=N", action="append", help="also val/acc at N training steps, read from the curves"
+        "--at",
+        metavar="steps=N|flops=F",
+        action="append",
+        help="also val/acc at N training steps or F training FLOPs, read from the curves",
+    )
+    parser.add_argument(
+        "--meta", metavar="KEY", help="with --baseline: pool each contrast over KEY's values (datasets), random effects"
     )
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
@@ -235,11 +247,14 @@ def main(argv: list[str] | None = None) -> None:
         design = _design(parser, args)
     try:
         keys, rows = compare(runs.completed, design)
+        pooled = pool(rows, keys, design) if design.meta else []
     except CompareError as error:
         raise SystemExit(f"headlab-compare: {error}") from None
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
     written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
+    if pooled:
+        written.append(write_meta(out, pooled, design))
     if args.pruning:
         chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
@@ -260,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in body:
         table.add_row(*row)
     Console(width=max(Console().width, 160)).print(table)
+    if pooled:
+        print("\n".join(meta_table(pooled, design)))
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
 
 

@@ -75,7 +75,10 @@ def _key_cell(row: dict, key: str, design: Design) -> str:
 def _solved_cell(solved: dict | None) -> str:
     if solved is None:
         return ""
-    return f"{solved['k']}/{solved['n']} [{solved['low']:.2f}, {solved['high']:.2f}]" + _p(solved)
+    paired = (
+        f" OR {solved['odds_ratio']:.3g} ({solved['only_a']}:{solved['only_b']} seeds)" if "pairs" in solved else ""
+    )
+    return f"{solved['k']}/{solved['n']} [{solved['low']:.2f}, {solved['high']:.2f}]{paired}" + _p(solved)
 
 
 def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[str], list[list[str]]]:
@@ -89,6 +92,7 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     if design.reach:
         header.append(f"steps to {''.join(map(str, design.reach))} (Kaplan-Meier median [95% CI]; reached)")
     header += [f"improving at end (last val/acc best by > {IMPROVING_MARGIN})", "params", "FLOPs/token"]
+    header.append("train FLOPs (mean)")
     header.append("train tokens/s")
     body = []
     for row in rows:
@@ -100,7 +104,8 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
         if design.reach:
             cells.append(_reach_cell(row.get("reach")))
         flops = f"{row['flops_per_token']:,}" if row.get("flops_per_token") else ""
-        body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), flops, speed])
+        total = f"{row['train_flops']:.3g}" if row.get("train_flops") else ""
+        body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), flops, total, speed])
     return header, body
 
 
@@ -117,7 +122,9 @@ def _verdicts(design: Design) -> str:
         "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
         f"{at} was below 0.5: the seeds could not have told it from none); no difference found (not, with power "
         "0.5 or more). Power: the t-test's (noncentral t), for rank and permutation tests too; solve rates: "
-        "Fisher's, simulated. Converged: no run of the arm improved val/acc at its last validation."
+        f"{'exact McNemar' if design.over_shared_seeds else 'Fisher'}'s, "
+        f"{'summed exactly' if design.over_shared_seeds else 'simulated'}. Converged: no run of the arm improved "
+        "val/acc at its last validation."
     )
 
 
@@ -137,8 +144,8 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
         "Runs' commits: " + ", ".join(f"{c} ({n} runs)" for c, n in commits.items()),
         "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
         "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
-        f"Clopper-Pearson; p: {design.test_name}, Fisher's exact test for solve rates, Holm-adjusted over the "
-        "comparisons of each column.",
+        f"Clopper-Pearson; p: {design.test_name}, {design.solve_test_name}, Holm-adjusted over the comparisons of "
+        "each column.",
         *([_verdicts(design)] if design.baseline else []),
         *(
             [f"On the log scale (geometric means; tests on the logs; x: the ratio): {', '.join(design.log)}."]
@@ -164,14 +171,15 @@ def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, 
         solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
         writer.writerow(
             [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved]
-            + ["improving_k", "improving_n", "params", "tokens_per_s"]
+            + ["improving_k", "improving_n", "params", "flops_per_token", "train_flops", "tokens_per_s"]
         )
         for row in rows:
             stats_ = [row.get(m, {}).get(s, "") for m in design.metrics for s in fields]
             rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
             improving = list(row["improving"] or ("", ""))
             writer.writerow(
-                [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"], row["tokens_per_s"]]
+                [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
+                + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
     return [
         out / "compare.md",
@@ -179,6 +187,84 @@ def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, 
         *plot(out, keys, rows, design.metrics),
         *plot_curves(out, keys, rows),
     ]
+
+
+def meta_verdict(result: dict, effect: float | None) -> str:
+    """A pooled contrast: significant (Holm p < 0.05); else, given the smallest effect that matters, no difference
+    found where the whole interval lies within it, inconclusive where the interval reaches it; else not
+    significant."""
+    if math.isnan(result["p_holm"]):
+        return "too few datasets"
+    if result["p_holm"] < 0.05:
+        return "significant"
+    if effect is None:
+        return "not significant"
+    return "no difference found" if -effect < result["low"] and result["high"] < effect else "inconclusive"
+
+
+def meta_table(pooled: list[dict], design: Design) -> list[str]:
+    """Markdown: each arm's contrast pooled over the values of design.meta (comparison.pool)."""
+    key = design.meta
+    at = f"; inconclusive: not significant, the interval reaching ±{design.effect}" if design.effect else ""
+    lines = [
+        f"Pooled over the values of {key} (a random-effects meta-analysis of k values: each value's difference "
+        "weighted by its standard error (Welch's, paired over seeds, or corrected over folds) and the between-value "
+        "variance tau² (DerSimonian-Laird); the mean's 95% interval and t-test by Hartung-Knapp-Sidik-Jonkman on "
+        f"k - 1 df, Holm-adjusted over the arms of a metric{at}; I² and Cochran's Q for heterogeneity; the 95% "
+        "prediction interval for a new value on k - 2 df; log-scale metrics: differences of logs):",
+        "",
+        f"| arm | metric | k | pooled Δ [95% CI] | p (Holm) | tau | I² | Q (p) | 95% prediction interval | "
+        f"per {key}: Δ (se) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    number = lambda v: "" if math.isnan(v) else f"{v:+.4f}"  # noqa: E731
+    for r in pooled:
+        arm = ", ".join(f"{k}={v}" for k, v in r["arm"].items()) or "all"
+        each = "; ".join(f"{d} {e:+.4f} ({se:.4f})" for d, (e, se) in r["datasets"].items())
+        each += "".join(f"; {d} left out (no spread)" for d in r["left_out"])
+        interval = f"[{number(r['low'])}, {number(r['high'])}]" if not math.isnan(r["low"]) else ""
+        predicted = f"[{number(r['pred_low'])}, {number(r['pred_high'])}]" if not math.isnan(r["pred_low"]) else ""
+        p = (
+            ""
+            if math.isnan(r["p_value"])
+            else f"{r['p_value']:.3g} ({r['p_holm']:.3g}) {meta_verdict(r, design.effect)}"
+        )
+        heterogeneity = "" if math.isnan(r["q"]) else f"{r['q']:.2f} ({r['q_p']:.3g})"
+        tau = "" if math.isnan(r["tau2"]) else f"{math.sqrt(r['tau2']):.4f}"
+        i2 = "" if math.isnan(r["i2"]) else f"{100 * r['i2']:.0f}%"
+        cells = [arm, r["metric"], str(r["k"]), f"{number(r['effect'])} {interval}", p, tau, i2, heterogeneity]
+        lines.append("| " + " | ".join([*cells, predicted, each]) + " |")
+    return [*lines, ""]
+
+
+def write_meta(out: Path, pooled: list[dict], design: Design) -> Path:
+    """The pooled table appended to compare.md, and compare_meta.csv (one row per arm and metric)."""
+    with (out / "compare.md").open("a") as f:
+        f.write("\n" + "\n".join(meta_table(pooled, design)))
+    fields = (
+        "k",
+        "effect",
+        "se",
+        "low",
+        "high",
+        "p_value",
+        "p_holm",
+        "tau2",
+        "i2",
+        "q",
+        "q_p",
+        "pred_low",
+        "pred_high",
+    )
+    with (out / "compare_meta.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        arm_keys = list(pooled[0]["arm"])
+        writer.writerow([*arm_keys, "metric", *fields, "verdict", "datasets"])
+        for r in pooled:
+            each = ";".join(f"{d}={e!r}:{se!r}" for d, (e, se) in r["datasets"].items())
+            verdict = meta_verdict(r, design.effect)
+            writer.writerow([*r["arm"].values(), r["metric"], *(r[k] for k in fields), verdict, each])
+    return out / "compare_meta.csv"
 
 
 def pruning_table(summary: list[dict]) -> list[str]:

@@ -1,0 +1,149 @@
+"""A contrast pooled over datasets: the random-effects meta-analysis against a textbook example and an independent
+implementation, and headlab-compare --meta over datasets compared by Welch's, paired and cross-validated tests."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from headlab.analysis import inference, meta
+from headlab.cli.compare import main
+
+HEADS = "model.attention.n_heads"
+
+# Colditz et al. (1994): BCG vaccine trials, (vaccinated TB, vaccinated without, control TB, control without), the
+# worked example of Viechtbauer (2010, J. Stat. Softw. 36(3)) and of metafor's dat.bcg
+BCG = [(4, 119, 11, 128), (6, 300, 29, 274), (3, 228, 11, 209), (62, 13536, 248, 12619), (33, 5036, 47, 5761),
+       (180, 1361, 372, 1079), (8, 2537, 10, 619), (505, 87886, 499, 87892), (29, 7470, 45, 7232),
+       (17, 1699, 65, 1600), (186, 50448, 141, 27197), (5, 2493, 3, 2338), (27, 16886, 29, 17825)]  # fmt: skip
+
+
+def log_risk_ratios():
+    a, b, c, d = np.array(BCG, float).T
+    return np.log(a / (a + b) / (c / (c + d))), np.sqrt(1 / a - 1 / (a + b) + 1 / c - 1 / (c + d))
+
+
+def test_random_effects_reproduce_the_bcg_textbook_example_and_an_independent_implementation():
+    from statsmodels.stats.meta_analysis import combine_effects
+
+    y, se = log_risk_ratios()
+    pooled = meta.random_effects(list(y), list(se))
+    # metafor, rma(measure="RR", method="DL"): Q(df = 12) = 152.2330, tau^2 = 0.3088, I^2 = 92.12%, mu = -0.7141
+    assert round(pooled["q"], 4) == 152.2330 and round(pooled["tau2"], 4) == 0.3088
+    assert round(100 * pooled["i2"], 2) == 92.12 and round(pooled["effect"], 4) == -0.7141
+    assert pooled["q_p"] == pytest.approx(stats.chi2.sf(152.2330, 12), rel=1e-4)
+    hksj = combine_effects(y, se**2, method_re="dl", use_t=True).summary_frame().loc["random effect wls"]
+    assert (pooled["effect"], pooled["se"]) == pytest.approx((hksj["eff"], hksj["sd_eff"]), rel=1e-9)
+    assert (pooled["low"], pooled["high"]) == pytest.approx((hksj["ci_low"], hksj["ci_upp"]), rel=1e-9)
+    assert pooled["p_value"] == pytest.approx(2 * stats.t.sf(abs(hksj["eff"] / hksj["sd_eff"]), 12), rel=1e-9)
+    # the prediction interval for a new trial (Higgins et al. 2009): t on k - 2 df, tau^2 + se^2
+    spread = stats.t.ppf(0.975, 11) * math.sqrt(pooled["tau2"] + pooled["se"] ** 2)
+    assert (pooled["pred_low"], pooled["pred_high"]) == pytest.approx((-0.7141 - spread, -0.7141 + spread), abs=1e-4)
+
+
+def test_homogeneous_datasets_have_no_between_variance_and_too_few_datasets_pool_nothing():
+    from statsmodels.stats.meta_analysis import combine_effects
+
+    effects, errors = [0.010, 0.012, 0.011], [0.004, 0.005, 0.006]
+    pooled = meta.random_effects(effects, errors)
+    assert pooled["tau2"] == 0 and pooled["i2"] == 0  # Q below its degrees of freedom: tau^2 truncated at 0
+    # with no between-dataset variance the random-effects mean is the fixed-effect one (statsmodels leaves its DL
+    # tau^2 negative here, so its random-effects row is not the textbook estimator's)
+    fixed = combine_effects(np.array(effects), np.array(errors) ** 2, method_re="dl").summary_frame()
+    assert pooled["effect"] == pytest.approx(fixed.loc["fixed effect", "eff"], rel=1e-12)
+    one = meta.random_effects([0.01], [0.004])
+    assert one["k"] == 1 and math.isnan(one["effect"]) and math.isnan(one["p_value"])
+    two = meta.random_effects([0.01, 0.02], [0.004, 0.004])
+    assert not math.isnan(two["effect"]) and math.isnan(two["pred_low"])  # a prediction needs 3
+
+
+def write(root, i, config, acc):
+    run = root / str(i)
+    run.mkdir(parents=True)
+    metrics = {"test/acc": acc, "val/acc_best": acc}
+    (run / "results.json").write_text(json.dumps({"status": "completed", "config": config, "metrics": metrics}))
+
+
+def datasets(root, rng):
+    """Three datasets, h = 1 and 4, 6 seeds each: h = 4 better by 0.02, 0.03 and 0.01; one of them (cr)
+    cross-validated over 3 of 5 folds with 2 seeds a fold."""
+    i = 0
+    for name, gain in (("mr", 0.02), ("subj", 0.03)):
+        for h in (1, 4):
+            for seed in range(6):
+                write(root, i, {"data": name, HEADS: h, "seed": seed}, 0.8 + gain * (h == 4) + rng.normal(0, 0.01))
+                i += 1
+    for h in (1, 4):
+        for fold in range(3):
+            for seed in range(2):
+                config = {"data": "cr", HEADS: h, "seed": seed, "data.cv.fold": fold, "data.cv.folds": 5}
+                write(root, i, config, 0.75 + 0.01 * (h == 4) + 0.02 * fold + rng.normal(0, 0.01))
+                i += 1
+
+
+def runs_of(root, name, h):
+    out = []
+    for path in sorted(root.glob("*/results.json")):
+        record = json.loads(path.read_text())
+        if record["config"]["data"] == name and record["config"][HEADS] == h:
+            out.append(record)
+    return out
+
+
+def test_meta_pools_each_datasets_contrast_weighted_by_the_standard_error_its_design_gives(tmp_path, capsys):
+    root = tmp_path / "sweeps"
+    datasets(root, np.random.default_rng(0))
+    main([str(root), "--baseline", f"{HEADS}=1", "--metric", "test/acc", "--meta", "data", "--effect", "0.005"])
+    expected = {}
+    for name in ("mr", "subj"):  # Welch: difference of means, sqrt(s_a^2 / n_a + s_b^2 / n_b)
+        a, b = ([r["metrics"]["test/acc"] for r in runs_of(root, name, h)] for h in (4, 1))
+        se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+        expected[name] = (np.mean(a) - np.mean(b), se)
+    fold_means = {
+        h: [np.mean([r["metrics"]["test/acc"] for r in runs_of(root, "cr", h) if r["config"]["data.cv.fold"] == f])
+            for f in range(3)]
+        for h in (1, 4)
+    }  # fmt: skip
+    d = np.subtract(fold_means[4], fold_means[1])  # corrected over folds: (1/3 + 1/(5-1)) var(d)
+    expected["cr"] = (d.mean(), math.sqrt((1 / 3 + 1 / 4) * d.var(ddof=1)))
+    row = next(csv.DictReader((root / "compare_meta.csv").open()))
+    assert row[HEADS] == "4" and row["metric"] == "test/acc" and row["k"] == "3"
+    names = ["cr", "mr", "subj"]
+    pooled = meta.random_effects([expected[n][0] for n in names], [expected[n][1] for n in names])
+    for field in ("effect", "low", "high", "p_value", "tau2", "i2"):
+        assert float(row[field]) == pytest.approx(pooled[field], rel=1e-9, abs=1e-12), field
+    each = dict(part.split("=") for part in row["datasets"].split(";"))
+    assert set(each) == set(expected)
+    for name, value in each.items():
+        assert tuple(map(float, value.split(":"))) == pytest.approx(expected[name], rel=1e-9), name
+    assert row["verdict"] == ("significant" if pooled["p_value"] < 0.05 else "inconclusive")
+    table = (root / "compare.md").read_text()
+    assert (
+        "Pooled over the values of data (a random-effects meta-analysis" in table
+        and "Hartung-Knapp-Sidik-Jonkman" in table
+    )
+    assert (
+        "| model.attention.n_heads=4 | test/acc | 3 |" in table
+        and "| model.attention.n_heads=4 |" in capsys.readouterr().out
+    )
+
+
+def test_meta_pairs_over_seeds_with_paired_and_refuses_what_it_cannot_pool(tmp_path, capsys):
+    root = tmp_path / "sweeps"
+    datasets(root, np.random.default_rng(1))
+    main([str(root), "--baseline", f"{HEADS}=1", "--metric", "test/acc", "--meta", "data", "--paired"])
+    row = next(csv.DictReader((root / "compare_meta.csv").open()))
+    by_seed = {h: {r["seed"]: r["metrics"]["test/acc"] for r in map(lambda r: {**r, "seed": r["config"]["seed"]},
+               runs_of(root, "mr", h))} for h in (1, 4)}  # fmt: skip
+    d = [by_seed[4][s] - by_seed[1][s] for s in range(6)]
+    mr = dict(part.split("=") for part in row["datasets"].split(";"))["mr"]
+    assert tuple(map(float, mr.split(":"))) == pytest.approx((np.mean(d), np.std(d, ddof=1) / math.sqrt(6)))
+    assert inference.holm([float(row["p_value"])]) == [pytest.approx(float(row["p_holm"]))]  # one arm: Holm is p
+    with pytest.raises(SystemExit, match="--meta key 'seed' does not vary"):
+        main([str(root), "--baseline", f"{HEADS}=1", "--meta", "seed"])
+    with pytest.raises(SystemExit):
+        main([str(root), "--meta", "data"])
+    assert "--meta needs --baseline" in capsys.readouterr().err
