@@ -382,9 +382,17 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
         write_run(
             tmp_path / "sweep" / str(i), heads, "dot", seed, acc, experiment="heads_fixed_width", **{"optim.lr": lr}
         )
-    main([str(tmp_path / "sweep"), "--confirm"])
+    results = tmp_path / "RESULTS.md"
+    names = ("heads_fixed_width", "heads_fixed_width/confirm")
+    results.write_text(
+        "".join(f"<!-- headlab-compare: {n} -->\n{n} table\n<!-- /headlab-compare: {n} -->\n" for n in names)
+    )
+    main([str(tmp_path / "sweep"), "--confirm", "--into", str(results)])
     table = (tmp_path / "sweep" / "compare.md").read_text()
     assert "--reach 'val/acc>=0.9' --power" in table and "steps to val/acc>=0.9 (Kaplan-Meier median" in table
+    text = results.read_text()  # the confirmation in its own block; the first reading's stays
+    assert "heads_fixed_width table" in text and "heads_fixed_width/confirm table" not in text
+    assert text.index(table.strip()) > text.index("<!-- headlab-compare: heads_fixed_width/confirm -->")
     for record in (tmp_path / "sweep").glob("*/results.json"):
         stored = json.loads(record.read_text())
         stored["config"]["experiment"] = "heads_vs_depth"  # a file that states no confirmation

@@ -8,7 +8,8 @@ the arguments, and compare_report / compare_plots the rendering.
 
 Runs of an experiment record its pre-stated analysis (the experiment file's `compare` key): given no analysis
 options, headlab-compare applies it. --into FILE puts the table into FILE's block for that experiment
-(experiments/RESULTS.md), between <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME -->.
+(experiments/RESULTS.md), between <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME --> (with --confirm,
+NAME/confirm: the confirmation's block beside the first reading's).
 --archive FILE.tar.xz writes the runs' records (headlab.analysis.archive), which headlab-compare reads in place of
 the directories: a table recomputes from the archive kept beside it.
 """
@@ -262,8 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.archive:
         written.append(args.archive)
         print(f"archived {archive.write(args.archive, args.dirs)} runs' records", file=sys.stderr)
-    if args.into:
-        splice(args.into, experiment_name(runs.completed), (out / "compare.md").read_text())
+    if args.into:  # a confirmation has a block of its own beside the first reading's: NAME/confirm
+        block = experiment_name(runs.completed) + ("/confirm" if args.confirm else "")
+        splice(args.into, block, (out / "compare.md").read_text())
 
     from rich.console import Console
     from rich.table import Table
