@@ -113,7 +113,7 @@ def test_cross_validation_refuses_a_test_split_and_a_missing_or_wrong_fold_in_on
     base = ["data=files", f"data.files.train={data}", *QUICK]
     for overrides, message in (
         (["data.cv.folds=5", f"data.files.test={data}"], "data.cv.folds=5 is invalid: expected null: the data"),
-        (["data.cv.folds=5"], "data.cv.fold=None is invalid: expected the fold this run tests, 0..4"),
+        (["data.cv.folds=5"], "data.cv.fold=null is invalid: expected the fold this run tests, 0..4"),
         (["data.cv.folds=5", "data.cv.fold=5"], "data.cv.fold=5 is invalid: expected a fold of 0..4"),
         (["data.cv.fold=1"], "data.cv.fold=1 is invalid: expected null without data.cv.folds"),
         (["data.cv.folds=1", "data.cv.fold=0"], "data.cv.folds=1 is invalid: expected an integer of 2 or more"),

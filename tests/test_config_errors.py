@@ -394,3 +394,10 @@ def test_a_pack_refuses_callbacks_it_would_never_call(override, message):
     assert str(error.value).startswith(message)
     check_launch(cfg, in_sweep=True, launcher="basic")  # the default launcher runs any Lightning callback
     check_launch(plain, in_sweep=True, launcher="packed")  # and a pack runs the default ones itself
+
+
+def test_values_in_messages_are_written_as_an_override_writes_them():
+    from headlab.errors import as_written
+
+    values = (None, True, False, 1, 0, 1.5, "cls")
+    assert [as_written(v) for v in values] == ["null", "true", "false", "1", "0", "1.5", "'cls'"]

@@ -1,6 +1,14 @@
 """Errors that are the user's to fix: reported in one line, without a traceback, with exit code 2."""
 
 
+def as_written(value) -> str:
+    """A value as a user writes it in an override (null, true, false; strings quoted, numbers as they are)."""
+    for constant, written in ((None, "null"), (True, "true"), (False, "false")):
+        if value is constant:  # identity: 1 == True, and 1 is no `true`
+            return written
+    return repr(value)
+
+
 class UsageError(ValueError):
     """A wrong setting or input; str() is the one line shown to the user."""
 
@@ -16,7 +24,7 @@ class InvalidSetting(ConfigError):
 
     def __init__(self, key: str, value, expected: str):
         self.key, self.value, self.expected = key, value, expected
-        super().__init__(f"{key}={value!r} is invalid: expected {expected}")
+        super().__init__(f"{key}={as_written(value)} is invalid: expected {expected}")
 
 
 class DataError(UsageError):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from headlab.conventions import SPLITS
-from headlab.errors import ConfigError
+from headlab.errors import ConfigError, as_written
 from headlab.model import rules
 
 
@@ -108,7 +108,7 @@ def _value(cfg: DictConfig, key: str):
 
 
 def fail(key: str, value, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is invalid: expected {allowed}")
+    raise ConfigError(f"{key}={as_written(value)} is invalid: expected {allowed}")
 
 
 def check_config(cfg: DictConfig) -> None:
