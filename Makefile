@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: help install train sweep experiments test test-fast bench lint format clean
+.PHONY: help install train sweep experiments confirmations test test-fast bench lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -47,6 +47,21 @@ experiments: $(STAMP)  ## run every ablation (hours on a CPU, ARGS=trainer=gpu: 
 	  $(BIN)/headlab-train experiment=$(e) $(SST2_FILES.$(e)) hydra.sweep.dir=multirun/experiments/$(e) $(ARGS); \
 	  $(BIN)/headlab-compare multirun/experiments/$(e) --out experiments/results/$(e) --into experiments/RESULTS.md \
 	    --archive experiments/results/$(e)/runs.tar.xz || exit 1;) fi
+
+# the confirmations the experiment files state (their confirm key): seeds 10-19, the same grid, read with
+# headlab-compare --confirm into each experiment's NAME/confirm block of experiments/RESULTS.md
+CONFIRM ?= heads_fixed_width key_size fixed_head_size
+
+confirmations: $(STAMP)  ## run the stated confirmations on seeds 10-19 (ARGS=sweep.resume=true continues them)
+	for e in $(CONFIRM); do \
+	  $(BIN)/headlab-train experiment=$$e 'seed=range(10,20)' hydra.sweep.dir=multirun/confirm/$$e $(ARGS); \
+	  $(BIN)/headlab-compare multirun/confirm/$$e --confirm --out experiments/results/$$e/confirm \
+	    --into experiments/RESULTS.md --archive experiments/results/$$e/confirm/runs.tar.xz || exit 1; done
+	if [ -n "$(SST2)" ]; then $(foreach e,sst2_heads_fixed_width sst2_scoring, \
+	  $(BIN)/headlab-train experiment=$(e) $(SST2_FILES.$(e)) 'seed=range(10,20)' \
+	    hydra.sweep.dir=multirun/confirm/$(e) $(ARGS); \
+	  $(BIN)/headlab-compare multirun/confirm/$(e) --confirm --out experiments/results/$(e)/confirm \
+	    --into experiments/RESULTS.md --archive experiments/results/$(e)/confirm/runs.tar.xz || exit 1;) fi
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code

@@ -401,7 +401,10 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
         main([str(tmp_path / "sweep"), "--confirm"])
     analysis = argparse.ArgumentParser(exit_on_error=False)
     add_analysis_options(analysis)
+    results = (Path(__file__).parents[1] / "experiments" / "RESULTS.md").read_text()
     for experiment in (Path(__file__).parents[1] / "experiments").glob("*.yaml"):
         stated = yaml.safe_load(experiment.read_text())
         for key in ("compare", "confirm"):
             analysis.parse_args([str(a) for a in stated.get(key) or []])  # analysis options only, each valid
+        if stated.get("confirm"):  # make confirmations puts its table there
+            assert results.count(f"<!-- headlab-compare: {experiment.stem}/confirm -->") == 1, experiment.stem
