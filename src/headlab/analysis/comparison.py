@@ -6,7 +6,7 @@ with a baseline group (headlab.analysis.contrasts). What headlab-compare prints 
 import json
 import math
 
-from headlab.analysis import budget, inference, meta, power, survival
+from headlab.analysis import budget, inference, power, survival
 from headlab.analysis.contrasts import (
     EXAMPLE_TESTS,
     CompareError,
@@ -33,7 +33,8 @@ def improving_at_end(curve: list[dict], margin: float = IMPROVING_MARGIN) -> boo
     return len(curve) > 1 and curve[-1]["val/acc"] > max(p["val/acc"] for p in curve[:-1]) + margin
 
 
-def _hashable(value):
+def hashable(value):
+    """A config value usable as a group's key (lists and dicts as JSON)."""
     return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
 
 
@@ -44,7 +45,7 @@ def varying_keys(records: list[dict]) -> list[str]:
     for key in keys:
         if key in IGNORED_KEYS or key.endswith(PATH_SUFFIXES):
             continue
-        if len({_hashable(r["config"].get(key)) for r in records}) > 1:
+        if len({hashable(r["config"].get(key)) for r in records}) > 1:
             varying.append(key)
     return varying
 
@@ -61,7 +62,7 @@ def summarise(values: list[float]) -> dict:
 def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault(tuple(_hashable(r["config"].get(k)) for k in keys), []).append(r)
+        groups.setdefault(tuple(hashable(r["config"].get(k)) for k in keys), []).append(r)
     return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
 
 
@@ -246,38 +247,6 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
             summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan))
-
-
-def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
-    """Each arm's contrast with its baseline pooled over the values of design.meta (the datasets): per arm and
-    metric, the random-effects mean of the datasets' effects (meta.random_effects, weighted by contrast_effect's
-    standard errors), Holm-adjusted over the arms of a metric. An arm is named by the keys that vary within a
-    dataset (a selected key left out); keys with one value per dataset (its files, its folds) are the dataset's.
-    [{"arm": {key: value}, "metric", "datasets": {value: (effect, se)}, "left_out": [values], **random_effects}];
-    a dataset whose contrast has no spread (every run alike) cannot be weighted and is left out, by name."""
-    if design.meta not in keys:
-        raise CompareError(f"--meta key {design.meta!r} does not vary; varying keys: {', '.join(keys)}")
-    within = lambda k: any(len({_hashable(r[k]) for r in rows if r[design.meta] == d}) > 1 for d in values)  # noqa: E731
-    values = {_hashable(r[design.meta]) for r in rows}
-    arm_keys = [k for k in keys if k != design.meta and within(k) and (not design.select or k != design.select[0])]
-    pooled = []
-    for metric in design.metrics:
-        arms: dict[tuple, list] = {}
-        for row in rows:
-            if "se" in (row.get(metric) or {}):
-                arm = tuple(row[k] for k in arm_keys)
-                arms.setdefault(arm, []).append((row[design.meta], row[metric]["effect"], row[metric]["se"]))
-        found = []
-        for arm, contrasts in arms.items():
-            usable = [(d, e, se) for d, e, se in contrasts if se > 0 and math.isfinite(se)]
-            combined = meta.random_effects([e for _, e, _ in usable], [se for _, _, se in usable])
-            combined["datasets"] = {d: (e, se) for d, e, se in usable}
-            combined["left_out"] = [d for d, _, se in contrasts if not (se > 0 and math.isfinite(se))]
-            found.append({"arm": dict(zip(arm_keys, arm, strict=True)), "metric": metric, **combined})
-        for result, adjusted in zip(found, inference.holm([r["p_value"] for r in found]), strict=True):
-            result["p_holm"] = adjusted
-        pooled += found
-    return pooled
 
 
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:

@@ -48,8 +48,8 @@ class Design:
     value per arm is chosen on a validation metric (select KEY, ON); metrics analysed on the log scale (geometric
     means, tests on logs); the effect power is computed for (None: the observed one), whether the seeds needed
     for 80% power are reported (power), a threshold on a validation curve whose time to reach is compared
-    (reach), and a key over whose values (datasets) each contrast is pooled by a random-effects meta-analysis
-    (meta)."""
+    (reach), a key over whose values (datasets) each contrast is pooled by a random-effects meta-analysis
+    (meta), and one across whose values settings are ranked by their gap to each value's best (across)."""
 
     metrics: list[str]
     baseline: tuple[str, str] | None = None
@@ -63,6 +63,7 @@ class Design:
     power: bool = False
     reach: tuple[str, str, float] | None = None  # (curve metric, ">=" or "<=", threshold): steps to reach it
     meta: str | None = None  # a key (the dataset) over whose values each contrast is pooled (random effects)
+    across: str | None = None  # a key (the dataset) across whose values settings are ranked by their gap to the best
 
     @property
     def over_shared_seeds(self) -> bool:

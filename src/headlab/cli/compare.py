@@ -23,11 +23,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from headlab.analysis import archive, budget
-from headlab.analysis.comparison import METRICS, compare, pool, pruning_summary, select_best
+from headlab.analysis import archive, budget, datasets
+from headlab.analysis.comparison import METRICS, compare, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs
-from headlab.cli.compare_report import meta_table, pruning_table, table_rows, write_meta, write_outputs
+from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
+from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -103,6 +104,7 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
         args.power,
         reach,
         args.meta,
+        args.across,
     )
 
 
@@ -169,6 +171,9 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--meta", metavar="KEY", help="with --baseline: pool each contrast over KEY's values (datasets), random effects"
+    )
+    parser.add_argument(
+        "--across", metavar="KEY", help="rank settings by their gap to each KEY value's best (chosen on the 1st metric)"
     )
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
@@ -248,7 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         design = _design(parser, args)
     try:
         keys, rows = compare(runs.completed, design)
-        pooled = pool(rows, keys, design) if design.meta else []
+        pooled = datasets.pool(rows, keys, design) if design.meta else []
+        ranked = datasets.across(rows, keys, design) if design.across else None
     except CompareError as error:
         raise SystemExit(f"headlab-compare: {error}") from None
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
     if pooled:
         written.append(write_meta(out, pooled, design))
+    if ranked:
+        written.append(write_across(out, ranked, design))
     if args.pruning:
         chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
@@ -279,6 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     Console(width=max(Console().width, 160)).print(table)
     if pooled:
         print("\n".join(meta_table(pooled, design)))
+    if ranked:
+        print("\n".join(across_table(ranked, design)))
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
 
 

@@ -147,3 +147,43 @@ def test_meta_pairs_over_seeds_with_paired_and_refuses_what_it_cannot_pool(tmp_p
     with pytest.raises(SystemExit):
         main([str(root), "--meta", "data"])
     assert "--meta needs --baseline" in capsys.readouterr().err
+
+
+EPOCHS = "trainer.max_epochs"
+
+
+def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on_validation(tmp_path, capsys):
+    # validation accuracy of 5 and 10 epochs on three datasets; 20 epochs run on two only
+    means = {("mr", 5): 0.70, ("mr", 10): 0.74, ("subj", 5): 0.89, ("subj", 10): 0.92, ("sst2", 5): 0.82,
+             ("sst2", 10): 0.81, ("mr", 20): 0.75, ("subj", 20): 0.93}  # fmt: skip
+    rng, root, i = np.random.default_rng(2), tmp_path / "search", 0
+    for (name, epochs), mean in means.items():
+        for seed in range(4):
+            run = root / str(i)
+            run.mkdir(parents=True)
+            acc = mean + rng.normal(0, 0.005)
+            metrics = {"val/acc_best": acc, "test/acc": acc - 0.01, "test/loss": 1 - acc}
+            config = {"data": name, EPOCHS: epochs, "seed": seed}
+            (run / "results.json").write_text(json.dumps({"status": "completed", "config": config, "metrics": metrics}))
+            i += 1
+    main([str(root), "--across", "data", "--metric", "val/acc_best", "--metric", "test/acc", "--metric", "test/loss"])
+    observed = {}
+    for path in root.glob("*/results.json"):
+        record = json.loads(path.read_text())
+        key = (record["config"]["data"], record["config"][EPOCHS])
+        observed.setdefault(key, []).append(record["metrics"]["val/acc_best"])
+    mean = {k: np.mean(v) for k, v in observed.items()}
+    best = {d: max(m for (n, _), m in mean.items() if n == d) for d in ("mr", "subj", "sst2")}
+    gaps = {e: [best[d] - mean[(d, e)] for d in ("mr", "sst2", "subj")] for e in (5, 10)}
+    rows = list(csv.DictReader((root / "compare_across.csv").open()))
+    worst = {int(r[EPOCHS]): float(r["worst"]) for r in rows if r["metric"] == "val/acc_best"}
+    assert worst[5] == pytest.approx(max(gaps[5])) and worst[10] == pytest.approx(max(gaps[10]))
+    assert math.isnan(worst[20])  # not run on sst2: never chosen
+    assert {int(r[EPOCHS]) for r in rows if r["chosen"] == "True"} == {10}  # the smallest worst gap (about 0.01)
+    loss = {(r["data"], int(r[EPOCHS])): float(r["gap"]) for r in rows if r["metric"] == "test/loss"}
+    assert loss[("sst2", 5)] == 0 and loss[("sst2", 10)] > 0 and loss[("mr", 5)] > 0  # lower loss is better
+    rank = next(float(r["rank"]) for r in rows if r["metric"] == "val/acc_best" and r[EPOCHS] == "10")
+    assert rank == 2  # second everywhere: behind 20 epochs on mr and subj, behind 5 on sst2
+    table = (root / "compare.md").read_text()
+    assert "| trainer.max_epochs=10 **(chosen)** |" in table and "not run" in table
+    assert "Settings across the values of data (k = 3)" in capsys.readouterr().out

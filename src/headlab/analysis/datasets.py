@@ -1,0 +1,89 @@
+"""Readings over several datasets, from the rows headlab.analysis.comparison computed per dataset: each arm's
+contrast pooled over the datasets by a random-effects meta-analysis (pool, --meta KEY), and settings ranked by how
+far each falls from every dataset's own best (across, --across KEY: how defaults that transfer are chosen).
+
+A key with one value per dataset (its files, its folds) belongs to the dataset, not to an arm or a setting."""
+
+import math
+
+from headlab.analysis import inference, meta
+from headlab.analysis.comparison import hashable
+from headlab.analysis.contrasts import CompareError, Design
+
+
+def setting_keys(rows: list[dict], keys: list[str], dataset: str, design: Design, flag: str) -> list[str]:
+    """The keys that name an arm or a setting over datasets: those that vary within some dataset (the dataset key,
+    and a key chosen per arm by --select, left out)."""
+    if dataset not in keys:
+        raise CompareError(f"{flag} key {dataset!r} does not vary; varying keys: {', '.join(keys)}")
+    values = {hashable(r[dataset]) for r in rows}
+    within = lambda k: any(len({hashable(r[k]) for r in rows if hashable(r[dataset]) == d}) > 1 for d in values)  # noqa: E731
+    return [k for k in keys if k != dataset and within(k) and (not design.select or k != design.select[0])]
+
+
+def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
+    """Each arm's contrast with its baseline pooled over the values of design.meta (the datasets): per arm and
+    metric, the random-effects mean of the datasets' effects (meta.random_effects, weighted by
+    contrasts.contrast_effect's standard errors), Holm-adjusted over the arms of a metric.
+    [{"arm": {key: value}, "metric", "datasets": {value: (effect, se)}, "left_out": [values], **random_effects}];
+    a dataset whose contrast has no spread (every run alike) cannot be weighted and is left out, by name."""
+    arm_keys = setting_keys(rows, keys, design.meta, design, "--meta")
+    pooled = []
+    for metric in design.metrics:
+        arms: dict[tuple, list] = {}
+        for row in rows:
+            if "se" in (row.get(metric) or {}):
+                arm = tuple(row[k] for k in arm_keys)
+                arms.setdefault(arm, []).append((row[design.meta], row[metric]["effect"], row[metric]["se"]))
+        found = []
+        for arm, contrasts in arms.items():
+            usable = [(d, e, se) for d, e, se in contrasts if se > 0 and math.isfinite(se)]
+            combined = meta.random_effects([e for _, e, _ in usable], [se for _, _, se in usable])
+            combined["datasets"] = {d: (e, se) for d, e, se in usable}
+            combined["left_out"] = [d for d, _, se in contrasts if not (se > 0 and math.isfinite(se))]
+            found.append({"arm": dict(zip(arm_keys, arm, strict=True)), "metric": metric, **combined})
+        for result, adjusted in zip(found, inference.holm([r["p_value"] for r in found]), strict=True):
+            result["p_holm"] = adjusted
+        pooled += found
+    return pooled
+
+
+def across(rows: list[dict], keys: list[str], design: Design) -> dict:
+    """Every setting (the keys that vary within a dataset) ranked across the values of design.across (the
+    datasets). Per metric and dataset: each setting's mean, the dataset's best mean, and the setting's gap to it
+    (best - mean: 0 for the best; for a loss, where lower is better, mean - best); per setting its worst gap and
+    its mean rank (1: a dataset's best) over the datasets it was run on. The choice is made on the first metric
+    (a validation metric: the others are reported at it): the setting, run on every dataset, with the smallest
+    worst gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
+    "intervals", "worst", "rank"}}], "chosen": index or None, "metric"}."""
+    names = setting_keys(rows, keys, design.across, design, "--across")
+    datasets = sorted({r[design.across] for r in rows}, key=str)
+    found: dict[tuple, dict] = {}
+    for row in rows:
+        setting = found.setdefault(tuple(row[k] for k in names), {"setting": {k: row[k] for k in names}})
+        for metric in design.metrics:
+            if row.get(metric):
+                entry = setting.setdefault(metric, {"means": {}, "intervals": {}})
+                entry["means"][row[design.across]] = row[metric]["mean"]
+                entry["intervals"][row[design.across]] = (row[metric]["low"], row[metric]["high"])
+    settings = list(found.values())
+    for metric in design.metrics:
+        lower_is_better = "loss" in metric
+        for d in datasets:
+            scored = [s[metric]["means"][d] for s in settings if d in s.get(metric, {}).get("means", {})]
+            best = min(scored) if lower_is_better else max(scored)
+            order = sorted(set(scored), reverse=not lower_is_better)
+            for s in settings:
+                if d in s.get(metric, {}).get("means", {}):
+                    mean = s[metric]["means"][d]
+                    s[metric].setdefault("gaps", {})[d] = (mean - best) if lower_is_better else (best - mean)
+                    s[metric].setdefault("ranks", {})[d] = 1 + order.index(mean)
+        for s in settings:
+            entry = s.get(metric, {})
+            complete = len(entry.get("gaps", {})) == len(datasets)
+            entry["worst"] = max(entry["gaps"].values()) if complete else math.nan
+            entry["rank"] = sum(entry["ranks"].values()) / len(datasets) if complete else math.nan
+    first = design.metrics[0]
+    ranked = [i for i, s in enumerate(settings) if not math.isnan(s.get(first, {}).get("worst", math.nan))]
+    chosen = min(ranked, key=lambda i: (settings[i][first]["worst"], settings[i][first]["rank"]), default=None)
+    return {"datasets": datasets, "settings": settings, "chosen": chosen, "metric": first}

@@ -1,0 +1,149 @@
+"""headlab-compare's readings over several datasets, rendered from headlab.analysis.datasets: each contrast pooled
+over the datasets (--meta: a table below compare.md's, and compare_meta.csv) and settings ranked across them
+(--across: the same, and compare_across.csv)."""
+
+import csv
+import math
+from pathlib import Path
+
+from headlab.analysis.contrasts import Design
+
+
+def meta_verdict(result: dict, effect: float | None) -> str:
+    """A pooled contrast: significant (Holm p < 0.05); else, given the smallest effect that matters, no difference
+    found where the whole interval lies within it, inconclusive where the interval reaches it; else not
+    significant."""
+    if math.isnan(result["p_holm"]):
+        return "too few datasets"
+    if result["p_holm"] < 0.05:
+        return "significant"
+    if effect is None:
+        return "not significant"
+    return "no difference found" if -effect < result["low"] and result["high"] < effect else "inconclusive"
+
+
+def meta_table(pooled: list[dict], design: Design) -> list[str]:
+    """Markdown: each arm's contrast pooled over the values of design.meta (comparison.pool)."""
+    key = design.meta
+    at = f"; inconclusive: not significant, the interval reaching ±{design.effect}" if design.effect else ""
+    lines = [
+        f"Pooled over the values of {key} (a random-effects meta-analysis of k values: each value's difference "
+        "weighted by its standard error (Welch's, paired over seeds, or corrected over folds) and the between-value "
+        "variance tau² (DerSimonian-Laird); the mean's 95% interval and t-test by Hartung-Knapp-Sidik-Jonkman on "
+        f"k - 1 df, Holm-adjusted over the arms of a metric{at}; I² and Cochran's Q for heterogeneity; the 95% "
+        "prediction interval for a new value on k - 2 df; log-scale metrics: differences of logs):",
+        "",
+        f"| arm | metric | k | pooled Δ [95% CI] | p (Holm) | tau | I² | Q (p) | 95% prediction interval | "
+        f"per {key}: Δ (se) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    number = lambda v: "" if math.isnan(v) else f"{v:+.4f}"  # noqa: E731
+    for r in pooled:
+        arm = ", ".join(f"{k}={v}" for k, v in r["arm"].items()) or "all"
+        each = "; ".join(f"{d} {e:+.4f} ({se:.4f})" for d, (e, se) in r["datasets"].items())
+        each += "".join(f"; {d} left out (no spread)" for d in r["left_out"])
+        interval = f"[{number(r['low'])}, {number(r['high'])}]" if not math.isnan(r["low"]) else ""
+        predicted = f"[{number(r['pred_low'])}, {number(r['pred_high'])}]" if not math.isnan(r["pred_low"]) else ""
+        p = (
+            ""
+            if math.isnan(r["p_value"])
+            else f"{r['p_value']:.3g} ({r['p_holm']:.3g}) {meta_verdict(r, design.effect)}"
+        )
+        heterogeneity = "" if math.isnan(r["q"]) else f"{r['q']:.2f} ({r['q_p']:.3g})"
+        tau = "" if math.isnan(r["tau2"]) else f"{math.sqrt(r['tau2']):.4f}"
+        i2 = "" if math.isnan(r["i2"]) else f"{100 * r['i2']:.0f}%"
+        cells = [arm, r["metric"], str(r["k"]), f"{number(r['effect'])} {interval}", p, tau, i2, heterogeneity]
+        lines.append("| " + " | ".join([*cells, predicted, each]) + " |")
+    return [*lines, ""]
+
+
+def write_meta(out: Path, pooled: list[dict], design: Design) -> Path:
+    """The pooled table appended to compare.md, and compare_meta.csv (one row per arm and metric)."""
+    with (out / "compare.md").open("a") as f:
+        f.write("\n" + "\n".join(meta_table(pooled, design)))
+    fields = (
+        "k",
+        "effect",
+        "se",
+        "low",
+        "high",
+        "p_value",
+        "p_holm",
+        "tau2",
+        "i2",
+        "q",
+        "q_p",
+        "pred_low",
+        "pred_high",
+    )
+    with (out / "compare_meta.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        arm_keys = list(pooled[0]["arm"])
+        writer.writerow([*arm_keys, "metric", *fields, "verdict", "datasets"])
+        for r in pooled:
+            each = ";".join(f"{d}={e!r}:{se!r}" for d, (e, se) in r["datasets"].items())
+            verdict = meta_verdict(r, design.effect)
+            writer.writerow([*r["arm"].values(), r["metric"], *(r[k] for k in fields), verdict, each])
+    return out / "compare_meta.csv"
+
+
+def across_table(ranked: dict, design: Design) -> list[str]:
+    """Markdown: each setting's mean per dataset and its gap to that dataset's best, its worst gap and mean rank,
+    for every metric (datasets.across); the setting chosen on the first metric is marked."""
+    key, first, datasets = design.across, ranked["metric"], ranked["datasets"]
+    chosen = ranked["chosen"]
+    lines = [
+        f"Settings across the values of {key} (k = {len(datasets)}): each setting's mean per {key} value (its "
+        "interval) and its gap to that value's best setting (0: the best; lower is better for a loss); worst: the "
+        f"largest gap; rank: the mean rank (1: best). Chosen on {first}: the setting, run on every value, with the "
+        "smallest worst gap (ties: the better rank); the other metrics are read at it. A value's best is chosen on "
+        "the data it is read from: its gaps are optimistic for the best, and only a choice made on validation and "
+        "read on test is an honest estimate.",
+        "",
+    ]
+    for metric in design.metrics:
+        lines += [
+            f"| setting ({metric}) | worst gap | mean rank | " + " | ".join(map(str, datasets)) + " |",
+            "|" + "---|" * (3 + len(datasets)),
+        ]
+        for index, s in enumerate(ranked["settings"]):
+            entry = s.get(metric)
+            if not entry:
+                continue
+            name = ", ".join(f"{k}={v}" for k, v in s["setting"].items()) or "all"
+            mark = " **(chosen)**" if index == chosen else ""
+            cells = [f"{name}{mark}", _number(entry["worst"]), _number(entry["rank"], ".2f")]
+            for d in datasets:
+                if d not in entry["means"]:
+                    cells.append("not run")
+                    continue
+                low, high = entry["intervals"][d]
+                interval = "" if math.isnan(low) else f" [{low:.4f}, {high:.4f}]"
+                cells.append(f"{entry['means'][d]:.4f}{interval} (gap {entry['gaps'][d]:.4f})")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if chosen is None:
+        lines.append(f"No setting was run on every value of {key}: none is chosen.")
+    return lines
+
+
+def write_across(out: Path, ranked: dict, design: Design) -> Path:
+    """The ranking appended to compare.md, and compare_across.csv (one row per setting, metric and dataset)."""
+    with (out / "compare.md").open("a") as f:
+        f.write("\n" + "\n".join(across_table(ranked, design)) + "\n")
+    with (out / "compare_across.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
+        writer.writerow([*names, "metric", design.across, "mean", "low", "high", "gap", "worst", "rank", "chosen"])
+        for index, s in enumerate(ranked["settings"]):
+            for metric in design.metrics:
+                entry = s.get(metric) or {"means": {}}
+                for d, mean in entry["means"].items():
+                    low, high = entry["intervals"][d]
+                    row = [mean, low, high, entry["gaps"][d], entry["worst"], entry["rank"], index == ranked["chosen"]]
+                    writer.writerow([*s["setting"].values(), metric, d, *row])
+    return out / "compare_across.csv"
+
+
+def _number(value: float, spec: str = ".4f") -> str:
+    return "" if math.isnan(value) else format(value, spec)
