@@ -228,11 +228,10 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             a, b = row[metric], base[metric]
             p = math.nan if row is base else contrast_p(a, b, design)
             a.update(delta=a["mean"] - b["mean"], p_value=p, is_baseline=row is base)
-            if row is not base and "examples" not in a:
-                a["effect"], a["se"] = contrast_effect(a, b, design)
             if a.get("log"):
                 a["ratio"] = a["mean"] / b["mean"]
             if row is not base:
+                a["effect"], a["se"] = contrast_effect(a, b, design)  # what a meta-analysis weighs it by
                 a.update(contrast_power(a, b, design))
         if base is not None and row.get("solved") and base.get("solved"):
             if row is base:

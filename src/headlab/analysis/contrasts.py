@@ -125,11 +125,13 @@ def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float]:
     over shared seeds, the differences' sd / sqrt(pairs); else Welch's sqrt(sd_a^2 / n_a + sd_b^2 / n_b)."""
     if "folds" in a and "folds" in b:
         d = [a["folds"][f] - b["folds"][f] for f in sorted(set(a["folds"]) & set(b["folds"]))]
+        if not d:
+            return math.nan, math.nan  # no fold in common
         return _mean(d), math.sqrt(inference.cv_variance_factor(len(d), a["k"]) * _sd(d) ** 2)
     if design.over_shared_seeds:
         by_a, by_b = _by_seed(a), _by_seed(b)
         d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
-        return _mean(d), _sd(d) / math.sqrt(len(d))
+        return (_mean(d), _sd(d) / math.sqrt(len(d))) if d else (math.nan, math.nan)  # no seed in common: nan
     va, vb = (_sd(x["values"]) ** 2 / len(x["values"]) for x in (a, b))
     return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb)
 

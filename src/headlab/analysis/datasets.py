@@ -26,7 +26,8 @@ def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
     metric, the random-effects mean of the datasets' effects (meta.random_effects, weighted by
     contrasts.contrast_effect's standard errors), Holm-adjusted over the arms of a metric.
     [{"arm": {key: value}, "metric", "datasets": {value: (effect, se)}, "left_out": [values], **random_effects}];
-    a dataset whose contrast has no spread (every run alike) cannot be weighted and is left out, by name."""
+    a dataset whose contrast has no standard error (one run or fold, or every run alike) cannot be weighted and
+    is left out, by name."""
     arm_keys = setting_keys(rows, keys, design.meta, design, "--meta")
     pooled = []
     for metric in design.metrics:

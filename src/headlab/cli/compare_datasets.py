@@ -41,7 +41,7 @@ def meta_table(pooled: list[dict], design: Design) -> list[str]:
     for r in pooled:
         arm = ", ".join(f"{k}={v}" for k, v in r["arm"].items()) or "all"
         each = "; ".join(f"{d} {e:+.4f} ({se:.4f})" for d, (e, se) in r["datasets"].items())
-        each += "".join(f"; {d} left out (no spread)" for d in r["left_out"])
+        each += "".join(f"; {d} left out (no standard error: one run or fold, or all alike)" for d in r["left_out"])
         interval = f"[{number(r['low'])}, {number(r['high'])}]" if not math.isnan(r["low"]) else ""
         predicted = f"[{number(r['pred_low'])}, {number(r['pred_high'])}]" if not math.isnan(r["pred_low"]) else ""
         p = (
