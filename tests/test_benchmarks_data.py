@@ -234,3 +234,32 @@ def test_a_sweep_of_a_cross_validated_config_gets_one_job_per_fold_unless_it_nam
     assert fold_sweep(named, ["seed=0,1"]) == ["seed=0,1", "data.cv.fold=range(10)"]
     assert fold_sweep(named, ["seed=0,1", "data.cv.fold=0,1"]) == ["seed=0,1", "data.cv.fold=0,1"]
     assert fold_sweep(plain, ["seed=0,1"]) == ["seed=0,1"]
+
+
+# a training budget that follows the data (trainer.max_epochs=auto, the text defaults)
+def test_auto_epochs_are_the_steps_budget_over_the_data_s_steps_an_epoch_within_their_bounds():
+    from headlab.training.epochs import auto_epochs, steps_per_epoch
+
+    assert [auto_epochs(n, 5000, 5, 10) for n in (1000, 143, 51, 1875, 700)] == [5, 10, 10, 5, 8]  # SST-2, MR, CR
+    assert steps_per_epoch(143, 2, None) == 72 and steps_per_epoch(143, 1, 5) == 5
+    assert steps_per_epoch(143, 1, 0.5) == 71
+
+
+@pytest.mark.e2e
+def test_auto_epochs_train_a_single_run_and_a_pack_for_the_budget_of_their_data(run_cli, tmp_path):
+    data = tmp_path / "train.all"
+    data.write_text("".join(f"{y} {t}\n" for y, t in labelled_lines(120)))
+    budget = ["trainer.max_epochs=auto", "auto_epochs.steps=14", "auto_epochs.min=1", "auto_epochs.max=4"]
+    base = ["data=files", f"data.files.train={data}", "data.cv.folds=4", "data.cv.fold=0", *QUICK, *budget]
+    single = run_cli(*base, "hydra.run.dir=run")
+    assert single.returncode == 0, single.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    batches = -(-record["data"]["splits"]["train"] // 16)  # 86 sentences: 6 batches of 16, 3 epochs for 14 steps
+    assert (record["epochs"], record["global_step"]) == (3, 3 * batches)
+    assert record["config"]["trainer.max_epochs"] == "auto"
+    assert "trainer.max_epochs=auto: 3 epochs of 6 steps (auto_epochs: 14 steps, within 1-4 epochs)" in single.stdout
+    packed = run_cli("-m", "hydra/launcher=packed", *base, "seed=0,1", "+trainer.limit_train_batches=2",
+                     "hydra.sweep.dir=sweep")  # fmt: skip
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    members = load_dirs([tmp_path / "sweep"]).completed
+    assert [(r["pack"]["size"], r["epochs"], r["global_step"]) for r in members] == [(2, 4, 8)] * 2  # 7, at most 4

@@ -58,7 +58,9 @@ CASES = [
     value("optim.warmup=2", "a number in [0, 1)"),
     value("optim.sam_rho=-0.05", "a number >= 0 (0: plain AdamW steps)"),
     value("optim.rdrop=-1", "a number >= 0 (0: one pass a batch, no consistency term)"),
-    value("trainer.max_epochs=0", "an int >= 1"),
+    value("trainer.max_epochs=0", "an int >= 1, or auto (auto_epochs)"),
+    value("trainer.max_epochs=often", "an int >= 1, or auto (auto_epochs)"),
+    value("auto_epochs.steps=0", "an int >= 1"),
     value("seed=x", "an int in [0, 2**32)"),
     value("seed=-1", "an int in [0, 2**32)"),
     value("seed=4294967296", "an int in [0, 2**32)"),
@@ -87,6 +89,11 @@ CASES = [
         "max_pack of another type",
         ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=abc", "seed=0,1"],
         "invalid config: hydra.launcher.max_pack='abc' is invalid: expected an int >= 1",
+    ),
+    Case(
+        "auto epochs with bounds the wrong way round",
+        ["auto_epochs.min=20"],
+        "invalid config: auto_epochs.min=20 is invalid: expected at most auto_epochs.max (10)",
     ),
     Case(
         "packed n_jobs of another type",

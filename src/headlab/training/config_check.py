@@ -75,7 +75,10 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.warmup": PROBABILITY,
     "optim.sam_rho": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: plain AdamW steps)"),
     "optim.rdrop": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: one pass a batch, no consistency term)"),
-    "trainer.max_epochs": POSITIVE,
+    "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
+    "auto_epochs.steps": POSITIVE,
+    "auto_epochs.min": POSITIVE,
+    "auto_epochs.max": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
     "tf32": (lambda v: isinstance(v, bool), "true or false"),
@@ -128,6 +131,9 @@ def check_config(cfg: DictConfig) -> None:
         fail("optim.rdrop", cfg.optim.rdrop, rule)
     check_task(cfg)
     check_device(cfg)
+    least, most = _value(cfg, "auto_epochs.min"), _value(cfg, "auto_epochs.max")
+    if _ABSENT not in (least, most) and least > most:
+        fail("auto_epochs.min", least, f"at most auto_epochs.max ({most})")
     if _is_text(cfg) and cfg.data.get("hub") is None:  # files that are not there: before anything is imported
         from headlab.data.text_files import local_paths
 

@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
+from headlab.training import epochs, memory, records, results, sweep
 from headlab.training import loggers as loggers_
-from headlab.training import memory, records, results, sweep
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
@@ -195,8 +195,10 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
     trainer: pl.Trainer = instantiate_node(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()], **devices
-    )
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()],
+        **devices, **epochs.placeholder(cfg),
+    )  # fmt: skip
+    epochs.resolve(trainer, cfg, datamodule)
 
     facts = records.model_fields(model, datamodule)
     log.info(records.model_line(facts))

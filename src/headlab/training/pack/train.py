@@ -17,8 +17,8 @@ import lightning.pytorch as pl
 import torch
 
 from headlab.errors import TrainingError
+from headlab.training import epochs, memory, objective, records
 from headlab.training import loggers as loggers_
-from headlab.training import memory, objective, records
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.pack import analysis, resume
@@ -124,7 +124,9 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         logger=False,
         enable_checkpointing=False,
         **({} if progress else {"enable_progress_bar": False}),
+        **epochs.placeholder(members[0].cfg),
     )
+    epochs.resolve(trainer, members[0].cfg, members[0].datamodule)  # the members share their data (pack_key)
     failed = True
     try:
         started = time.perf_counter()
