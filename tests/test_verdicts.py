@@ -277,6 +277,8 @@ def test_kaplan_meier_and_log_rank_reproduce_the_textbook_leukaemia_example():
     assert placebo["median"] == 8 and placebo["low"] <= 8 <= placebo["high"]
     p = survival.logrank_p((SIX_MP[0], [bool(e) for e in SIX_MP[1]]), (PLACEBO, [True] * 21))
     assert p == pytest.approx(stats.chi2.sf(16.79, 1), rel=2e-3)  # the textbook's log-rank chi-square, 16.79
+    all_at_626 = ([626] * 10, [True] * 10)  # heads_fixed_width's h = 2 and h = 4: every seed at one validation
+    assert survival.logrank_p(all_at_626, all_at_626) == 1.0  # scipy gives 0/0 = nan
 
 
 def curve_run(heads, seed, reach_at, budget=500):

@@ -49,7 +49,12 @@ def kaplan_meier(times: list[int], reached: list[bool]) -> dict:
 
 
 def logrank_p(a: tuple[list[int], list[bool]], b: tuple[list[int], list[bool]]) -> float:
-    """Two-sided log-rank test between two arms' (times, reached); nan where neither reached the threshold."""
+    """Two-sided log-rank test between two arms' (times, reached); nan where neither reached the threshold.
+
+    Where every run still at risk reaches it at the same single step (both arms alike), observed and expected
+    counts agree and their variance is 0: scipy's 0/0 is nan, the test's limit is p = 1 (nothing tells them apart)."""
     if not (any(a[1]) or any(b[1])):
         return math.nan
-    return float(stats.logrank(_censored(*a), _censored(*b)).pvalue)
+    with np.errstate(invalid="ignore"):
+        p = float(stats.logrank(_censored(*a), _censored(*b)).pvalue)
+    return 1.0 if math.isnan(p) else p
