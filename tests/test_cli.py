@@ -92,7 +92,7 @@ def test_text_data_brings_its_own_model_defaults_and_what_is_given_still_wins():
             cfg.trainer.max_epochs,
         )
 
-    assert defaults(files) == defaults(hub) == (128, 16, 0.3, "mean", 0.1, 3.0, 5)
+    assert defaults(files) == defaults(hub) == (128, 16, 0.3, "mean", 0.1, 3.0, "auto")
     assert defaults(generated) == (64, 4, 0.0, None, 0.01, 0.0, 5)
     assert defaults(given) == (32, 16, 0.3, "mean", 0.1, 3.0, 2)
     assert defaults(recipe) == (256, 4, 0.3, "mean", 0.1, 0.0, 4)
