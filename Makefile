@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: help install train sweep experiments confirmations test test-fast bench lint format clean
+.PHONY: help install train sweep experiments confirmations text-experiments test test-fast bench lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -62,6 +62,23 @@ confirmations: $(STAMP)  ## run the stated confirmations on seeds 10-19 (ARGS=sw
 	    hydra.sweep.dir=multirun/confirm/$(e) $(ARGS); \
 	  $(BIN)/headlab-compare multirun/confirm/$(e) --confirm --out experiments/results/$(e)/confirm \
 	    --into experiments/RESULTS.md --archive experiments/results/$(e)/confirm/runs.tar.xz || exit 1;) fi
+
+# the text experiments over the six datasets (SST-2 from its files under DATA): one sweep per dataset, folds x one
+# seed where the data cross-validates, then one reading of all six into experiments/RESULTS.md
+TEXT ?= text_heads_fixed_width text_defaults_search
+DATA ?= ../shared/data
+TEXT_DATA = sst2 mr subj cr mpqa sst5
+TEXT_DATA.sst2 = data=files data.files.train=$(abspath $(DATA))/sst2/train.tsv \
+  data.files.test=$(abspath $(DATA))/sst2/dev.tsv data.text_column=sentence
+TEXT_DATA.sst5 = data=sst5
+$(foreach d,mr subj cr mpqa,$(eval TEXT_DATA.$(d) = data=$(d) seed=0))
+
+text-experiments: $(STAMP)  ## run the text experiments on six datasets (a day on a GPU; ARGS=sweep.resume=true continues)
+	for e in $(TEXT); do \
+	  $(foreach d,$(TEXT_DATA),HEADLAB_DATA=$(abspath $(DATA)) $(BIN)/headlab-train experiment=$$e $(TEXT_DATA.$(d)) \
+	    hydra.sweep.dir=multirun/$$e/$(d) $(ARGS) &&) \
+	  $(BIN)/headlab-compare $(foreach d,$(TEXT_DATA),multirun/$$e/$(d)) --out experiments/results/$$e \
+	    --into experiments/RESULTS.md --archive experiments/results/$$e/runs.tar.xz || exit 1; done
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code
