@@ -119,12 +119,17 @@ def contrast_p(a: dict, b: dict, design: Design) -> float:
     )
 
 
+def _fold_differences(a: dict, b: dict) -> list[float]:
+    """Each shared fold's difference a - b (each fold's value averaged over its seeds), in fold order."""
+    return [a["folds"][f] - b["folds"][f] for f in sorted(set(a["folds"]) & set(b["folds"]))]
+
+
 def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float]:
     """An arm's difference to its baseline and its standard error, on the scale its test uses (logs with --log),
     as a meta-analysis weighs it: over shared folds, the corrected resampled one (cross-validated runs); paired
     over shared seeds, the differences' sd / sqrt(pairs); else Welch's sqrt(sd_a^2 / n_a + sd_b^2 / n_b)."""
     if "folds" in a and "folds" in b:
-        d = [a["folds"][f] - b["folds"][f] for f in sorted(set(a["folds"]) & set(b["folds"]))]
+        d = _fold_differences(a, b)
         if not d:
             return math.nan, math.nan  # no fold in common
         return _mean(d), math.sqrt(inference.cv_variance_factor(len(d), a["k"]) * _sd(d) ** 2)
@@ -152,8 +157,15 @@ def example_p(a: dict, b: dict, test: str) -> float:
 def contrast_power(a: dict, b: dict, design: Design) -> dict:
     """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
     the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
-    "seeds_for_power"}; {} for cross-validated runs and tests over examples."""
-    if "folds" in a or "examples" in a:
+    "seeds_for_power"}; over folds, the corrected test's power alone (more seeds do not shrink its fold term);
+    {} for tests over examples."""
+    if "examples" in a:
+        return {}
+    if "folds" in a and "folds" in b:
+        d = _fold_differences(a, b)
+        effect = design.effect if design.effect is not None else abs(_mean(d)) if d else math.nan
+        return {"power": power.cv_paired_power(effect, _sd(d), len(d), a["k"]), "power_effect": effect}
+    if "folds" in a or "folds" in b:
         return {}
     effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
     if design.over_shared_seeds:

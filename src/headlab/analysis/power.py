@@ -4,14 +4,17 @@ Means are compared by t-tests: power from the noncentral t distribution (Welch's
 independent arms; the differences' sd for paired ones). Rank and permutation tests have no closed form: their
 power is read from the t-test's, which they approach for the sample sizes a sweep has. Solve rates are compared
 by Fisher's exact test, its power simulated (seeded); paired over seeds, by McNemar's exact test, its power summed
-exactly. A contrast that is not significant while its power is below 0.5 is inconclusive: the data could not have
-told the effect from none.
+exactly. Over cross-validation folds, the corrected resampled t-test's, from its corrected variance. A contrast
+that is not significant while its power is below 0.5 is inconclusive: the data could not have told the effect
+from none.
 """
 
 import math
 
 import numpy as np
 from scipy import stats
+
+from headlab.analysis import inference
 
 ALPHA = 0.05
 TARGET = 0.8  # the power a planned sweep aims at
@@ -37,6 +40,19 @@ def paired_power(delta: float, sd_difference: float, n: int, alpha: float = ALPH
     if sd_difference == 0:
         return 1.0 if delta else math.nan
     return _two_sided_power(delta / (sd_difference / math.sqrt(n)), n - 1, alpha)
+
+
+def cv_paired_power(delta: float, sd_difference: float, folds: int, k: int, alpha: float = ALPHA) -> float:
+    """Power of the corrected resampled paired t-test (inference.cv_paired_p) over `folds` of k-fold CV whose
+    per-fold differences have this sd: noncentral t on folds - 1 df with the corrected variance of the mean. Exact
+    where the folds' differences are exchangeable normals of correlation 1/k (Nadeau & Bengio's model, all k
+    folds measured)."""
+    if folds < 2 or math.isnan(delta) or math.isnan(sd_difference):
+        return math.nan
+    if sd_difference == 0:
+        return 1.0 if delta else math.nan
+    spread = math.sqrt(inference.cv_variance_factor(folds, k)) * sd_difference
+    return _two_sided_power(delta / spread, folds - 1, alpha)
 
 
 def _two_sided_power(noncentrality: float, df: float, alpha: float) -> float:

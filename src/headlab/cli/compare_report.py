@@ -121,7 +121,8 @@ def _verdicts(design: Design) -> str:
     return (
         "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
         f"{at} was below 0.5: the seeds could not have told it from none); no difference found (not, with power "
-        "0.5 or more). Power: the t-test's (noncentral t), for rank and permutation tests too; solve rates: "
+        "0.5 or more). Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the "
+        "corrected test's (its corrected variance); solve rates: "
         f"{'exact McNemar' if design.over_shared_seeds else 'Fisher'}'s, "
         f"{'summed exactly' if design.over_shared_seeds else 'simulated'}. Converged: no run of the arm improved "
         "val/acc at its last validation."
