@@ -279,3 +279,7 @@ def test_auto_epochs_train_a_single_run_and_a_pack_for_the_budget_of_their_data(
     assert packed.returncode == 0, packed.stderr[-2000:]
     members = load_dirs([tmp_path / "sweep"]).completed
     assert [(r["pack"]["size"], r["epochs"], r["global_step"]) for r in members] == [(2, 4, 8)] * 2  # 7, at most 4
+    for wrong, message in (("auto_epochs.min=5", "expected at most auto_epochs.max (4)"),
+                           ("auto_epochs.steps=0", "expected an int >= 1")):  # fmt: skip
+        refused = run_cli(*base, wrong)
+        assert refused.returncode == 2 and refused.stderr.strip().endswith(f"{wrong} is invalid: {message}")
