@@ -148,8 +148,12 @@ def test_meta_pairs_over_seeds_with_paired_and_refuses_what_it_cannot_pool(tmp_p
     apart = [{"config": {HEADS: h, "seed": s}, "metrics": {"test/acc": 0.8}} for h, s in ((1, 0), (1, 1), (4, 2))]
     four = compare(apart, Design(["test/acc"], baseline=(HEADS, "1"), paired=True))[1][1]["test/acc"]
     assert math.isnan(four["effect"]) and math.isnan(four["se"]) and math.isnan(four["p_value"])  # no seed shared
-    with pytest.raises(SystemExit, match="--meta key 'seed' does not vary"):
+    with pytest.raises(SystemExit, match="--meta key 'seed' does not vary; varying"):
         main([str(root), "--baseline", f"{HEADS}=1", "--meta", "seed"])
+    for run in runs_of(root, "mr", 4) + runs_of(root, "mr", 1):  # one dataset alone: read it without --meta
+        write(tmp_path / "mr", len(list((tmp_path / "mr").glob("*"))), run["config"], run["metrics"]["test/acc"])
+    with pytest.raises(SystemExit, match="'data' does not vary \\(every run has 'mr': read one dataset without --meta"):
+        main([str(tmp_path / "mr"), "--baseline", f"{HEADS}=1", "--meta", "data"])
     with pytest.raises(SystemExit):
         main([str(root), "--meta", "data"])
     assert "--meta needs --baseline" in capsys.readouterr().err

@@ -80,6 +80,11 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
     keys = varying_keys(records)
     if design.select and design.select[0] not in keys:
         keys.append(design.select[0])  # every arm chose the same value: still shown
+    for flag, key in (("--meta", design.meta), ("--across", design.across)):
+        if key and key not in keys:
+            one = {hashable(r["config"][key]) for r in records if key in r["config"]}
+            alone = f" (every run has {one.pop()!r}: read one dataset without {flag})" if len(one) == 1 else ""
+            raise CompareError(f"{flag} key {key!r} does not vary{alone}; varying keys: {', '.join(keys)}")
     rows = []
     for values, runs in group_runs(records, keys).items():
         row = dict(zip(keys, values, strict=True))

@@ -8,14 +8,12 @@ import math
 
 from headlab.analysis import inference, meta
 from headlab.analysis.comparison import hashable
-from headlab.analysis.contrasts import CompareError, Design
+from headlab.analysis.contrasts import Design
 
 
-def setting_keys(rows: list[dict], keys: list[str], dataset: str, design: Design, flag: str) -> list[str]:
+def setting_keys(rows: list[dict], keys: list[str], dataset: str, design: Design) -> list[str]:
     """The keys that name an arm or a setting over datasets: those that vary within some dataset (the dataset key,
     and a key chosen per arm by --select, left out)."""
-    if dataset not in keys:
-        raise CompareError(f"{flag} key {dataset!r} does not vary; varying keys: {', '.join(keys)}")
     values = {hashable(r[dataset]) for r in rows}
     within = lambda k: any(len({hashable(r[k]) for r in rows if hashable(r[dataset]) == d}) > 1 for d in values)  # noqa: E731
     return [k for k in keys if k != dataset and within(k) and (not design.select or k != design.select[0])]
@@ -28,7 +26,7 @@ def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
     [{"arm": {key: value}, "metric", "datasets": {value: (effect, se)}, "left_out": [values], **random_effects}];
     a dataset whose contrast has no standard error (one run or fold, or every run alike) cannot be weighted and
     is left out, by name."""
-    arm_keys = setting_keys(rows, keys, design.meta, design, "--meta")
+    arm_keys = setting_keys(rows, keys, design.meta, design)
     pooled = []
     for metric in design.metrics:
         arms: dict[tuple, list] = {}
@@ -57,7 +55,7 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
     (a validation metric: the others are reported at it): the setting, run on every dataset, with the smallest
     worst gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
     "intervals", "worst", "rank"}}], "chosen": index or None, "metric"}."""
-    names = setting_keys(rows, keys, design.across, design, "--across")
+    names = setting_keys(rows, keys, design.across, design)
     datasets = sorted({r[design.across] for r in rows}, key=str)
     found: dict[tuple, dict] = {}
     for row in rows:
