@@ -130,6 +130,24 @@ def test_a_non_significant_contrast_is_inconclusive_where_power_is_low_and_settl
     assert compare(clear, Design(["test/acc"], baseline=(HEADS, "1")))[1][1]["test/acc"]["verdict"] == "significant"
 
 
+def test_no_difference_is_found_only_where_the_difference_interval_lies_within_the_stated_margin():
+    z = np.random.default_rng(3).normal(size=(2, 10))
+    z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, ddof=1, keepdims=True)  # sd 0.01 exactly, Δ 0.005
+    runs = [record(h, s, 0.8 + 0.005 * (h == 4) + 0.01 * z[int(h == 4), s]) for h in (1, 4) for s in range(10)]
+    four = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.01))[1][1]["test/acc"]
+    a, b = (0.8 + 0.005 * (h == 4) + 0.01 * z[int(h == 4)] for h in (4, 1))
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval()  # Welch's interval: 0.01 inside it
+    half = stats.t.ppf(0.975, four["df"]) * four["se"]
+    assert (four["effect"] - half, four["effect"] + half) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert four["p_holm"] > 0.05 and four["power"] > 0.5 and ci.high > 0.01 and four["verdict"] == "inconclusive"
+    wide = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.03))[1][1]["test/acc"]
+    assert wide["verdict"] == "no difference found"  # the whole interval within ±0.03
+    assert [power.verdict(0.2, p, w) for p, w in ((0.3, True), (0.8, True), (0.8, False), (0.8, None))] == [
+        "inconclusive", "no difference found", "inconclusive", "not significant"  # no margin: no "no difference"
+    ]  # fmt: skip
+    assert power.verdict(0.2, math.nan, None) == "not significant" and power.verdict(0.01, 0.1) == "significant"
+
+
 def test_paired_solve_rates_are_a_conditional_logistic_model_over_seeds_tested_exactly_with_exact_power():
     from statsmodels.discrete.conditional_models import ConditionalLogit
 

@@ -16,6 +16,7 @@ from headlab.analysis.contrasts import (
     contrast_power,
     example_summary,
     solve_rate_contrast,
+    within_margin,
 )
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 
@@ -236,7 +237,7 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
             if a.get("log"):
                 a["ratio"] = a["mean"] / b["mean"]
             if row is not base:
-                a["effect"], a["se"] = contrast_effect(a, b, design)  # what a meta-analysis weighs it by
+                a["effect"], a["se"], a["df"] = contrast_effect(a, b, design)  # what a meta-analysis weighs it by
                 a.update(contrast_power(a, b, design))
         if base is not None and row.get("solved") and base.get("solved"):
             if row is base:
@@ -250,7 +251,8 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
         summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
-            summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan))
+            within = within_margin(summary, design.effect)
+            summary["verdict"] = power.verdict(adjusted, summary.get("power", math.nan), within)
 
 
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from headlab.analysis import inference, power, predictions
 
@@ -124,21 +125,34 @@ def _fold_differences(a: dict, b: dict) -> list[float]:
     return [a["folds"][f] - b["folds"][f] for f in sorted(set(a["folds"]) & set(b["folds"]))]
 
 
-def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float]:
-    """An arm's difference to its baseline and its standard error, on the scale its test uses (logs with --log),
-    as a meta-analysis weighs it: over shared folds, the corrected resampled one (cross-validated runs); paired
-    over shared seeds, the differences' sd / sqrt(pairs); else Welch's sqrt(sd_a^2 / n_a + sd_b^2 / n_b)."""
+def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float, float]:
+    """An arm's difference to its baseline, its standard error and the degrees of freedom of its t interval, on the
+    scale its test uses (logs with --log), as a meta-analysis weighs it: over shared folds, the corrected
+    resampled one (folds - 1 df); paired over shared seeds, the differences' sd / sqrt(pairs) (pairs - 1 df); else
+    Welch's sqrt(sd_a^2 / n_a + sd_b^2 / n_b) on Welch-Satterthwaite's df."""
     if "folds" in a and "folds" in b:
         d = _fold_differences(a, b)
         if not d:
-            return math.nan, math.nan  # no fold in common
-        return _mean(d), math.sqrt(inference.cv_variance_factor(len(d), a["k"]) * _sd(d) ** 2)
+            return math.nan, math.nan, math.nan  # no fold in common
+        return _mean(d), math.sqrt(inference.cv_variance_factor(len(d), a["k"]) * _sd(d) ** 2), len(d) - 1
     if design.over_shared_seeds:
         by_a, by_b = _by_seed(a), _by_seed(b)
         d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
-        return (_mean(d), _sd(d) / math.sqrt(len(d))) if d else (math.nan, math.nan)  # no seed in common: nan
-    va, vb = (_sd(x["values"]) ** 2 / len(x["values"]) for x in (a, b))
-    return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb)
+        return (_mean(d), _sd(d) / math.sqrt(len(d)), len(d) - 1) if d else (math.nan,) * 3  # no seed in common
+    (va, na), (vb, nb) = ((_sd(x["values"]) ** 2 / len(x["values"]), len(x["values"])) for x in (a, b))
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else math.nan
+    return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb), df
+
+
+def within_margin(summary: dict, effect: float | None) -> bool | None:
+    """Whether the 95% t interval of an arm's difference (contrast_effect's) lies within +-effect, the smallest
+    difference that matters (design.effect): the equivalence reading behind "no difference found". None without
+    a margin or without an interval (solve rates, tests over examples)."""
+    if effect is None or "se" not in summary:
+        return None
+    df = summary["df"]
+    half = stats.t.ppf(0.975, df) * summary["se"] if df > 0 and summary["se"] > 0 else math.nan
+    return abs(summary["effect"]) + half < effect  # nan compares False: no interval, no equivalence
 
 
 def example_p(a: dict, b: dict, test: str) -> float:

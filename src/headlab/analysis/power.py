@@ -104,14 +104,15 @@ def mcnemar_power(only_a: float, only_b: float, n: int, alpha: float = ALPHA) ->
     return float(total)
 
 
-def verdict(p_holm: float, power: float, alpha: float = ALPHA) -> str:
-    """'significant' (Holm-adjusted p below alpha), 'inconclusive' (not, with power below 0.5), 'no difference
-    found' (not, with power of 0.5 or more at the effect it was computed for), or 'not significant' (power not
-    computed)."""
+def verdict(p_holm: float, power: float, within: bool | None = None, alpha: float = ALPHA) -> str:
+    """'significant' (Holm-adjusted p below alpha); else 'inconclusive' where the power was below 0.5; given a
+    smallest difference that matters, 'no difference found' only where the difference's 95% interval also lies
+    within it (within: contrasts.within_margin), 'inconclusive' where it reaches it; without one (within None), or
+    where no power was computed, 'not significant': a margin nobody stated cannot be shown absent."""
     if math.isnan(p_holm):
         return ""
     if p_holm < alpha:
         return "significant"
-    if math.isnan(power):
-        return "not significant"
-    return "inconclusive" if power < 0.5 else "no difference found"
+    if math.isnan(power) or within is None:
+        return "inconclusive" if power < 0.5 else "not significant"
+    return "inconclusive" if power < 0.5 or not within else "no difference found"

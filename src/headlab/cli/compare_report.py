@@ -117,11 +117,18 @@ _CROSS_VALIDATED = (
 
 
 def _verdicts(design: Design) -> str:
-    at = f"a difference of {design.effect}" if design.effect is not None else "the observed difference"
+    x = design.effect
+    at = f"a difference of {x}" if x is not None else "the observed difference"
+    settled = (
+        f"no difference found (not, with power 0.5 or more and the difference's 95% interval within ±{x}; "
+        f"inconclusive where it reaches ±{x})"
+        if x is not None
+        else "not significant (neither: without a margin, --effect, no difference can be shown absent)"
+    )
     return (
         "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
-        f"{at} was below 0.5: the seeds could not have told it from none); no difference found (not, with power "
-        "0.5 or more). Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the "
+        f"{at} was below 0.5: the seeds could not have told it from none); {settled}. "
+        "Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the "
         "corrected test's (its corrected variance); solve rates: "
         f"{'exact McNemar' if design.over_shared_seeds else 'Fisher'}'s, "
         f"{'summed exactly' if design.over_shared_seeds else 'simulated'}. Converged: no run of the arm improved "
