@@ -120,9 +120,12 @@ def test_meta_pools_each_datasets_contrast_weighted_by_the_standard_error_its_de
     for name, value in each.items():
         assert tuple(map(float, value.split(":"))) == pytest.approx(expected[name], rel=1e-9), name
     assert row["verdict"] == ("significant" if pooled["p_value"] < 0.05 else "inconclusive")
+    per_dataset = [r for r in csv.DictReader((root / "compare.csv").open()) if r[HEADS] == "4"]
+    assert len(per_dataset) == 3 and all(r["test/acc_p_holm"] == r["test/acc_p_value"] for r in per_dataset)
     table = (root / "compare.md").read_text()
     assert (
         "Pooled over the values of data (a random-effects meta-analysis" in table
+        and "Holm-adjusted over the comparisons of each column and value of data." in table  # each read alone
         and "Hartung-Knapp-Sidik-Jonkman" in table
     )
     assert (

@@ -3,6 +3,7 @@ pooled), each metric summarised over seeds (or folds), a value chosen per arm on
 with a baseline group (headlab.analysis.contrasts). What headlab-compare prints is rendered from what this computes.
 """
 
+import itertools
 import json
 import math
 
@@ -213,7 +214,8 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
 def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     """Difference of each group to the group with key=value and the other keys equal (a selected key may
     differ): the design's test (contrasts.contrast_p), solve rates by Fisher's test or paired over seeds
-    (contrasts.solve_rate_contrast), and Holm's correction over all the comparisons of a metric."""
+    (contrasts.solve_rate_contrast), and Holm's correction over all the comparisons of a metric (of a metric and
+    dataset with --meta: each dataset read as it would be alone)."""
     key, value = design.baseline
     if key not in keys:
         raise CompareError(f"--baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
@@ -247,8 +249,13 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
         if base is not None and row.get("reach") and base.get("reach"):
             times = [(s["times"], s["reached"]) for s in (row["reach"], base["reach"])]
             row["reach"]["p_value"] = math.nan if row is base else survival.logrank_p(*times)
-    for metric in [*design.metrics, "solved", "reach"]:
-        summaries = [r[metric] for r in rows if isinstance(r.get(metric), dict) and "p_value" in r[metric]]
+    families = {hashable(r.get(design.meta)) for r in rows}  # with --meta, each dataset is read as alone
+    for metric, family in itertools.product([*design.metrics, "solved", "reach"], families):
+        summaries = [
+            r[metric]
+            for r in rows
+            if isinstance(r.get(metric), dict) and "p_value" in r[metric] and hashable(r.get(design.meta)) == family
+        ]
         for summary, adjusted in zip(summaries, inference.holm([s["p_value"] for s in summaries]), strict=True):
             summary["p_holm"] = adjusted
             within = within_margin(summary, design.effect)

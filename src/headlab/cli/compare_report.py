@@ -153,7 +153,7 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
         "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
         "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
         f"Clopper-Pearson; p: {design.test_name}, {design.solve_test_name}, Holm-adjusted over the comparisons of "
-        "each column.",
+        f"each column{f' and value of {design.meta}' if design.meta else ''}.",
         *([_verdicts(design)] if design.baseline else []),
         *(
             [f"On the log scale (geometric means; tests on the logs; x: the ratio): {', '.join(design.log)}."]
