@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from headlab.model import Encoder
+from headlab.training import optim
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 
@@ -58,9 +59,12 @@ def test_a_stack_in_eval_mode_drops_nothing_as_its_models_in_eval_mode():
         assert not torch.allclose(stack.batched(tokens, mask), expected)
 
 
-def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
+@pytest.mark.parametrize("fused", [None, False])
+def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member(fused):
     """Three members with their own lr, weight decay and betas, five steps with gradient clipping at 1.0 (which
-    bites: the gradients are scaled up), against three torch.optim.AdamW of their own and clip_grad_norm_."""
+    bites: the gradients are scaled up), against three torch.optim.AdamW of their own and clip_grad_norm_: on the
+    CPU by default each member through the fused kernel, exactly as a single run (optim.adamw); the stacked update
+    of other devices (fused=False) as torch's single-tensor AdamW, to rounding."""
     alone = models(3)
     stack = Stacked([copy.deepcopy(m) for m in alone]).double()
     hyper = [(1e-2, 0.1, (0.9, 0.98)), (3e-3, 0.0, (0.8, 0.999)), (1e-1, 0.01, (0.95, 0.9))]
@@ -69,6 +73,7 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
         lr=[h[0] for h in hyper],
         weight_decay=[h[1] for h in hyper],
         betas=[h[2] for h in hyper],
+        fused=fused,
     )
     references = []
     for model, (lr, wd, betas) in zip(alone, hyper, strict=True):
@@ -76,7 +81,10 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
             {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": wd},
             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
         ]
-        references.append(torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False))
+        if fused is None:
+            references.append(optim.adamw(groups, lr, betas, torch.device("cpu")))
+        else:
+            references.append(torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False))
     for step in range(5):
         packed.scale = torch.tensor([1.0, 0.5, 0.25]) * (step + 1) / 5  # a schedule per member
         torch.manual_seed(100 + step)
@@ -94,7 +102,7 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member():
     stacked = stack.stacked()
     for e, model in enumerate(alone):
         for name, p in model.named_parameters():
-            torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)
+            torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)  # clipping's rounding
 
 
 def test_a_frozen_member_does_not_move_and_the_others_do():

@@ -31,6 +31,14 @@ def parameter_groups(module, weight_decay: float) -> list[dict]:
     ]
 
 
+def adamw(groups: list[dict], lr: float, betas, device):
+    """torch's AdamW as a single run trains with it: on the CPU its fused kernel, one pass a tensor where the
+    single-tensor update makes several (a pack's members run the same kernel: vectorized.PackedAdamW)."""
+    import torch
+
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if device.type == "cpu" else None)
+
+
 def warmup_steps(warmup: float, total_steps: int) -> int:
     return max(1, int(warmup * total_steps))
 

@@ -175,15 +175,18 @@ class MemberViews(torch.autograd.Function):
 class PackedAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update on stacked parameters, with an (E,) learning rate, weight decay and betas.
 
-    Written as torch's single-tensor AdamW (decoupled weight decay, bias corrections, eps outside the square root)
-    so that member e follows exactly the steps an AdamW of its own would take. A group's `decay` says which
-    entries get weight decay: True, False (biases, norms, vectors: the single run's no-decay group), or a mask
-    along the last dimension (Stacked.decay_mask). `scale` (E,) multiplies
-    every member's learning rate (the schedule); `alive` (E,) bool freezes members that diverged.
+    Member e follows exactly the steps an AdamW of its own would take: on the CPU, each member's rows go through
+    torch's fused AdamW kernel, which single runs use there too (optim.adamw); elsewhere, every member at once,
+    written as torch's AdamW (decoupled weight decay, bias corrections, eps outside the square root). A group's
+    `decay` says which entries get weight decay: True, False (biases, norms, vectors: the single run's no-decay
+    group), or a mask along the last dimension (Stacked.decay_mask). `scale` (E,) multiplies every member's
+    learning rate (the schedule); `alive` (E,) bool freezes members that diverged. `fused` forces one way or the
+    other (False: the stacked update on the CPU too).
     """
 
-    def __init__(self, groups: list[dict], lr, weight_decay, betas, eps: float = 1e-8):
+    def __init__(self, groups: list[dict], lr, weight_decay, betas, eps: float = 1e-8, fused: bool | None = None):
         defaults = {"eps": eps, "decay": True}
+        self.fused = fused  # None: fused on the CPU (contiguous tensors), stacked elsewhere
         super().__init__(groups, defaults)
         ref = groups[0]["params"][0]
         self.lr = torch.as_tensor(lr, dtype=torch.float64)
@@ -192,6 +195,7 @@ class PackedAdamW(torch.optim.Optimizer):
         self.scale = torch.ones(len(self.lr), dtype=torch.float64)
         self.alive = torch.ones(len(self.lr), dtype=torch.bool, device=ref.device)
         self.scratch: dict[torch.Tensor, torch.Tensor] = {}  # parameter -> a tensor like it, for temporaries
+        self.segments: dict[torch.Tensor, list] = {}  # parameter -> its rows' decayed and other segments
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -199,9 +203,6 @@ class PackedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # (E,) learning rates; a frozen member's is 0. `alive` stays on its device: reading it would wait for the GPU
-        lr = (self.lr * self.scale).to(self.alive.device) * self.alive
-        beta1, beta2 = self.betas[:, 0], self.betas[:, 1]
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -210,31 +211,73 @@ class PackedAdamW(torch.optim.Optimizer):
                 if not state:
                     state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-                t, grad, exp_avg, exp_avg_sq = state["step"], p.grad, state["exp_avg"], state["exp_avg_sq"]
-                # one (E, P) scratch tensor for every temporary, kept between steps: a fresh one each step costs
-                # its page faults on a CPU (most of the update's time at 4M parameters a member)
-                scratch = self.scratch.get(p)
-                if scratch is None:
-                    scratch = self.scratch[p] = torch.empty_like(p)
-                decay = group["decay"]
-                if isinstance(decay, torch.Tensor):  # 1 - lr wd on the masked entries, 1 elsewhere
-                    torch.mul(p, decay.to(p.dtype), out=scratch)
-                    p.sub_(scratch.mul_(per_row(lr * self.weight_decay.to(lr.device), p)))
-                elif decay:
-                    p.mul_(per_row(1 - lr * self.weight_decay.to(lr.device), p))
-                exp_avg.lerp_(grad, per_row(1 - beta1, p))
-                exp_avg_sq.mul_(per_row(beta2, p))
-                if (beta2 == beta2[0]).all():
-                    exp_avg_sq.addcmul_(grad, grad, value=float(1 - beta2[0]))
+                on_cpu = p.device.type == "cpu" and p.is_contiguous() and p.grad.is_contiguous()
+                if on_cpu if self.fused is None else self.fused:
+                    self._member_by_member(p, group, state)
                 else:
-                    exp_avg_sq.addcmul_(grad, grad * per_row(1 - beta2, p))
-                step_size = per_row(lr / (1 - beta1**t).to(lr.device), p)  # (E,)
-                denom = torch.sqrt(exp_avg_sq, out=scratch).div_(per_row((1 - beta2**t).sqrt(), p)).add_(group["eps"])
-                if isinstance(step_size, float):
-                    p.addcdiv_(exp_avg, denom, value=-step_size)
-                else:  # exp_avg / (denom / step): a frozen member's step 0 makes it exp_avg / inf = 0
-                    p.addcdiv_(exp_avg, denom.div_(step_size), value=-1)
+                    self._stacked(p, group, state)
         return loss
+
+    def _member_by_member(self, p: torch.Tensor, group: dict, state: dict) -> None:
+        """On the CPU: each live member's rows by torch's fused AdamW kernel (what torch.optim.AdamW(fused=True)
+        runs, optim.adamw's single runs included), one pass over parameter, gradient and moments where the
+        stacked update makes nine; a mask's decayed and other entries as two lists of contiguous segments."""
+        step = torch.tensor(float(state["step"]))
+        segments = self._segments(p, group["decay"])
+        for e in torch.nonzero(self.alive).flatten().tolist():  # a frozen member is left as it is
+            rows = [x[e].view(-1) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+            for decayed, cuts in segments:
+                p_e, grad_e, exp_avg_e, exp_avg_sq_e = ([row[a:b] for a, b in cuts] for row in rows)
+                torch._fused_adamw_(  # torch.optim.adamw._fused_adamw's call; the pinned torch has it
+                    p_e, grad_e, exp_avg_e, exp_avg_sq_e, [], [step] * len(cuts),
+                    lr=float(self.lr[e] * self.scale[e]), beta1=float(self.betas[e, 0]),
+                    beta2=float(self.betas[e, 1]), weight_decay=float(self.weight_decay[e]) if decayed else 0.0,
+                    eps=group["eps"], amsgrad=False, maximize=False,
+                )  # fmt: skip
+
+    def _segments(self, p: torch.Tensor, decay) -> list[tuple[bool, list[tuple[int, int]]]]:
+        """A member row's entries as [(decayed, [(start, end), ...])]: the runs of equal value of a decay mask (one
+        run a parameter of the flat layout), or the whole row."""
+        size = p[0].numel()
+        if not isinstance(decay, torch.Tensor):
+            return [(bool(decay), [(0, size)])]
+        if p not in self.segments:
+            mask = decay.reshape(-1).cpu()
+            cuts = [0, *(torch.nonzero(mask[1:] != mask[:-1]).flatten() + 1).tolist(), size]
+            runs = [(bool(mask[a]), (a, b)) for a, b in zip(cuts, cuts[1:], strict=False)]
+            kinds = {d: [r for v, r in runs if v == d] for d in (True, False)}
+            self.segments[p] = [(d, runs_of_d) for d, runs_of_d in kinds.items() if runs_of_d]
+        return self.segments[p]
+
+    def _stacked(self, p: torch.Tensor, group: dict, state: dict) -> None:
+        """Every member at once with (E,) hyperparameters (on a GPU: no member's value is read back)."""
+        # (E,) learning rates; a frozen member's is 0. `alive` stays on its device: reading it would wait for the GPU
+        lr = (self.lr * self.scale).to(self.alive.device) * self.alive
+        beta1, beta2 = self.betas[:, 0], self.betas[:, 1]
+        t, grad, exp_avg, exp_avg_sq = state["step"], p.grad, state["exp_avg"], state["exp_avg_sq"]
+        # one (E, P) scratch tensor for every temporary, kept between steps: a fresh one each step costs its page
+        # faults on a CPU
+        scratch = self.scratch.get(p)
+        if scratch is None:
+            scratch = self.scratch[p] = torch.empty_like(p)
+        decay = group["decay"]
+        if isinstance(decay, torch.Tensor):  # 1 - lr wd on the masked entries, 1 elsewhere
+            torch.mul(p, decay.to(p.dtype), out=scratch)
+            p.sub_(scratch.mul_(per_row(lr * self.weight_decay.to(lr.device), p)))
+        elif decay:
+            p.mul_(per_row(1 - lr * self.weight_decay.to(lr.device), p))
+        exp_avg.lerp_(grad, per_row(1 - beta1, p))
+        exp_avg_sq.mul_(per_row(beta2, p))
+        if (beta2 == beta2[0]).all():
+            exp_avg_sq.addcmul_(grad, grad, value=float(1 - beta2[0]))
+        else:
+            exp_avg_sq.addcmul_(grad, grad * per_row(1 - beta2, p))
+        step_size = per_row(lr / (1 - beta1**t).to(lr.device), p)  # (E,)
+        denom = torch.sqrt(exp_avg_sq, out=scratch).div_(per_row((1 - beta2**t).sqrt(), p)).add_(group["eps"])
+        if isinstance(step_size, float):
+            p.addcdiv_(exp_avg, denom, value=-step_size)
+        else:  # exp_avg / (denom / step): a frozen member's step 0 makes it exp_avg / inf = 0
+            p.addcdiv_(exp_avg, denom.div_(step_size), value=-1)
 
 
 def clip_per_member(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

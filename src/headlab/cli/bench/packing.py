@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import interleaved, synchronized
 from headlab.model import Encoder
+from headlab.training import optim
 from headlab.training.sweep import usable_cores
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
@@ -97,9 +98,10 @@ def pack_step(shape: dict, E: int, device):
 
 
 def solo_steps(shape: dict, E: int, device):
-    """E models stepped one after another, each with its own AdamW and clipping: what E separate jobs compute."""
+    """E models stepped one after another, each with its own AdamW (optim.adamw, as a single run's) and clipping:
+    what E separate jobs compute."""
     models = _models(shape, E, device)
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
+    optimizers = [optim.adamw([{"params": list(m.parameters())}], 1e-4, (0.9, 0.98), device) for m in models]
     tokens, mask, labels = _batch(shape, E, device)
 
     def step():
