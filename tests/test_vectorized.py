@@ -82,7 +82,7 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member(fused):
             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
         ]
         if fused is None:
-            references.append(optim.adamw(groups, lr, betas, torch.device("cpu")))
+            references.append(optim.adamw(groups, lr, betas, use_fused=True))
         else:
             references.append(torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False))
     for step in range(5):

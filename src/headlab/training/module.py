@@ -132,7 +132,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
 
     def configure_optimizers(self):
         groups = optim.parameter_groups(self, self.hparams.weight_decay)
-        optimizer = optim.adamw(groups, self.hparams.lr, self.hparams.betas, self.device)
+        optimizer = optim.adamw(groups, self.hparams.lr, self.hparams.betas, optim.fused(self.trainer))
         total = self.trainer.estimated_stepping_batches
         warmup = optim.warmup_steps(self.hparams.warmup, total)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: optim.warmup_cosine(s, warmup, total))

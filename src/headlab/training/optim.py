@@ -31,12 +31,19 @@ def parameter_groups(module, weight_decay: float) -> list[dict]:
     ]
 
 
-def adamw(groups: list[dict], lr: float, betas, device):
-    """torch's AdamW as a single run trains with it: on the CPU its fused kernel, one pass a tensor where the
-    single-tensor update makes several (a pack's members run the same kernel: vectorized.PackedAdamW)."""
+def fused(trainer) -> bool:
+    """Whether AdamW runs torch's fused kernel: on the CPU (one pass a tensor where the single-tensor update makes
+    several), except under mixed precision, where Lightning refuses to clip the gradients of an optimizer that
+    could unscale them itself. A pack's members follow the same rule (vectorized.PackedAdamW's fused)."""
+    return trainer.strategy.root_device.type == "cpu" and "mixed" not in str(trainer.precision)
+
+
+def adamw(groups: list[dict], lr: float, betas, use_fused: bool):
+    """torch's AdamW as a single run trains with it: its fused kernel where `use_fused` (optim.fused), else torch's
+    default for the device."""
     import torch
 
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if device.type == "cpu" else None)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=True if use_fused else None)
 
 
 def warmup_steps(warmup: float, total_steps: int) -> int:

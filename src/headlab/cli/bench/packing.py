@@ -101,7 +101,8 @@ def solo_steps(shape: dict, E: int, device):
     """E models stepped one after another, each with its own AdamW (optim.adamw, as a single run's) and clipping:
     what E separate jobs compute."""
     models = _models(shape, E, device)
-    optimizers = [optim.adamw([{"params": list(m.parameters())}], 1e-4, (0.9, 0.98), device) for m in models]
+    fused = device.type == "cpu"  # no Lightning, no mixed precision on the CPU here: optim.fused's rule
+    optimizers = [optim.adamw([{"params": list(m.parameters())}], 1e-4, (0.9, 0.98), fused) for m in models]
     tokens, mask, labels = _batch(shape, E, device)
 
     def step():

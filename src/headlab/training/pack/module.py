@@ -127,4 +127,5 @@ class PackedModule(SharpnessAware, pl.LightningModule):
             lr=[o["lr"] for o in self.optim],
             weight_decay=[o["weight_decay"] for o in self.optim],
             betas=[list(o["betas"]) for o in self.optim],
+            fused=None if optim.fused(self.trainer) else False,
         )

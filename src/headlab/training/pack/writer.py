@@ -213,7 +213,7 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     checkpoint["hyper_parameters"] = dict(member.module.hparams)
     module, hparams = member.module, member.module.hparams
     groups = optim.parameter_groups(module, hparams.weight_decay)
-    optimizer = optim.adamw(groups, hparams.lr, hparams.betas, pl_module.device)
+    optimizer = optim.adamw(groups, hparams.lr, hparams.betas, optim.fused(pl_module.trainer))
     scale = float(pl_module.lr_scale(step)[e])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: scale)
     solo = optimizer.state_dict()
