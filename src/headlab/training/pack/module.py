@@ -117,15 +117,15 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     def configure_optimizers(self):
         total = self.trainer.estimated_stepping_batches  # once: Lightning computes it anew on every access
         self.schedule = (total, [optim.warmup_steps(o["warmup"], total) for o in self.optim])
-        return self.optimizer()
+        return self.optimizer(fused=None if optim.fused(self.trainer) else False)
 
-    def optimizer(self) -> PackedAdamW:
-        """The members' AdamW, each with its own settings."""
+    def optimizer(self, fused: bool | None = None) -> PackedAdamW:
+        """The members' AdamW, each with its own settings (fused: PackedAdamW's, as optim.fused rules)."""
         groups = [{"params": [self.stack.flat], "decay": self.stack.decay_mask}]  # optim.decays, as in a single run
         return PackedAdamW(
             groups,
             lr=[o["lr"] for o in self.optim],
             weight_decay=[o["weight_decay"] for o in self.optim],
             betas=[list(o["betas"]) for o in self.optim],
-            fused=None if optim.fused(self.trainer) else False,
+            fused=fused,
         )

@@ -174,7 +174,7 @@ class MemberWriter(pl.Callback):
             member.best = {"score": score, "path": path, "state": {k: v.cpu() for k, v in state.items()}}
         self._update_checkpoint_callbacks(member, directory)
         self._count_tokens(member)  # its checkpoint keeps the count where training stopped
-        checkpoint = member_checkpoint(member, pl_module, pack_checkpoint, state)
+        checkpoint = member_checkpoint(member, pl_module, trainer, pack_checkpoint, state)
         if improved:
             save_checkpoint_atomic(checkpoint, member.best["path"])
             if old is not None and old != member.best["path"]:
@@ -201,7 +201,7 @@ class MemberWriter(pl.Callback):
                 callback.current_score = torch.tensor(member.metrics["val/acc"])
 
 
-def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: dict, state: dict) -> dict:
+def member_checkpoint(member: Member, pl_module: PackedModule, trainer, pack_checkpoint: dict, state: dict) -> dict:
     """The checkpoint the member's single run would have written at this point: the pack's loop state, the
     member's weights, its AdamW state and learning-rate schedule, its callbacks' state."""
     e, step = member.index, pack_checkpoint["global_step"]
@@ -213,7 +213,7 @@ def member_checkpoint(member: Member, pl_module: PackedModule, pack_checkpoint: 
     checkpoint["hyper_parameters"] = dict(member.module.hparams)
     module, hparams = member.module, member.module.hparams
     groups = optim.parameter_groups(module, hparams.weight_decay)
-    optimizer = optim.adamw(groups, hparams.lr, hparams.betas, optim.fused(pl_module.trainer))
+    optimizer = optim.adamw(groups, hparams.lr, hparams.betas, optim.fused(trainer))
     scale = float(pl_module.lr_scale(step)[e])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: scale)
     solo = optimizer.state_dict()
