@@ -23,6 +23,7 @@ def bare_step(cfg: DictConfig) -> dict:
     import lightning.pytorch as pl
 
     from headlab.cli import runtime
+    from headlab.training import optim
     from headlab.training.run import build, configure_torch
 
     runtime.configure()
@@ -31,8 +32,9 @@ def bare_step(cfg: DictConfig) -> dict:
     datamodule, model = build(cfg)
     device = torch.device("cuda" if cfg.trainer.accelerator == "gpu" else "cpu")
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     bf16 = "bf16" in str(cfg.trainer.get("precision", "32"))
+    groups = optim.parameter_groups(model, cfg.optim.weight_decay)  # the run's AdamW (optim.fused's rule)
+    optimizer = optim.adamw(groups, cfg.optim.lr, cfg.optim.betas, device.type == "cpu" and not bf16)
     clip = cfg.trainer.get("gradient_clip_val")
     batches = [{k: v.to(device) for k, v in b.items()} for b in datamodule.train_dataloader()]
 
