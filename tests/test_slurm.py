@@ -44,8 +44,10 @@ def signal_once_training(cluster, run_dir: Path, how: list[str]) -> None:
     while not (run_dir / "checkpoints" / "last.ckpt").exists():
         assert time.time() < deadline, "the job did not start training"
         time.sleep(0.2)
-    jobs = sorted(line.split()[0] for line in cluster.run("squeue", "-h", "-o", "%i %T").stdout.splitlines())
-    done = cluster.run("scancel", *how, jobs[0])  # array task 0 trains run_dir (its job or its pack)
+    # array task 0 of this sweep's array trains run_dir (its job or its pack): named by its submitit folder, not by
+    # the queue's first line, which can be an earlier test's job still requeued or completing on a busy machine
+    job = next(p.name for p in (run_dir.parent / ".submitit").iterdir() if p.name.endswith("_0"))
+    done = cluster.run("scancel", *how, job)
     assert done.returncode == 0, done.stderr
 
 
