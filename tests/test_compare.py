@@ -230,12 +230,14 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
         assert float(row["test/acc_mean"]) == pytest.approx(np.mean(accs))
         assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
 
-    # the records archived, the sweep gone, the records put back: sweep.resume=true finds every run completed
+    # the records archived, the sweep gone, the records put back: sweep.resume=true finds every run completed,
+    # under another logger too (where a run reports does not define it)
     main([str(tmp_path / "sweep"), "--out", str(tmp_path / "table"), "--archive", str(tmp_path / "runs.tar.xz")])
     shutil.rmtree(tmp_path / "sweep")
     with tarfile.open(tmp_path / "runs.tar.xz") as tar:
         tar.extractall(tmp_path, filter="data")
-    again = run_cli(*result.args[3:], "sweep.resume=true")
+    assert json.loads(next((tmp_path / "sweep").glob("*/results.json")).read_text())["config"]["logger"] != "csv"
+    again = run_cli(*result.args[3:], "sweep.resume=true", "logger=csv")
     assert again.returncode == 0, again.stderr[-2000:]
     assert (again.stdout + again.stderr).count("completed before with the same config") == 4
     assert not list((tmp_path / "sweep").rglob("*.ckpt"))  # nothing trained again

@@ -14,6 +14,9 @@ SPLITS = ("train", "val", "test")  # a dataset's splits, in this order
 RESUME_KEYS = ("resume", "sweep.resume")
 # suffixes of config keys that say where a run writes (they differ between runs without defining them)
 PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")
+# config groups that say where a run reports (csv, W&B, TensorBoard), not what it computes: a run recorded with one
+# logger is the same run under another
+REPORTING_GROUPS = ("logger",)
 
 
 def cache_root() -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
+from headlab.conventions import PATH_SUFFIXES, REPORTING_GROUPS, RESUME_KEYS
 from headlab.files import write_atomic
 
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
@@ -63,10 +63,16 @@ def recorded_config(run_dir: Path) -> dict | None:
 
 def defining_keys(before: dict, now: dict) -> list[str]:
     """The keys on which two flat configs of one run must agree: not how the run is started (RESUME_KEYS), not
-    where it writes (PATH_SUFFIXES: a run directory may move), and the choices of config groups only where both
-    record them."""
+    where it writes (PATH_SUFFIXES: a run directory may move) or reports (REPORTING_GROUPS), and the choices of
+    config groups only where both record them."""
     keys = sorted((set(before) | set(now)) - set(RESUME_KEYS))
-    return [k for k in keys if not k.endswith(PATH_SUFFIXES) and ("." in k or (k in before and k in now))]
+    return [
+        k
+        for k in keys
+        if not k.endswith(PATH_SUFFIXES)
+        and k.split(".")[0] not in REPORTING_GROUPS
+        and ("." in k or (k in before and k in now))
+    ]
 
 
 def same_run(before: dict | None, now: dict) -> bool:
