@@ -20,6 +20,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
+from headlab.training.results import read_record
 
 
 def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **config):
@@ -241,6 +242,16 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert (again.stdout + again.stderr).count("completed before with the same config") == 4
     assert not list((tmp_path / "sweep").rglob("*.ckpt"))  # nothing trained again
+
+    # a changed grid: jobs 2 and 3 (now n_heads=4) refuse the directories of the n_heads=2 runs, which keep their
+    # records, and the sweep says that they did not complete
+    changed = run_cli(*[a.replace("n_heads=1,2", "n_heads=1,4") for a in result.args[3:]], "sweep.resume=true")
+    assert changed.returncode == 1, changed.stderr[-2000:]
+    assert "2 of 4 jobs did not complete" in changed.stderr
+    assert "not completed: 2 jobs in sweep (2, 3) (refused: <its directory> holds another run's" in changed.stderr
+    heads = [read_record(tmp_path / "sweep" / job)["config"]["model.attention.n_heads"] for job in "0123"]
+    assert heads == [1, 1, 2, 2]
+    assert not (tmp_path / "sweep" / ".refused").exists()
 
 
 def test_an_archive_holds_the_runs_records_and_compares_as_its_sweep_did(sweep, capsys):

@@ -3,7 +3,8 @@ directory's lock (a second process writing the same directory is refused), and a
 holds another run's records (results.json, checkpoints) in one line; resume= is the way back into a run. A sweep
 rerun with sweep.resume=true may take back the directory of its own job (the same config): an incomplete attempt
 with a last.ckpt is continued from it, one without is trained again from its first step, in place of the stale
-checkpoints of its failed attempt.
+checkpoints of its failed attempt. A sweep's job refused its directory leaves that directory as it was and notes
+the refusal in the sweep's journal of refusals (REFUSED), which the sweep's summary counts as a job not completed.
 """
 
 import contextlib
@@ -16,6 +17,7 @@ from headlab.errors import UsageError
 from headlab.training.results import read_record, recorded_config, same_run
 
 LOCK = ".lock"
+REFUSED = ".refused"  # in a sweep's folder: "<job dir>\t<reason>" for each job that refused its directory
 HYDRA_LOG = "train.log"  # the job's log, which Hydra opens in the directory before headlab runs
 _held: dict[Path, int] = {}  # run directory -> the descriptor of its lock, held while this process lives
 
@@ -85,3 +87,22 @@ def remove_fresh(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         run_dir.parent.rmdir()  # only when empty: a date folder of outputs/
+
+
+def note_refused(sweep_dir: Path, run_dir: Path, reason: str) -> None:
+    """Note in the sweep's journal that the job of run_dir refused it (one short append: safe from many
+    processes); the journal is the sweep's, so the refused directory itself is not touched."""
+    line = f"{os.path.relpath(run_dir, sweep_dir)}\t{reason.replace(str(run_dir), '<its directory>')}\n"
+    with open(sweep_dir / REFUSED, "a", encoding="utf-8") as journal:
+        journal.write(line)
+
+
+def take_refused(sweep_dir: Path) -> dict[Path, str]:
+    """The sweep's refused jobs (their directory -> why), and the journal removed: read once, by the sweep's end."""
+    journal = sweep_dir / REFUSED
+    try:
+        lines = journal.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return {}
+    journal.unlink()
+    return {sweep_dir / name: reason for name, _, reason in (line.partition("\t") for line in lines if line)}

@@ -1,6 +1,7 @@
 """What a sweep says when it ends: the jobs that did not complete (one line per distinct reason), a compact table of
 the sweep's numbers grouped by the keys that vary (what headlab-compare prints first), what to do next, and a
-non-zero exit code when any job did not complete."""
+non-zero exit code when any job did not complete. A job that refused its directory (it holds another run's records)
+did not complete, whatever that directory's records say."""
 
 import logging
 import math
@@ -13,7 +14,7 @@ from omegaconf import DictConfig
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
-from headlab.cli import tensorboard_sweep
+from headlab.cli import rundir, tensorboard_sweep
 from headlab.training.results import read_record
 
 log = logging.getLogger("headlab")
@@ -22,10 +23,15 @@ SETTINGS = ("ConfigError", "InvalidSetting", "DataError")  # failures a rerun ca
 
 
 class SweepSummary(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        rundir.take_refused(Path(config.hydra.sweep.dir))  # refusals of an earlier sweep that never ended
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
         statuses = {path.parent: read_record(path.parent) or {"status": "unreadable"} for path in runs}
+        refused = {d: {"status": "refused", "error": why} for d, why in rundir.take_refused(sweep_dir).items()}
+        statuses.update(refused)
         failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
         by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
         for job_dir, record in failed.items():
@@ -42,7 +48,8 @@ class SweepSummary(Callback):
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
         if not failed:
             return
-        settings = all(str(r.get("error", "")).startswith(SETTINGS) for r in failed.values())
+        mend = [r for r in failed.values() if r.get("status") != "refused"]  # a refused job needs another directory
+        settings = all(str(r.get("error", "")).startswith(SETTINGS) for r in mend)
         then = (
             "fix the settings above and run the sweep again"
             if settings

@@ -60,6 +60,7 @@ class Job:
     owned: bool = False  # the job holds its run directory (run_dir.claim): only then does it write there
     continued: bool = False  # resume was set by headlab (a requeued SLURM job, sweep.resume), not by the user
     fresh: bool = False  # run_dir held nothing before this job (a refused job removes it again)
+    sweep_dir: Path | None = None  # hydra.sweep.dir, for a job of a sweep (-m)
 
 
 def open_job(cfg: DictConfig) -> Job:
@@ -89,7 +90,9 @@ def open_job(cfg: DictConfig) -> Job:
         "versions": versions(),
         "wandb": {"id": None, "url": None},
     }
-    job = Job(cfg, run_dir, record, in_sweep=hydra_cfg.mode == RunMode.MULTIRUN, composed=composed)
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    job = Job(cfg, run_dir, record, in_sweep=in_sweep, composed=composed)
+    job.sweep_dir = Path(hydra_cfg.sweep.dir) if in_sweep else None
     job.continued = continued
     if not cfg.resume and cfg.sweep.resume and rundir.continues(run_dir, record["config"]):
         log.info("continuing %s from its checkpoints/last.ckpt (sweep.resume=true)", run_dir)
@@ -140,8 +143,9 @@ def close_job(job: Job, fields: dict | None = None, error: BaseException | None 
     of another process, a pack's worker, which this one outlives)."""
     cfg = job.cfg
     if isinstance(error, UsageError):
-        if not job.owned:
-            pass  # the directory is another run's (or another process's): nothing of it is touched
+        if not job.owned:  # the directory is another run's (or another process's): nothing of it is touched
+            if job.sweep_dir is not None:
+                rundir.note_refused(job.sweep_dir, job.run_dir, str(error))
         elif job.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run
             # keeps the record it had
             (job.run_dir / "results.json").write_text(job.previous)
