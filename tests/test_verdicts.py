@@ -389,4 +389,7 @@ def test_sweep_extend_adds_a_value_beyond_an_arms_edge_as_jobs_of_the_same_sweep
     assert added == [(beyond, 0, "completed"), (beyond, 1, "completed")]
     assert all(records[i]["pack"]["size"] == 2 for i in (4, 5))  # the extension is packed like the grid
     again = run_cli(*command, "sweep.resume=true")  # the same extension: its jobs are found done, none added
-    assert again.returncode == 0 and len(list((tmp_path / "sweep").glob("*/results.json"))) == 6
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(list((tmp_path / "sweep").glob("*/results.json"))) == 6
+    assert f"sweep.extend round 1: {said}" in again.stdout  # decided on the grid's jobs alone, as the first time
+    assert again.stdout.count("completed before with the same config") == 6

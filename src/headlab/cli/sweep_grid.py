@@ -4,7 +4,9 @@ Cross-validation: one job per fold where the composed config has folds and the o
 sweep.extend: after the grid, each arm whose best value of a key (the learning rate) is an edge of its grid gets one
 more value beyond that edge, as new jobs of the same sweep, until every arm's best value is bracketed or the limit
 of rounds is reached. An arm is a group of the other varying keys (headlab.analysis.comparison); its best value has
-the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it.
+the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it. Each round decides
+from the jobs numbered before it (the grid's and the earlier rounds'), so a resumed sweep replays the same rounds
+into the same job directories, and finds their jobs done.
 """
 
 from pathlib import Path
@@ -30,10 +32,18 @@ def beyond(value: float, grid: list[float], factor: float) -> float:
     return float(f"{(value * factor if value == grid[-1] else value / factor):.6g}")
 
 
-def extension_jobs(sweep_dir: Path, key: str, factor: float, on: str) -> tuple[list[list[str]], list[str]]:
+def job_number(run_dir: Path) -> int:
+    """The sweep's number of the job that ran in run_dir (hydra.job.num: its directory's name by default)."""
+    if run_dir.name.isdigit():
+        return int(run_dir.name)
+    return int(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.job.num)
+
+
+def extension_jobs(sweep_dir: Path, key: str, factor: float, on: str, before: int) -> tuple[list[list[str]], list[str]]:
     """The overrides of the jobs that extend each arm at an edge (the overrides of its runs at the chosen value,
-    with key at the value beyond), and one line per extended arm saying why."""
-    runs = load_dirs([sweep_dir]).completed
+    with key at the value beyond), and one line per extended arm saying why; decided on the completed runs of the
+    jobs numbered below `before`."""
+    runs = [r for r in load_dirs([sweep_dir]).completed if job_number(Path(r["where"])) < before]
     if len({r["config"].get(key) for r in runs}) < 2:
         return [], []
     chosen, edges = select_best(runs, key, on)

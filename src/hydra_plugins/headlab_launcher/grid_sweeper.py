@@ -36,13 +36,15 @@ class GridSweeper(Sweeper):
         sweep_dir, done = Path(str(self.config.hydra.sweep.dir)), sum(len(batch) for batch in returns)
         rounds = int(extend.limit)
         for round_ in range(1, rounds + 2):
-            jobs, said = extension_jobs(sweep_dir, extend.key, float(extend.factor), extend.select_on)
+            jobs, said = extension_jobs(sweep_dir, extend.key, float(extend.factor), extend.select_on, before=done)
             if not jobs:
                 log.info("sweep.extend: every arm's best %s is inside its grid", extend.key)
                 break
             if round_ > rounds:
                 log.warning("sweep.extend: after %d round(s) some arm's best %s is still an edge", rounds, extend.key)
                 break
+            if OmegaConf.select(self.config, "sweep.resume"):  # its jobs skip or continue as the grid's do
+                jobs = [[*job, "sweep.resume=true"] for job in jobs]
             for line in said:
                 log.info("sweep.extend round %d: %s", round_, line)
             returns.append(self.grid.launcher.launch(jobs, initial_job_idx=done))
