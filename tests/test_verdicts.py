@@ -15,6 +15,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
 from headlab.cli.compare_report import table_rows
+from headlab.cli.sweep_grid import job_number
 
 HEADS = "model.attention.n_heads"
 
@@ -393,3 +394,11 @@ def test_sweep_extend_adds_a_value_beyond_an_arms_edge_as_jobs_of_the_same_sweep
     assert len(list((tmp_path / "sweep").glob("*/results.json"))) == 6
     assert f"sweep.extend round 1: {said}" in again.stdout  # decided on the grid's jobs alone, as the first time
     assert again.stdout.count("completed before with the same config") == 6
+
+
+def test_a_jobs_number_is_its_directory_name_or_the_hydra_job_num_it_recorded(tmp_path):
+    assert job_number(tmp_path / "12") == 12  # hydra.sweep.subdir=${hydra.job.num}, headlab's default
+    named = tmp_path / "lr_0.01_seed_1"  # another subdir: the number the job's .hydra/hydra.yaml recorded
+    (named / ".hydra").mkdir(parents=True)
+    (named / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweep:\n    subdir: lr_0.01_seed_1\n  job:\n    num: 7\n")
+    assert job_number(named) == 7
