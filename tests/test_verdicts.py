@@ -208,7 +208,7 @@ def test_the_table_names_its_test_marks_unbracketed_rates_and_says_which_arms_co
     assert "p: Mann-Whitney U test (exact without ties up to 40 runs" in table and "Verdicts: significant" in table
     one, four = (line for line in table.splitlines() if line.startswith(("| 1 |", "| 4 |")))
     assert "0.01 (edge of its grid 0.001..0.01: not bracketed)" in one and "not bracketed" not in four
-    assert "3/3 not converged" in one and "0/3 converged" in four
+    assert "3/3 improving: not converged" in one and "0/3 improving: converged" in four
     assert "seeds an arm" in four  # --power: the seeds each contrast needs
 
 

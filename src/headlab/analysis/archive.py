@@ -19,26 +19,32 @@ def is_archive(path: Path) -> bool:
 
 def write(path: Path, roots: list[Path]) -> int:
     """Archive the records of every run below the roots (directories holding results.json somewhere below them),
-    each under its root's own name (sweep/3/results.json); returns the number of runs."""
+    each under its root's own name (sweep/3/results.json; roots of the same name as sweep, sweep-2, ...); returns
+    the number of runs."""
     path.parent.mkdir(parents=True, exist_ok=True)
     runs = 0
     mode = {".xz": "w:xz", ".gz": "w:gz"}.get(path.suffix, "w")
     partial = path.with_name(path.name + ".partial")
+    names: list[str] = []
     with tarfile.open(partial, mode) as tar:
         for root in roots:
+            names.append(root.name if root.name not in names else f"{root.name}-{names.count(root.name) + 1}")
             for results in sorted(root.rglob("results.json")):
                 runs += 1
                 for name in RECORDS:
                     file = results.parent / name
                     if file.is_file():
-                        tar.add(file, arcname=str(file.relative_to(root.parent)), recursive=False)
+                        tar.add(file, arcname=f"{names[-1]}/{file.relative_to(root).as_posix()}", recursive=False)
     partial.replace(path)
     return runs
 
 
 def read(path: Path) -> dict[str, dict[str, str]]:
-    """{run (ARCHIVE:sweep/3): {record name (results.json, heads.json, ...): its text}} of every run archived."""
+    """{run (ARCHIVE:sweep/3): {record name (results.json, heads.json, ...): its text}} of every run archived.
+    Archives written before roots got distinct names may hold two roots of one name: a record met twice starts the
+    root's next copy (sweep#2/3), so no run hides another."""
     runs: dict[str, dict[str, str]] = {}
+    copy: dict[str, int] = {}  # root name -> which of its copies is being read
     with tarfile.open(path) as tar:
         for member in tar.getmembers():
             if not member.isfile():
@@ -46,6 +52,13 @@ def read(path: Path) -> dict[str, dict[str, str]]:
             name = next((r for r in RECORDS if member.name.endswith("/" + r)), None)
             if name is None:
                 continue
-            run = member.name[: -len(name) - 1]
-            runs.setdefault(f"{path}:{run}", {})[name] = tar.extractfile(member).read().decode("utf-8")
+            root, _, below = member.name[: -len(name) - 1].partition("/")
+            if name in runs.get(_run(path, root, copy.get(root, 1), below), {}):
+                copy[root] = copy.get(root, 1) + 1
+            text = tar.extractfile(member).read().decode("utf-8")
+            runs.setdefault(_run(path, root, copy.get(root, 1), below), {})[name] = text
     return runs
+
+
+def _run(path: Path, root: str, copy: int, below: str) -> str:
+    return f"{path}:{root}" + (f"#{copy}" if copy > 1 else "") + f"/{below}"

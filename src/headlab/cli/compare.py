@@ -27,6 +27,7 @@ from headlab.analysis import archive, budget, datasets
 from headlab.analysis.comparison import METRICS, compare, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs
+from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
 from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
 
@@ -212,7 +213,8 @@ def pre_stated(records: list[dict], argv: list[str]) -> list[str]:
     return stated
 
 
-def main(argv: list[str] | None = None) -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """headlab-compare's arguments."""
     parser = argparse.ArgumentParser(prog="headlab-compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="*", type=Path, help="sweep directories, or any directories with results.json")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from W&B instead of directories")
@@ -226,8 +228,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--archive", type=Path, metavar="FILE.tar.xz", help="also archive the runs' records, which this reads as a DIR"
     )
+    parser.add_argument(
+        "--check", action="store_true", help="recompute every compare.md below DIRs (default experiments/results)"
+    )
+    parser.add_argument("--update", action="store_true", help="with --check: rewrite the tables that differ")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.check or args.update:
+        if not args.check or [a for a in argv if a.startswith("-") and a not in ("--check", "--update")]:
+            parser.error("--check [--update] takes folders or compare.md files only (it replays each table's command)")
+        raise SystemExit(check(args.dirs or [Path("experiments/results")], args.update))
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
     if args.archive and (args.wandb or not all(d.is_dir() for d in args.dirs)):

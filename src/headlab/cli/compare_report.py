@@ -61,7 +61,7 @@ def _improving(improving: tuple[int, int] | None) -> str:
     """How many runs were still improving when training ended, and the arm's verdict."""
     if not improving:
         return ""
-    return f"{improving[0]}/{improving[1]} " + ("not converged" if improving[0] else "converged")
+    return f"{improving[0]}/{improving[1]} improving: " + ("not converged" if improving[0] else "converged")
 
 
 def _key_cell(row: dict, key: str, design: Design) -> str:
@@ -106,7 +106,9 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
         flops = f"{row['flops_per_token']:,}" if row.get("flops_per_token") else ""
         total = f"{row['train_flops']:.3g}" if row.get("train_flops") else ""
         body.append([*cells, _improving(row["improving"]), str(row["params"] or ""), flops, total, speed])
-    return header, body
+    # the run's descriptive columns (improving at end .. tokens/s) are left out where no run has them
+    shown = [i for i in range(len(header)) if i < len(header) - 5 or any(cells[i] for cells in body)]
+    return [header[i] for i in shown], [[cells[i] for i in shown] for cells in body]
 
 
 _CROSS_VALIDATED = (
