@@ -90,6 +90,14 @@ def test_an_accuracy_axis_shows_chance_and_does_not_magnify_runs_at_chance():
     assert high - low >= MIN_SPAN and low <= 1 / 19 <= high
     assert [line.get_label() for line in ax.get_lines()][-1] == "chance (0.0526)"
 
+    # runs far above chance (SST-2: 0.79-0.82 against 0.5) keep an axis on their differences, and say where chance is
+    ax = Figure().subplots()
+    ax.plot([1, 2, 4], [0.79, 0.82, 0.80])
+    frame_accuracy(ax, [{"chance": 0.5}] * 3)
+    low, high = ax.get_ylim()
+    assert high - low >= MIN_SPAN and low > 0.6 and high <= 0.9
+    assert [line.get_label() for line in ax.get_lines()][-1] == "chance (0.5): below the axis"
+
 
 def test_importance_values_are_legible_on_any_cell():
     """Each value's colour follows its cell's luminance: white on the dark reds, black on the light ones."""

@@ -10,12 +10,16 @@ MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a fe
 
 def frame_accuracy(ax, rows: list[dict]) -> None:
     """An accuracy axis that shows chance (a dashed line at the most common label's rate, where the runs agree on
-    it) and spans at least MIN_SPAN, so that runs at chance do not look apart."""
+    it) and spans at least MIN_SPAN, so that runs at chance do not look apart; where chance lies more than MIN_SPAN
+    below the runs, the legend says so instead, and the axis stays on the runs' differences."""
     chances = {r.get("chance") for r in rows}
     low, high = ax.get_ylim()
     if len(chances) == 1 and (chance := chances.pop()) is not None:
-        ax.axhline(chance, color="0.4", linestyle="--", linewidth=1, label=f"chance ({chance:.3g})")
-        low, high = min(low, chance), max(high, chance)
+        if chance >= low - MIN_SPAN:
+            ax.axhline(chance, color="0.4", linestyle="--", linewidth=1, label=f"chance ({chance:.3g})")
+            low, high = min(low, chance), max(high, chance)
+        else:
+            ax.plot([], [], " ", label=f"chance ({chance:.3g}): below the axis")
     if high - low < MIN_SPAN:
         middle = (low + high) / 2
         low, high = middle - MIN_SPAN / 2, middle + MIN_SPAN / 2
