@@ -12,6 +12,8 @@ from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
 from test_compare import write_run
 
+ROOT = Path(__file__).parents[1]
+
 
 @pytest.fixture
 def published(tmp_path, monkeypatch):
@@ -79,6 +81,16 @@ def test_update_rewrites_a_table_and_its_block_from_the_archive(published, capsy
     assert done.value.code == 0 and "differs" not in capsys.readouterr().out
 
 
+def test_update_writes_no_file_outside_the_working_directory(published, monkeypatch, capsys):
+    published.write_text(published.read_text().replace("(baseline)", "(old rendering)"))
+    monkeypatch.chdir("results")  # RESULTS.md, the table's --into, now lies above the working directory
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "--update", "demo/compare.md"])
+    assert done.value.code == 1
+    assert "--into RESULTS.md lies outside the working directory: not written" in capsys.readouterr().out
+    assert "(old rendering)" in Path("demo/compare.md").read_text()
+
+
 def test_check_takes_no_analysis_options(capsys):
     with pytest.raises(SystemExit) as refused:
         main(["--check", "--metric", "test/acc"])
@@ -102,3 +114,12 @@ def test_an_archive_of_two_roots_of_one_name_keeps_both(tmp_path):
                 tar.add(tmp_path / root / str(seed) / "results.json", arcname=f"sweep/{seed}/results.json")
     for path in (tmp_path / "new.tar.xz", tmp_path / "old.tar"):
         assert len(load_dirs([path]).completed) == 4
+
+
+def test_every_published_table_recomputes_from_its_archive(capsys):
+    """What experiments/RESULTS.md prints is what its archives give with this headlab's analysis."""
+    with pytest.raises(SystemExit) as done:
+        main(["--check", str(ROOT / "experiments" / "results")])
+    said = capsys.readouterr().out
+    assert done.value.code == 0, said
+    assert said.count("same: ") >= 24

@@ -9,8 +9,9 @@ nothing is written beside the tables. Exit 1 when a table differs or cannot be r
 never archived are listed and do not fail the check.
 
 --update rewrites each table that differs from its archive instead (compare.md, compare.csv and the plots in its
-folder, and its block of the --into file), recording the archive as the command's source: after a change to the
-analysis, `headlab-compare --check --update` and `git diff` show what it changed in every published table.
+folder, and its block of the --into file, which must lie below the working directory), recording the archive as the
+command's source: after a change to the analysis, `headlab-compare --check --update` and `git diff` show what it
+changed in every published table.
 """
 
 import contextlib
@@ -108,6 +109,8 @@ def _check(table: Path, argv: list[str] | None, archived: dict, update: bool) ->
         if _rows(again) != _rows(committed):
             return "differs", "\n" + _diff(_rows(committed), _rows(again))
         return "differs", f"{writes['--into']} no longer holds this table"
+    if into and not into.resolve().is_relative_to(Path.cwd().resolve()):
+        return "failed", f"--into {writes['--into']} lies outside the working directory: not written"
     block = _block(into, committed) if into else None
     if into and block is None:
         return "failed", f"no block of {writes['--into']} holds this table: put it back first"
