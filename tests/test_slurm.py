@@ -4,6 +4,8 @@ as their uninterrupted copies, the shipped time-limit requeue, a cancelled job, 
 skip where SLURM cannot be started (not root, packages not installed)."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,8 +34,15 @@ def cluster(tmp_path_factory):
 
 
 def start(cluster, cwd: Path, *overrides: str) -> subprocess.Popen:
+    """headlab-train -m on the cluster. Its jobs find a slow scontrol first on their PATH (SLURM passes the
+    submitter's environment on): it waits 3 s after the real one, as scontrol can on a loaded node, so that the
+    SIGTERM by which SLURM carries out a requeue reaches it every time, not only under load."""
+    slow = cwd / "slow_scontrol"
+    slow.mkdir(exist_ok=True)
+    (slow / "scontrol").write_text(f'#!/bin/sh\n{shutil.which("scontrol")} "$@"\ncode=$?\nsleep 3\nexit $code\n')
+    (slow / "scontrol").chmod(0o755)
     command = [sys.executable, "-m", "headlab.cli.train", "-m", *overrides]
-    env = cli_env() | {"SLURM_CONF": cluster.env["SLURM_CONF"]}
+    env = cli_env() | {"SLURM_CONF": cluster.env["SLURM_CONF"], "PATH": f"{slow}:{os.environ['PATH']}"}
     return subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 

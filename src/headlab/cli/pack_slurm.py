@@ -25,6 +25,7 @@ class PackJob:
 
         runtime.configure()
         console.to_stderr(LOG_FORMAT)
+        slurm.requeue_survives_its_sigterm()
         import torch
 
         from headlab.training.pack.train import train_members

@@ -80,6 +80,24 @@ def refusal(error: Exception, params: dict, prefix: str = "hydra.launcher") -> C
     return ConfigError(f"{prefix}.{key}={value!r} is invalid: SLURM refused it (sbatch: {reason})")
 
 
+def requeue_survives_its_sigterm() -> None:
+    """In a SLURM job, before training: submitit requeues a warned job with `scontrol requeue`, and SLURM carries
+    out the requeue by sending SIGTERM to every process of the job, scontrol included. Where scontrol has not yet
+    exited (a loaded node), it dies of that signal, submitit raises CalledProcessError, and the run is recorded
+    failed although SLURM did requeue it. scontrol runs here with SIGTERM ignored, so it returns once SLURM has
+    the requeue; the job itself still ends by submitit's exit, and by SIGKILL after SLURM's KillWait."""
+    import signal
+
+    from submitit.slurm import slurm as submitit_slurm
+
+    def requeue(environment, countdown: int) -> None:
+        ignore = lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)  # noqa: E731 (in the child, before exec)
+        subprocess.run(["scontrol", "requeue", environment.job_id], check=True, timeout=60, preexec_fn=ignore)
+        log.info("requeued SLURM job %s (%d timeouts left)", environment.job_id, countdown)
+
+    submitit_slurm.SlurmJobEnvironment._requeue = requeue
+
+
 def states(job_ids: list[str]) -> dict[str, str]:
     """SLURM's state of each job (array tasks as 12_3), from squeue (it lists ended jobs for a while) and, for
     those it no longer lists, sacct where accounting runs; a job neither knows is absent."""

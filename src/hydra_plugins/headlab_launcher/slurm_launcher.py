@@ -15,6 +15,13 @@ log = logging.getLogger("headlab")
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
+    def __call__(self, *arguments) -> JobReturn:
+        """A job, in SLURM: run as hydra-submitit-launcher runs it, with a requeue that survives its SIGTERM."""
+        from headlab.cli import slurm
+
+        slurm.requeue_survives_its_sigterm()
+        return super().__call__(*arguments)
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from headlab.cli import slurm
 
