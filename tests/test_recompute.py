@@ -81,6 +81,42 @@ def test_update_rewrites_a_table_and_its_block_from_the_archive(published, capsy
     assert done.value.code == 0 and "differs" not in capsys.readouterr().out
 
 
+def test_a_table_pasted_outside_a_block_fails_the_check_and_a_named_block_holds_it(published, capsys):
+    quoted = published.read_text()
+    Path("RESULTS.md").write_text(Path("RESULTS.md").read_text() + "\n## By hand\n" + quoted)
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "results"])
+    assert done.value.code == 1
+    assert "differs: RESULTS.md:" in capsys.readouterr().out
+
+    # the same table as a block of its own: --block names it, --check keeps it true
+    Path("RESULTS.md").write_text(Path("RESULTS.md").read_text().replace("\n## By hand\n" + quoted, "\n"))
+    Path("RESULTS.md").write_text(
+        Path("RESULTS.md").read_text()
+        + "<!-- headlab-compare: demo/by_hand -->\n<!-- /headlab-compare: demo/by_hand -->\n"
+    )
+    options = [
+        "--metric",
+        "test/acc",
+        "--out",
+        "results/demo/by_hand",
+        "--into",
+        "RESULTS.md",
+        "--block",
+        "demo/by_hand",
+    ]
+    main(["results/demo/runs.tar.xz", *options])
+    assert Path("results/demo/by_hand/compare.md").read_text().strip() in Path("RESULTS.md").read_text()
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "results"])
+    said = capsys.readouterr().out
+    assert done.value.code == 0, said
+    assert "same: results/demo/by_hand/compare.md" in said
+    with pytest.raises(SystemExit) as refused:
+        main(["results/demo/runs.tar.xz", "--block", "demo/by_hand"])
+    assert refused.value.code == 2 and "--block takes a block name of --into FILE" in capsys.readouterr().err
+
+
 def test_update_writes_no_file_outside_the_working_directory(published, monkeypatch, capsys):
     published.write_text(published.read_text().replace("(baseline)", "(old rendering)"))
     monkeypatch.chdir("results")  # RESULTS.md, the table's --into, now lies above the working directory

@@ -226,6 +226,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--into", type=Path, metavar="FILE", help="also put compare.md into FILE's experiment block")
     parser.add_argument(
+        "--block", metavar="NAME", help="with --into: fill this block (default: the experiment's name, NAME/confirm)"
+    )
+    parser.add_argument(
         "--archive", type=Path, metavar="FILE.tar.xz", help="also archive the runs' records, which this reads as a DIR"
     )
     parser.add_argument(
@@ -245,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(check(args.dirs or [Path("experiments/results")], args.update))
     if not args.dirs and not args.wandb:
         parser.error("give sweep directories or --wandb ENTITY/PROJECT")
+    if args.block and (not args.into or not re.fullmatch(r"\w+(/\w+)*", args.block)):
+        parser.error(f"--block takes a block name of --into FILE (words joined by /), got {args.block!r}")
     if args.archive and (args.wandb or not all(d.is_dir() for d in args.dirs)):
         parser.error("--archive archives sweep directories: give directories only")
     design = _design(parser, args)  # bad options fail before any run is read
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         written.append(args.archive)
         print(f"archived {archive.write(args.archive, args.dirs)} runs' records", file=sys.stderr)
     if args.into:  # a confirmation has a block of its own beside the first reading's: NAME/confirm
-        block = experiment_name(runs.completed) + ("/confirm" if args.confirm else "")
+        block = args.block or experiment_name(runs.completed) + ("/confirm" if args.confirm else "")
         splice(args.into, block, (out / "compare.md").read_text())
 
     from rich.console import Console

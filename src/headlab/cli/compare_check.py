@@ -4,9 +4,10 @@ Each compare.md records the command that wrote it. --check replays that command 
 command's own --archive, or, for a table read from the same directories as an archived one, that archive) into a
 temporary folder and compares the table rows (every line of compare.md that starts with "|": numbers, intervals,
 tests and verdicts) with the committed ones; where the command put the table into a file (--into), it also checks
-that the file's block still holds compare.md. The replay drops the command's --out, --into and --archive, so
-nothing is written beside the tables. Exit 1 when a table differs or cannot be replayed; tables whose runs were
-never archived are listed and do not fail the check.
+that the file's block still holds compare.md, and that the file holds no table outside such blocks (a pasted copy
+would go stale unseen). The replay drops the command's --out, --into, --block and --archive, so nothing is written
+beside the tables. Exit 1 when a table differs or cannot be replayed; tables whose runs were never archived are
+listed and do not fail the check.
 
 --update rewrites each table that differs from its archive instead (compare.md, compare.csv and the plots in its
 folder, and its block of the --into file, which must lie below the working directory), recording the archive as the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from headlab.analysis import archive
 
-WRITES = ("--out", "--into", "--archive")  # options that name files: the replay sets --out and drops the others
+WRITES = ("--out", "--into", "--block", "--archive")  # where a command writes: the replay sets --out, drops the rest
 
 
 def command(table: Path) -> list[str] | None:
@@ -81,6 +82,14 @@ def check(paths: list[Path], update: bool = False) -> int:
         verdict, detail = _check(table, argv, archived, update)
         failed += verdict in ("differs", "failed")
         print(f"{verdict}: {table}" + (f" ({detail})" if detail else ""))
+    intos = {(split(argv or [])[2].get("--into"), table) for table, argv in recorded.items()}
+    for file in sorted({found for into, table in intos if into and (found := resolve(into, table))}):
+        for line in _pasted(file):
+            failed += 1
+            print(
+                f"differs: {_shown(file)}:{line} (a table pasted outside a headlab-compare block, which --check "
+                f"cannot keep true: write it with --into {_shown(file)} --block NAME)"
+            )
     return 1 if failed else 0
 
 
@@ -154,6 +163,17 @@ def _block(into: Path, committed: str) -> str | None:
         if committed.strip() in body:
             return name
     return None
+
+
+def _pasted(into: Path) -> list[int]:
+    """The lines of into that start a table (its Command line) outside every <!-- headlab-compare: NAME --> block."""
+    inside, lines = False, []
+    for number, line in enumerate(into.read_text().splitlines(), 1):
+        if line.startswith(("<!-- headlab-compare: ", "<!-- /headlab-compare: ")):
+            inside = line.startswith("<!-- headlab-compare: ")
+        elif line.startswith("Command: `headlab-compare ") and not inside:
+            lines.append(number)
+    return lines
 
 
 def _shown(path: Path) -> str:
