@@ -38,7 +38,7 @@ def command(table: Path) -> list[str] | None:
 
 
 def split(argv: list[str]) -> tuple[list[str], list[str], dict[str, str]]:
-    """(sources, analysis options, {--out/--into/--archive: path}) of a recorded command."""
+    """(sources, analysis options, {--out/--into/--block/--archive: its value}) of a recorded command."""
     from headlab.cli.compare import make_parser
 
     flags = {s for action in make_parser()._actions if action.nargs == 0 for s in action.option_strings}
@@ -71,18 +71,17 @@ def check(paths: list[Path], update: bool = False) -> int:
     if not tables:
         print(f"headlab-compare --check: no compare.md below {', '.join(map(str, paths))}")
         return 1
-    recorded = {t: command(t) for t in tables}
+    recorded = {t: split(argv) if (argv := command(t)) is not None else None for t in tables}
     archived = {}  # the sources of each archiving command -> their archive
-    for table, argv in recorded.items():
-        sources, _, writes = split(argv or [])
+    for table, (sources, _, writes) in ((t, r) for t, r in recorded.items() if r):
         if "--archive" in writes and (found := resolve(writes["--archive"], table)):
             archived[tuple(sources)] = found
     failed = 0
-    for table, argv in recorded.items():
-        verdict, detail = _check(table, argv, archived, update)
+    for table, parts in recorded.items():
+        verdict, detail = _check(table, parts, archived, update)
         failed += verdict in ("differs", "failed")
         print(f"{verdict}: {table}" + (f" ({detail})" if detail else ""))
-    intos = {(split(argv or [])[2].get("--into"), table) for table, argv in recorded.items()}
+    intos = {(parts[2].get("--into"), table) for table, parts in recorded.items() if parts}
     for file in sorted({found for into, table in intos if into and (found := resolve(into, table))}):
         for line in _pasted(file):
             failed += 1
@@ -93,10 +92,11 @@ def check(paths: list[Path], update: bool = False) -> int:
     return 1 if failed else 0
 
 
-def _check(table: Path, argv: list[str] | None, archived: dict, update: bool) -> tuple[str, str]:
-    if argv is None:
+def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tuple[str, str]:
+    """One table against its archive: (same | differs | failed | not archived | updated, what was found)."""
+    if parts is None:
         return "failed", "no Command line"
-    sources, options, writes = split(argv)
+    sources, options, writes = parts
     if any(o.startswith("--wandb") for o in options):
         return "not archived", "read from W&B"
     if tuple(sources) in archived:
