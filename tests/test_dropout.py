@@ -1,10 +1,14 @@
 """headlab's CPU dropout: its drop rate, scaling, gradient and reproducibility against what F.dropout promises."""
 
+import numpy as np
 import pytest
 import torch
 
+from headlab.model import kernels
 from headlab.model.dropout import LEVELS, Dropout, dropout
 from headlab.model.encoder import Encoder
+
+needs_native = pytest.mark.skipif(not kernels.dropout_applies(torch.zeros(1)), reason="no C compiler here")
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -70,3 +74,59 @@ def test_encoder_keeps_its_state_dict_and_trains_with_dropout():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 2
+
+
+def seeded_dropout(x: torch.Tensor, p: float, native: bool, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """dropout(x, p) and the gradient of (y * w).sum() after torch.manual_seed(3), natively or with torch ops."""
+    monkeypatch.setattr(kernels, "ENABLED", native)
+    assert kernels.dropout_applies(x) == native
+    torch.manual_seed(3)
+    x = x.clone().requires_grad_()
+    y = dropout(x, p)
+    w = torch.linspace(-2, 2, x.numel()).view(x.shape)
+    (y * w).sum().backward()
+    return y.detach(), x.grad
+
+
+def bits_of(t: torch.Tensor) -> np.ndarray:
+    return t.numpy().view(np.uint32)  # equal bits: -0 is not 0, and NaN equals NaN
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_native_path_gives_the_bits_of_torch_ops_and_of_the_recipe(monkeypatch, threads):
+    """Runs give the same numbers with or without a C compiler, and both are the documented recipe: 64-bit draws
+    cut into four 15-bit uniforms, kept when u >= round(p 2^15), survivors times float32(1 / (1 - that / 2^15))."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what the kernel is told to split over
+    n, p = (1 << 19) + 3, 0.3  # two spans of the native kernel's threads, and a cut last draw
+    x = torch.randn(n) * 10
+    x[:4] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0])
+    y_native, grad_native = seeded_dropout(x, p, True, monkeypatch)
+    y_torch, grad_torch = seeded_dropout(x, p, False, monkeypatch)
+    assert (bits_of(y_native) == bits_of(y_torch)).all() and (bits_of(grad_native) == bits_of(grad_torch)).all()
+
+    torch.manual_seed(3)
+    uniform = torch.empty((n + 3) // 4, dtype=torch.int64).random_().numpy().view(np.uint16)[:n] & 0x7FFF
+    keep = (uniform >= round(p * LEVELS)).astype(np.float32)
+    scale = np.float32(1 / (1 - round(p * LEVELS) / LEVELS))
+    with np.errstate(invalid="ignore"):  # inf * 0 is NaN, in numpy as in torch
+        expected = x.numpy() * keep * scale
+    assert (bits_of(y_native) == expected.view(np.uint32)).all()
+    w = torch.linspace(-2, 2, n).numpy()  # seeded_dropout's weights
+    assert np.array_equal(grad_native.numpy(), w * keep * scale)
+
+
+@needs_native
+def test_without_a_compiler_dropout_takes_torch_ops_with_one_warning(monkeypatch, tmp_path):
+    x = torch.randn(1000)
+    expected, _ = seeded_dropout(x, 0.2, True, monkeypatch)
+    monkeypatch.setenv("CC", "false")  # a "compiler" that fails
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path))
+    kernels._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="native dropout kernels unavailable, using torch ops"):
+            assert not kernels.dropout_applies(x)
+        torch.manual_seed(3)
+        assert torch.equal(dropout(x, 0.2), expected)  # the same numbers as the native path's
+    finally:
+        kernels._library.cache_clear()

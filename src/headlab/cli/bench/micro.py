@@ -49,6 +49,19 @@ def train_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
+def torch_ops(step):
+    """The same step with the native kernels switched off (the path on GPUs, or without a C compiler)."""
+
+    def run():
+        kernels.ENABLED = False
+        try:
+            step()
+        finally:
+            kernels.ENABLED = True
+
+    return run
+
+
 def encoder_throughput(d: int, args) -> list[dict]:
     """Training tokens/s of headlab's encoder against nn.TransformerEncoder at the same sizes and dropout."""
     B, n, heads, layers = args.batch, args.seq, 4, 4
@@ -61,6 +74,7 @@ def encoder_throughput(d: int, args) -> list[dict]:
         steps = {"torch": train_step(torch_stack(d, heads, layers, dropout), x), "headlab": train_step(same, x)}
         if dropout:
             steps["headlab, attention dropout 0"] = train_step(fast, x)
+            steps["headlab, attention dropout 0, masks on torch ops"] = torch_ops(train_step(fast, x))
         compile_s = None
         if args.compile:
             compiled = torch.compile(HeadlabStack(d, heads, layers, dropout, attention_dropout=dropout))
@@ -105,16 +119,6 @@ def additive_throughput(args) -> list[dict]:
 
     def step(module):
         return lambda: module(x, need_weights=False)[0].sum().backward()
-
-    def torch_ops(step):  # the same step with the native kernels switched off (the path on GPUs, or without cc)
-        def run():
-            kernels.ENABLED = False
-            try:
-                step()
-            finally:
-                kernels.ENABLED = True
-
-        return run
 
     layer = interleaved(
         {

@@ -1,10 +1,11 @@
 """Native CPU kernels, compiled with the system's C compiler on first use and cached.
 
 additive.c computes Bahdanau scores and their gradients without storing the (B, H, n, m, d_k) hidden tensor
-(tanh(q + k) = 1 - 2 / (e^2q e^2k + 1): exponentials once per query and once per key). It is built for the CPU
-it runs on (-march=native) into $HEADLAB_CACHE/kernels (~/.cache/headlab/kernels), once per source, compiler and CPU,
-and loaded with ctypes. Without a compiler, or with HEADLAB_NATIVE=0, `additive_applies` is False and callers
-use torch ops instead (with one warning when the build failed). GPU tensors always use torch ops.
+(tanh(q + k) = 1 - 2 / (e^2q e^2k + 1): exponentials once per query and once per key). dropout.c applies
+headlab's CPU dropout mask in one pass each way (headlab.model.dropout). Each is built for the CPU it runs on
+(-march=native) into $HEADLAB_CACHE/kernels (~/.cache/headlab/kernels), once per source, compiler and CPU, and
+loaded with ctypes. Without a compiler, or with HEADLAB_NATIVE=0, `additive_applies` and `dropout_applies` are
+False and callers use torch ops instead (with one warning when a build failed). GPU tensors always use torch ops.
 """
 
 import ctypes
@@ -22,12 +23,17 @@ import torch
 
 from headlab.conventions import cache_root
 
-SOURCE = Path(__file__).with_name("additive.c")
+HERE = Path(__file__).parent
 ENABLED = os.environ.get("HEADLAB_NATIVE", "1") != "0"  # False: torch ops everywhere (the benchmark compares both)
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-pthread"]  # fast math in the
-# compile step only: linked with it, GCC 12 adds crtfastmath.o, which flushes denormals in the whole process
+FLAGS = ["-O3", "-march=native", "-fPIC", "-pthread"]
+FAST_MATH = ["-ffast-math", "-fopenmp-simd"]  # additive.c's, in the compile step only: linked with it, GCC 12 adds
+# crtfastmath.o, which flushes denormals in the whole process
 if platform.machine().lower() in ("x86_64", "amd64"):  # reciprocal estimates refined by a Newton step
-    FLAGS += ["-mrecip"]  # instead of divisions
+    FAST_MATH += ["-mrecip"]  # instead of divisions
+SOURCES = {  # library: (source, its compile flags, its functions, each returning int or nothing)
+    "additive": ("additive.c", FLAGS + FAST_MATH, {"additive_scores": ctypes.c_int, "additive_grads": ctypes.c_int}),
+    "dropout": ("dropout.c", FLAGS, {"dropout_forward": None, "dropout_apply": None}),  # exact float: no fast math
+}
 
 
 def _cpu_identity() -> str:
@@ -39,17 +45,19 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-def _build(compiler: str) -> Path:
-    """Compile additive.c unless this source, compiler and CPU already have a build; returns the .so path."""
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, *FLAGS, _cpu_identity()]).encode()).hexdigest()
+def _build(name: str, compiler: str) -> Path:
+    """Compile library `name` unless its source, flags, compiler and CPU already have a build; returns the .so path."""
+    source, flags, _ = SOURCES[name]
+    source = HERE / source
+    key = hashlib.sha256("\n".join([source.read_text(), compiler, *flags, _cpu_identity()]).encode()).hexdigest()
     cache_dir = cache_root() / "kernels"
-    library = cache_dir / f"additive-{key[:16]}.so"
+    library = cache_dir / f"{name}-{key[:16]}.so"
     if not library.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:  # concurrent builds (sweep jobs, DDP ranks) race
             built = Path(tmp) / library.name  # to os.replace, which is atomic: every loader sees a whole file
             for command in (
-                [compiler, *FLAGS, "-c", str(SOURCE), "-o", f"{built}.o"],
+                [compiler, *flags, "-c", str(source), "-o", f"{built}.o"],
                 [compiler, "-shared", "-pthread", f"{built}.o", "-lm", "-o", str(built)],
             ):
                 subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
@@ -58,26 +66,26 @@ def _build(compiler: str) -> Path:
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None (with one warning saying why) when they cannot be built here."""
+def _library(name: str) -> ctypes.CDLL | None:
+    """The compiled library `name`, or None (with one warning saying why) when it cannot be built here."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     try:
         if compiler is None:
             raise OSError("no C compiler found (set CC)")
-        library = ctypes.CDLL(str(_build(compiler)))
+        library = ctypes.CDLL(str(_build(name, compiler)))
     except (OSError, subprocess.SubprocessError) as error:  # no compiler, a failed or hung build, no cache dir
         detail = getattr(error, "stderr", None) or error
-        warnings.warn(f"headlab: native additive kernels unavailable, using torch ops (slower): {detail}", stacklevel=3)
+        warnings.warn(f"headlab: native {name} kernels unavailable, using torch ops (slower): {detail}", stacklevel=3)
         return None
-    for name in ("additive_scores", "additive_grads"):
-        getattr(library, name).restype = ctypes.c_int
+    for function, result in SOURCES[name][2].items():
+        getattr(library, function).restype = result
     return library
 
 
 def additive_applies(q: torch.Tensor) -> bool:
     """Whether the native kernels take this tensor: on the CPU, not float64 (they compute in float32), and the
     kernels built."""
-    return ENABLED and q.device.type == "cpu" and q.dtype != torch.float64 and _library() is not None
+    return ENABLED and q.device.type == "cpu" and q.dtype != torch.float64 and _library("additive") is not None
 
 
 def _pointer(t: torch.Tensor) -> ctypes.c_void_p:
@@ -90,7 +98,7 @@ def additive_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.
     m = k.shape[2]
     q, kt, w = q.contiguous(), k.transpose(-2, -1).contiguous(), w.detach().contiguous()  # kt (B, H, d_k, m)
     scores = q.new_empty(B, H, n, m)
-    ok = _library().additive_scores(
+    ok = _library("additive").additive_scores(
         _pointer(q), _pointer(kt), _pointer(w), _pointer(scores), *map(ctypes.c_long, (B * H, H, n, m, d)),
         ctypes.c_long(torch.get_num_threads()),
     )  # fmt: skip
@@ -105,7 +113,7 @@ def additive_grads(q, k, w, grad) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     m = k.shape[2]
     q, kt, w, grad = q.contiguous(), k.transpose(-2, -1).contiguous(), w.detach().contiguous(), grad.contiguous()
     grad_q, grad_kt, grad_w = q.new_empty(B, H, n, d), q.new_empty(B, H, d, m), q.new_empty(B, H, d)
-    ok = _library().additive_grads(
+    ok = _library("additive").additive_grads(
         _pointer(q), _pointer(kt), _pointer(w), _pointer(grad), _pointer(grad_q), _pointer(grad_kt), _pointer(grad_w),
         *map(ctypes.c_long, (B * H, H, n, m, d)), ctypes.c_long(torch.get_num_threads()),
     )  # fmt: skip
@@ -126,3 +134,34 @@ class NativeOps:
     @staticmethod
     def grads(qc, k, w, grad, hidden=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return additive_grads(qc, k, w, grad)
+
+
+def dropout_applies(x: torch.Tensor) -> bool:
+    """Whether the native dropout takes this tensor: a contiguous float32 CPU tensor, and the kernels built."""
+    return (
+        ENABLED
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and (_library("dropout") is not None)
+    )
+
+
+def dropout_forward(bits: torch.Tensor, x: torch.Tensor, threshold: int, scale: float):
+    """(x * keep * scale, keep) for keep = (bits' 15-bit uniforms >= threshold), as uint8 shaped as x."""
+    y, keep = torch.empty_like(x), torch.empty(x.shape, dtype=torch.uint8)
+    _library("dropout").dropout_forward(
+        _pointer(bits), _pointer(x), _pointer(y), _pointer(keep), ctypes.c_long(x.numel()), ctypes.c_long(threshold),
+        ctypes.c_float(scale), ctypes.c_long(torch.get_num_threads()),
+    )  # fmt: skip
+    return y, keep
+
+
+def dropout_apply(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """x * keep * scale for a contiguous float32 x and a uint8 keep of its shape (the backward pass's product)."""
+    out = torch.empty_like(x)
+    _library("dropout").dropout_apply(
+        _pointer(x), _pointer(keep), _pointer(out), ctypes.c_long(x.numel()), ctypes.c_float(scale),
+        ctypes.c_long(torch.get_num_threads()),
+    )  # fmt: skip
+    return out
