@@ -17,14 +17,17 @@ TRAIN = [sys.executable, "-m", "headlab.cli.train"]
 
 def startup(tmp: Path, repeats: int) -> dict:
     exe = TRAIN
-    first_step = exe + [
-        "+trainer.max_steps=1",
-        "+trainer.limit_val_batches=0",
-        "callbacks.attention=null",
-        "logger=none",
-        "data.n_test=64",
-        f"hydra.run.dir={tmp}/first_step",
-    ]
+
+    def first_step(k: int) -> list[str]:  # each repeat a run directory of its own
+        return exe + [
+            "+trainer.max_steps=1",
+            "+trainer.limit_val_batches=0",
+            "callbacks.attention=null",
+            "logger=none",
+            "data.n_test=64",
+            f"hydra.run.dir={tmp}/first_step/{k}",
+        ]
+
     return {
         "--help": command_seconds(exe + ["--help"], repeats),
         "config error": command_seconds(exe + ["model.attention.n_heads=0", f"hydra.run.dir={tmp}/err"], repeats, 2),

@@ -4,6 +4,7 @@ import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,14 +59,17 @@ def interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def command_seconds(argv: list[str], repeats: int, expect: int = 0) -> float:
+def command_seconds(argv: list[str] | Callable[[int], list[str]], repeats: int, expect: int = 0) -> float:
+    """The median seconds of `repeats` runs of a command, start to exit; argv(k) gives repeat k's own command (a
+    run directory of its own: headlab-train refuses one that holds another run)."""
     times = []
-    for _ in range(repeats):
+    for k in range(repeats):
+        command = argv(k) if callable(argv) else argv
         start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
         times.append(time.perf_counter() - start)
         if done.returncode != expect:
-            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
+            raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-500:]}")
     return statistics.median(times)
 
 
