@@ -20,7 +20,7 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch):
     for section in ("## Encoder training throughput", "## Additive scoring", "## Attention capture", "## Start-up"):
         assert section in text
     assert "| 32 | 0.1 | headlab, attention dropout 0 |" in text
-    assert "| 32 | 0.1 | headlab, attention dropout 0, masks on torch ops |" in text
+    assert "On one thread, as packs and sweeps of several jobs run, the native dropout kernel" in text
     assert "| additive, fused |" in text and "| additive, fused, torch ops |" in text
     for scope in ("one layer", "4-layer encoder"):
         assert f"| {scope} | additive, native kernels |" in text and f"| {scope} | additive, torch ops |" in text

@@ -8,7 +8,16 @@ from headlab.model import kernels
 from headlab.model.dropout import LEVELS, Dropout, dropout
 from headlab.model.encoder import Encoder
 
-needs_native = pytest.mark.skipif(not kernels.dropout_applies(torch.zeros(1)), reason="no C compiler here")
+needs_native = pytest.mark.skipif(kernels._library("dropout") is None, reason="no C compiler here")
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread, where the native dropout applies (packs, sweeps of several jobs at a time)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -93,12 +102,10 @@ def bits_of(t: torch.Tensor) -> np.ndarray:
 
 
 @needs_native
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_native_path_gives_the_bits_of_torch_ops_and_of_the_recipe(monkeypatch, threads):
+def test_the_native_path_gives_the_bits_of_torch_ops_and_of_the_recipe(monkeypatch, one_thread):
     """Runs give the same numbers with or without a C compiler, and both are the documented recipe: 64-bit draws
     cut into four 15-bit uniforms, kept when u >= round(p 2^15), survivors times float32(1 / (1 - that / 2^15))."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what the kernel is told to split over
-    n, p = (1 << 19) + 3, 0.3  # two spans of the native kernel's threads, and a cut last draw
+    n, p = (1 << 19) + 3, 0.3  # a cut last draw
     x = torch.randn(n) * 10
     x[:4] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0])
     y_native, grad_native = seeded_dropout(x, p, True, monkeypatch)
@@ -117,7 +124,17 @@ def test_the_native_path_gives_the_bits_of_torch_ops_and_of_the_recipe(monkeypat
 
 
 @needs_native
-def test_without_a_compiler_dropout_takes_torch_ops_with_one_warning(monkeypatch, tmp_path):
+def test_on_several_threads_dropout_takes_torch_ops_and_gives_the_same_numbers(monkeypatch, one_thread):
+    x = torch.randn(5000)
+    expected, expected_grad = seeded_dropout(x, 0.2, True, monkeypatch)
+    torch.set_num_threads(2)
+    assert not kernels.dropout_applies(x)  # torch's ops run in parallel there, as fast as the kernel
+    y, grad = seeded_dropout(x, 0.2, False, monkeypatch)
+    assert torch.equal(y, expected) and torch.equal(grad, expected_grad)
+
+
+@needs_native
+def test_without_a_compiler_dropout_takes_torch_ops_with_one_warning(monkeypatch, tmp_path, one_thread):
     x = torch.randn(1000)
     expected, _ = seeded_dropout(x, 0.2, True, monkeypatch)
     monkeypatch.setenv("CC", "false")  # a "compiler" that fails

@@ -74,7 +74,6 @@ def encoder_throughput(d: int, args) -> list[dict]:
         steps = {"torch": train_step(torch_stack(d, heads, layers, dropout), x), "headlab": train_step(same, x)}
         if dropout:
             steps["headlab, attention dropout 0"] = train_step(fast, x)
-            steps["headlab, attention dropout 0, masks on torch ops"] = torch_ops(train_step(fast, x))
         compile_s = None
         if args.compile:
             compiled = torch.compile(HeadlabStack(d, heads, layers, dropout, attention_dropout=dropout))
@@ -99,6 +98,20 @@ def encoder_throughput(d: int, args) -> list[dict]:
                 }
             )
     return rows
+
+
+def dropout_masks(args) -> dict:
+    """Training tokens/s of headlab's encoder (d_model 128, dropout 0.1, attention dropout 0) on one thread, as
+    packs and sweeps of several jobs run: dropout masks by the native kernel against torch ops."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # where the native dropout applies
+    try:
+        x = torch.randn(args.batch, args.seq, 128)
+        step = train_step(HeadlabStack(128, 4, 4, 0.1, attention_dropout=0.0), x)
+        seconds = interleaved({"native": step, "torch ops": torch_ops(step)}, args.repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return {path: args.batch * args.seq / s for path, s in seconds.items()}
 
 
 def additive_throughput(args) -> list[dict]:

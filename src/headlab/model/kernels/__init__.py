@@ -2,10 +2,11 @@
 
 additive.c computes Bahdanau scores and their gradients without storing the (B, H, n, m, d_k) hidden tensor
 (tanh(q + k) = 1 - 2 / (e^2q e^2k + 1): exponentials once per query and once per key). dropout.c applies
-headlab's CPU dropout mask in one pass each way (headlab.model.dropout). Each is built for the CPU it runs on
-(-march=native) into $HEADLAB_CACHE/kernels (~/.cache/headlab/kernels), once per source, compiler and CPU, and
-loaded with ctypes. Without a compiler, or with HEADLAB_NATIVE=0, `additive_applies` and `dropout_applies` are
-False and callers use torch ops instead (with one warning when a build failed). GPU tensors always use torch ops.
+headlab's CPU dropout mask in one pass each way (headlab.model.dropout) where torch runs on one thread. Each is
+built for the CPU it runs on (-march=native) into $HEADLAB_CACHE/kernels (~/.cache/headlab/kernels), once per
+source, compiler and CPU, and loaded with ctypes. Without a compiler, or with HEADLAB_NATIVE=0, `additive_applies`
+and `dropout_applies` are False and callers use torch ops instead (with one warning when a build failed). GPU
+tensors always use torch ops.
 """
 
 import ctypes
@@ -137,13 +138,16 @@ class NativeOps:
 
 
 def dropout_applies(x: torch.Tensor) -> bool:
-    """Whether the native dropout takes this tensor: a contiguous float32 CPU tensor, and the kernels built."""
+    """Whether the native dropout takes this tensor: a contiguous float32 CPU tensor, torch on one thread (packs,
+    sweeps of several jobs at a time; on more, torch's elementwise ops run in parallel and are as fast:
+    docs/speed.md), and the kernels built."""
     return (
         ENABLED
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.is_contiguous()
-        and (_library("dropout") is not None)
+        and torch.get_num_threads() == 1
+        and _library("dropout") is not None
     )
 
 
@@ -152,7 +156,7 @@ def dropout_forward(bits: torch.Tensor, x: torch.Tensor, threshold: int, scale: 
     y, keep = torch.empty_like(x), torch.empty(x.shape, dtype=torch.uint8)
     _library("dropout").dropout_forward(
         _pointer(bits), _pointer(x), _pointer(y), _pointer(keep), ctypes.c_long(x.numel()), ctypes.c_long(threshold),
-        ctypes.c_float(scale), ctypes.c_long(torch.get_num_threads()),
+        ctypes.c_float(scale),
     )  # fmt: skip
     return y, keep
 
@@ -160,8 +164,6 @@ def dropout_forward(bits: torch.Tensor, x: torch.Tensor, threshold: int, scale: 
 def dropout_apply(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
     """x * keep * scale for a contiguous float32 x and a uint8 keep of its shape (the backward pass's product)."""
     out = torch.empty_like(x)
-    _library("dropout").dropout_apply(
-        _pointer(x), _pointer(keep), _pointer(out), ctypes.c_long(x.numel()), ctypes.c_float(scale),
-        ctypes.c_long(torch.get_num_threads()),
-    )  # fmt: skip
+    lib = _library("dropout")
+    lib.dropout_apply(_pointer(x), _pointer(keep), _pointer(out), ctypes.c_long(x.numel()), ctypes.c_float(scale))
     return out
