@@ -21,6 +21,7 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch):
         assert section in text
     assert "| 32 | 0.1 | headlab, attention dropout 0 |" in text
     assert "On one thread, as packs and sweeps of several jobs run, the native dropout kernel" in text
+    assert "with malloc keeping freed memory, as headlab's runs set it" in text
     assert "| additive, fused |" in text and "| additive, fused, torch ops |" in text
     for scope in ("one layer", "4-layer encoder"):
         assert f"| {scope} | additive, native kernels |" in text and f"| {scope} | additive, torch ops |" in text

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
-from headlab.training import epochs, memory, records, results, sweep
+from headlab.training import allocator, epochs, memory, records, results, sweep
 from headlab.training import loggers as loggers_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import fail
@@ -112,8 +112,10 @@ def build(cfg: DictConfig, saved: Path | None = None) -> tuple[pl.LightningDataM
 def configure_torch(cfg: DictConfig, threads: int) -> None:
     """What the process's torch should do for this run: its CPU threads, TF32 on GPUs, and no warnings that only
     repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md; metrics.csv in the run
-    directory) or are wrong (the model summary's size under mixed precision)."""
+    directory) or are wrong (the model summary's size under mixed precision), and malloc keeping freed memory for
+    the next step (headlab.training.allocator)."""
     global _threaded
+    allocator.keep_freed_memory()
     logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
     # own console handler would double each line
     torch.set_num_threads(threads)

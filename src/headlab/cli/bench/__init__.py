@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     r["peak"] = args.peak = timing.matmul_peak(repeats=args.repeats)
     r["encoder"] = [row for d in ((32,) if args.quick else (128, 256)) for row in micro.encoder_throughput(d, args)]
     r["dropout"] = micro.dropout_masks(args)
+    r["freed_memory"] = micro.freed_memory(args)
     r["additive"] = micro.additive_throughput(args)
     r["memory"] = micro.attention_memory(args.memory_seq)
     r["capture"] = micro.capture_cost(args)

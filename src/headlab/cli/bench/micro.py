@@ -2,6 +2,7 @@
 the cost of capturing attention weights."""
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from headlab.model.additive import additive_scores_naive
 from headlab.model.encoder import Block
 
 MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
+STEP_PROBE = Path(__file__).with_name("step_probe.py")
 MEMORY_PATHS = ("dot", "additive, fused", "additive, fused, torch ops", "additive, lean scores", "additive, naive")
 
 
@@ -112,6 +114,33 @@ def dropout_masks(args) -> dict:
     finally:
         torch.set_num_threads(threads)
     return {path: args.batch * args.seq / s for path, s in seconds.items()}
+
+
+def freed_memory(args) -> dict:
+    """A text-default model's training step on one thread (step_probe.py, a fresh process per repeat, in turns)
+    with malloc keeping freed memory, as headlab's runs set it, and with glibc's defaults: median tokens/s and
+    page faults a step."""
+    batch, n = (4, 16) if args.quick else (64, 32)
+    runs = {"kept": [], "glibc's defaults": []}
+    for _ in range(args.repeats):
+        for path, keep in (("kept", "1"), ("glibc's defaults", "0")):
+            command = [sys.executable, str(STEP_PROBE), str(batch), str(n), "5" if args.quick else "40"]
+            out = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+                env=os.environ | {"HEADLAB_KEEP_FREED": keep},
+            )
+            runs[path].append([float(x) for x in out.stdout.split()])
+    return {
+        path: {
+            "tokens_per_s": batch * n / statistics.median(s for s, _ in r),
+            "faults": statistics.median(f for _, f in r),
+        }
+        for path, r in runs.items()
+    }
 
 
 def additive_throughput(args) -> list[dict]:
