@@ -2,8 +2,8 @@
 activations, a pack's (E, P) flat gradient), and glibc's malloc hands those back to the system when they are freed
 (buffers above its mmap threshold are unmapped, a heap's free top is trimmed), so that the next step faults every
 page in again, zero-filled by the kernel: about a tenth of a CPU pack worker's time went to the kernel
-(docs/speed.md). Telling malloc to keep them costs no memory beyond the step's peak, which the process holds
-anyway, and changes no number: only where buffers live (64-byte aligned either way)."""
+(docs/speed.md). Telling malloc to keep them holds the resident size near the step's peak, not above it, and
+changes no number: only where buffers live (64-byte aligned either way)."""
 
 import ctypes
 import os
