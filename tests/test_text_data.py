@@ -284,3 +284,34 @@ def test_a_cache_entry_another_process_completed_meanwhile_is_kept_not_replaced(
     assert {name: (dm.cache_path / name).read_bytes() for name in pipeline.CACHE_FILES} == written
     assert pipeline.cache_state(dm.cache_path) == "complete"
     assert not list(tmp_path.rglob(".tmp-*"))  # the loser's temporary directory is removed
+
+
+def test_a_process_needing_an_entry_another_is_preparing_waits_and_reads_it(tmp_path):
+    """Two packs of one sweep with the same seed: the second waits for the first's entry, not preparing it too."""
+    import shutil
+    import threading
+
+    from headlab.data import text_pipeline as pipeline
+
+    rows = "text,label\n" + "".join(f"word{i} word{i + 1},{i % 2}\n" for i in range(60))
+    (tmp_path / "train.csv").write_text(rows)
+    make = lambda: datamodule("files", tmp_path, **{"files.train": tmp_path / "train.csv", "n_classes": 2})  # noqa: E731
+    first = make()
+    first.setup()
+    entry, kept = first.cache_path, tmp_path / "kept"
+    entry.rename(kept)  # the entry is missing again; the first process is about to write it
+    second = make()
+    with pipeline.preparing(entry):  # the first process, preparing
+        waiting = threading.Thread(target=second.setup)
+        waiting.start()
+        waiting.join(timeout=2)
+        assert waiting.is_alive()  # the second waits rather than preparing too
+        kept.rename(entry)  # the first writes its entry
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and second.loaded_from_cache
+    assert [t.tolist() for t, _ in second.splits["train"]] == [t.tolist() for t, _ in first.splits["train"]]
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # the lock file is gone
+    shutil.rmtree(entry)
+    third = make()
+    third.setup()  # no one preparing: no wait, and the lock is removed after
+    assert not third.loaded_from_cache and [p.name for p in entry.parent.iterdir()] == [entry.name]

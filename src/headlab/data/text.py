@@ -138,19 +138,24 @@ class TextDataModule(ExampleDataModule):
         self.fingerprint = fingerprint
         self.cache_path = Path(self.cache_root) / pipeline.cache_key(self._settings(fingerprint))
         state = pipeline.cache_state(self.cache_path)
-        if state == "complete":
-            self.loaded_from_cache = True
-        else:
-            if state != "missing":
-                log.warning("data cache entry %s is %s; rebuilding it", self.cache_path, state)
-            started = time.perf_counter()
-            log.info("data: preparing %s", ", ".join(f"{r} from {w}" for r, w in where.items()))
-            self._prepare(read(), where)
-            log.info("data: prepared in %.0f s, cached in %s", time.perf_counter() - started, self.cache_path)
+        if state != "complete":
+            with pipeline.preparing(self.cache_path):
+                state = pipeline.cache_state(self.cache_path)  # complete if another process prepared it meanwhile
+                if state != "complete":
+                    self._prepare_logged(read, where, state)
+        self.loaded_from_cache = state == "complete"
         self.tokenizer, self.labels, self.splits = pipeline.read_cache(self.cache_path, self.max_length)
         self._check_classes()
         counts = ", ".join(f"{r} {len(s):,}" for r, s in self.splits.items())
         log.info("data: %s examples, %d classes, %d tokens in the vocabulary", counts, self.n_classes, self.vocab_size)
+
+    def _prepare_logged(self, read, where: dict, state: str) -> None:
+        if state != "missing":
+            log.warning("data cache entry %s is %s; rebuilding it", self.cache_path, state)
+        started = time.perf_counter()
+        log.info("data: preparing %s", ", ".join(f"{r} from {w}" for r, w in where.items()))
+        self._prepare(read(), where)
+        log.info("data: prepared in %.0f s, cached in %s", time.perf_counter() - started, self.cache_path)
 
     def _check_classes(self) -> None:
         """Training labels of one class leave nothing to learn: refused, or a recorded warning when data.n_classes

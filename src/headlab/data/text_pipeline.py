@@ -5,6 +5,8 @@ read (local files or the hub) -> check columns -> label vocabulary -> carve a va
 by role (train, val, test); arrays are numpy.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -274,6 +276,32 @@ def cache_state(entry: Path) -> str:
         if not path.is_file() or sha256(path) != recorded.get(name):
             return f"corrupt: {name} is missing or does not match its checksum"
     return "complete"
+
+
+@contextlib.contextmanager
+def preparing(entry: Path):
+    """Held while one process prepares a cache entry: another process that needs the same entry (two packs of a
+    sweep with the same seeds) waits here, then reads the entry instead of preparing it too. The lock is a file
+    beside the entry, removed on release (a waiter that locked a removed file takes the new one); it goes with
+    a killed process. Where the file system cannot lock, nothing waits and write_cache still settles the race."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    path = entry.parent / f".{entry.name}.lock"
+    while True:
+        lock = open(path, "a")  # noqa: SIM115 (held across the yield)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            break  # no locks here
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
+                break
+        lock.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        lock.close()
 
 
 def write_cache(entry: Path, arrays: dict, tokenizer, labels: list) -> None:
