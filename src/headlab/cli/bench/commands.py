@@ -58,19 +58,26 @@ def default_run(tmp: Path) -> dict:
     }
 
 
-def sst2_preparation(tmp: Path, data_dir: Path) -> dict | None:
-    sst2 = data_dir / "sst2"
-    if not (sst2 / "train.tsv").exists():
+def sst2_preparation(tmp: Path, data_dir: Path, rows: int | None = None) -> dict | None:
+    """Preparing SST-2 train, first and from the cache, and one epoch of its batches; rows: its first rows only
+    (--quick: the same code on a slice)."""
+    train = data_dir / "sst2" / "train.tsv"
+    if not train.exists():
         return None
     from headlab.data.text import TextDataModule
 
+    if rows:
+        with train.open(encoding="utf-8") as lines:
+            head = [line for _, line in zip(range(rows + 1), lines, strict=False)]  # the header and `rows` rows
+        train = tmp / "sst2-head.tsv"
+        train.write_text("".join(head), encoding="utf-8")
     times = []
     for _ in range(2):
         dm = TextDataModule(
             "sentence",
             "label",
             n_classes=2,
-            files={"train": str(sst2 / "train.tsv")},
+            files={"train": str(train)},
             cache_dir=str(tmp / "sst2-cache"),
         )
         start = time.perf_counter()
