@@ -178,6 +178,11 @@ def test_every_table_records_the_command_the_commits_and_the_hardware(sweep):
     assert "headlab commit (compare): " in text and "Runs' commits: abc123 (12 runs)" in text
     assert "Runs' hardware: cpu x1, 2 threads (12 runs)" in text
     assert "solved (test/acc >= 0.75; exact 95% CI)" in text
+    assert list(root.glob("compare_*.png"))
+    tables = root / "tables only"  # --no-plots: the same table, no figures
+    main([str(root), "--solved", "test/acc>=0.75", "--no-plots", "--out", str(tables)])
+    assert sorted(p.name for p in tables.iterdir()) == ["compare.csv", "compare.md"]
+    assert (tables / "compare.md").read_text().split("\n| ")[1:] == text.split("\n| ")[1:]
 
 
 def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):

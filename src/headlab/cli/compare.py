@@ -221,6 +221,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--group", help="with --wandb: the W&B group (sweep or experiment)")
     add_analysis_options(parser)
     parser.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    parser.add_argument("--no-plots", dest="plots", action="store_false", help="write the tables only, no figures")
     parser.add_argument(
         "--confirm", action="store_true", help="apply the experiment file's confirmation analysis (its confirm key)"
     )
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"headlab-compare: {error}") from None
     out = args.out or (args.dirs[0] if args.dirs and args.dirs[0].is_dir() else Path.cwd())
     out.mkdir(parents=True, exist_ok=True)
-    written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv])
+    written = write_outputs(out, keys, rows, design, runs, ["headlab-compare", *argv], args.plots)
     if pooled:
         written.append(write_meta(out, pooled, design))
     if ranked:

@@ -134,12 +134,13 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
 
 
 def _compare(argv: list[str], out: Path | None) -> str:
-    """headlab-compare argv, quietly; its compare.md (written into out, or a temporary folder)."""
+    """headlab-compare argv, quietly; its compare.md (written into out with its figures, or, tables only, into a
+    temporary folder)."""
     from headlab.cli.compare import main
 
     with tempfile.TemporaryDirectory() as temporary, contextlib.redirect_stdout(io.StringIO()) as said:
         with contextlib.redirect_stderr(said):
-            main(argv if out else [*argv, "--out", temporary])
+            main(argv if out else [*argv, "--out", temporary, "--no-plots"])
         return ((out or Path(temporary)) / "compare.md").read_text()
 
 

@@ -167,7 +167,9 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
     ]
 
 
-def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command) -> list[Path]:
+def write_outputs(
+    out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command, plots: bool = True
+) -> list[Path]:
     header, body = table_rows(keys, rows, design)
     lines = provenance(runs.completed, command, design)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -191,12 +193,8 @@ def write_outputs(out: Path, keys: list[str], rows: list[dict], design: Design, 
                 [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
-    return [
-        out / "compare.md",
-        out / "compare.csv",
-        *plot(out, keys, rows, design.metrics),
-        *plot_curves(out, keys, rows),
-    ]
+    figures = [*plot(out, keys, rows, design.metrics), *plot_curves(out, keys, rows)] if plots else []
+    return [out / "compare.md", out / "compare.csv", *figures]
 
 
 def pruning_table(summary: list[dict]) -> list[str]:
