@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import TINY, headlab_train
+from headlab.cli import heads
 from wandb_records import read_run
 
 pytestmark = pytest.mark.e2e
@@ -148,16 +149,18 @@ def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_pat
     assert list(rows[0])[:3] == ["layer", "head", "entropy"] and len(rows) == 8
     measured = json.loads((run / "heads.json").read_text())["rows"]  # the same best checkpoint: its importance
     assert [float(r["importance"]) for r in rows] == pytest.approx([r["importance"] for r in measured])
-    last = subprocess.run([*cli, "--checkpoint", "last", "--out", str(tmp_path / "last")], capture_output=True)
-    assert last.returncode == 0 and "importance" not in (tmp_path / "last" / "statistics.csv").read_text()
+    # the rest in this process: the console script's main, without another interpreter's start-up
+    heads.main([str(run), "--checkpoint", "last", "--out", str(tmp_path / "last")])
+    assert "importance" not in (tmp_path / "last" / "statistics.csv").read_text()
 
-    text = subprocess.run([*cli, "--text", "a dog"], capture_output=True, text=True, timeout=120)
-    assert text.returncode != 0 and text.stderr.strip().splitlines()[-1] == (
+    with pytest.raises(SystemExit) as refused:  # a one-line message, no traceback
+        heads.main([str(run), "--text", "a dog"])
+    assert str(refused.value) == (
         "headlab-heads: probe sentences need a text dataset; this task is generated from token ids"
     )
     (run / ".hydra" / "config.yaml").write_text(
         (run / ".hydra" / "config.yaml").read_text().replace("d_model: 16", "d_model: 32")
     )
-    mismatch = subprocess.run(cli, capture_output=True, text=True, timeout=120)
-    assert mismatch.returncode != 0 and "does not fit the run's model config" in mismatch.stderr
-    assert "Traceback" not in mismatch.stderr
+    with pytest.raises(SystemExit) as mismatch:
+        heads.main([str(run)])
+    assert "does not fit the run's model config" in str(mismatch.value)
