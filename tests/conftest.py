@@ -1,10 +1,15 @@
 import atexit
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -61,6 +66,69 @@ def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | 
         text=True,
         timeout=timeout,
     )
+
+
+def train_here(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
+    """What headlab_train runs (headlab.cli.train's cli) in this process, without an interpreter's start-up; for
+    runs that end early, such as refused input. What the CLI sets in its process is put back afterwards."""
+    from headlab.cli import train
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with _process_state_kept(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        sys.argv = ["headlab-train", *overrides]
+        for key in ("HYDRA_FULL_ERROR", "HEADLAB_TRACEBACKS"):  # as cli_env()
+            os.environ.pop(key, None)
+        try:
+            train.cli()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return subprocess.CompletedProcess(list(overrides), code, stdout.getvalue(), stderr.getvalue())
+
+
+@contextlib.contextmanager
+def _process_state_kept(cwd: Path):
+    """Environment, argv, working directory, signal handlers, warnings filters, logging, torch's threads, Hydra's
+    global state and the CLI's once-a-process state, as they were."""
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from headlab.cli import train
+    from headlab.training import run
+
+    environ, argv, here = dict(os.environ), list(sys.argv), os.getcwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    known = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    loggers = {name: (lg.level, list(lg.handlers), lg.disabled) for name, lg in known.items()}
+    root = (logging.root.level, list(logging.root.handlers))
+    threads, threaded = torch.get_num_threads(), run._threaded
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+        os.environ.clear()
+        os.environ.update(environ)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for handler in set(logging.root.handlers) - set(root[1]):
+            handler.close()
+        logging.root.setLevel(root[0])
+        logging.root.handlers[:] = root[1]
+        for name, (level, kept, disabled) in loggers.items():
+            lg = logging.getLogger(name)
+            lg.setLevel(level)
+            lg.handlers[:] = kept
+            lg.disabled = disabled
+        torch.set_num_threads(threads)
+        run._threaded = threaded
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+        train._job_started, train._ctrl_c = False, False
+        train._said.clear()
 
 
 def as_interrupted(run: Path) -> Path:
