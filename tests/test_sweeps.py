@@ -167,14 +167,18 @@ def test_every_experiment_runs_its_first_job_for_a_few_batches(run_cli, tmp_path
     if experiment in OFFLINE_DATA:
         if not SST2.exists():
             pytest.skip("../shared/data is absent")
+        head = tmp_path / "train.tsv"  # SST-2 train's first 2,000 sentences: the same code, prepared in seconds
+        with (SST2 / "train.tsv").open() as f:
+            head.write_text("".join(itertools.islice(f, 2001)))
         quick = [
-            *OFFLINE_DATA[experiment],
+            *(a.replace(str(SST2 / "train.tsv"), str(head)) for a in OFFLINE_DATA[experiment]),
             "trainer.max_epochs=1",
             "callbacks.attention=null",
             "logger=csv",
-            "+trainer.limit_train_batches=8",
+            "+trainer.limit_train_batches=4",
             "+trainer.limit_val_batches=2",
-            "++trainer.val_check_interval=4",
+            "+trainer.limit_test_batches=2",
+            "++trainer.val_check_interval=2",
         ]
     result = run_cli(f"experiment={experiment}", *job, "hydra.mode=RUN", *quick, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-2000:]
