@@ -89,12 +89,12 @@ def train_here(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
 @contextlib.contextmanager
 def _process_state_kept(cwd: Path):
     """Environment, argv, working directory, signal handlers, warnings filters, logging, torch's threads, Hydra's
-    global state and the CLI's once-a-process state, as they were."""
+    global state and the CLI's once-a-process state (its errors said, its run directories' locks), as they were."""
     import torch
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from headlab.cli import train
+    from headlab.cli import rundir, train
     from headlab.training import run
 
     environ, argv, here = dict(os.environ), list(sys.argv), os.getcwd()
@@ -129,6 +129,8 @@ def _process_state_kept(cwd: Path):
         HydraConfig.instance().cfg = None
         train._job_started, train._ctrl_c = False, False
         train._said.clear()
+        for held in list(rundir._held):  # the run directories' locks, which a process holds until it ends
+            rundir.release(held)
 
 
 def as_interrupted(run: Path) -> Path:
@@ -136,6 +138,12 @@ def as_interrupted(run: Path) -> Path:
     record = json.loads((run / "results.json").read_text())
     (run / "results.json").write_text(json.dumps({**record, "status": "interrupted"}, indent=2))
     return run
+
+
+@pytest.fixture
+def train_in(tmp_path):
+    """run_cli's calls in the test process (train_here): for runs refused before or at their start."""
+    return lambda *overrides: train_here(*overrides, cwd=tmp_path)
 
 
 @pytest.fixture

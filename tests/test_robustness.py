@@ -126,11 +126,11 @@ def test_last_checkpoint_follows_every_epoch_even_without_improvement(run_cli, t
     assert [p.name for p in checkpoints.glob("best-*.ckpt")] == ["best-epoch0-step8.ckpt"]
 
 
-def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
+def test_resume_with_a_different_config_is_refused(run_cli, train_in, tmp_path):
     first = run_cli(*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
     assert first.returncode == 0
     as_interrupted(tmp_path / "run")
-    changed = run_cli(
+    changed = train_in(
         *TINY,
         "trainer.max_epochs=1",
         "logger=csv",
@@ -143,7 +143,7 @@ def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
         f"headlab-train: invalid config: model.attention.n_heads=2 is invalid: expected 4 as in the run being "
         f"resumed ({tmp_path / 'run'})"
     )
-    missing = run_cli(*TINY, f"resume={tmp_path / 'nothing'}")
+    missing = train_in(*TINY, f"resume={tmp_path / 'nothing'}")
     assert (
         missing.returncode == 2
         and "expected a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
@@ -266,20 +266,20 @@ def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_
 
 
 @pytest.mark.e2e
-def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, tmp_path):
+def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, train_in, tmp_path):
     first = run_cli(*TINY, "logger=csv", "model.attention.n_heads=2", "seed=3", "hydra.run.dir=run")
     assert first.returncode == 0, first.stderr[-2000:]
     run = as_interrupted(tmp_path / "run")
     record = (run / "results.json").read_bytes()
 
-    differs = run_cli(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
+    differs = train_in(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
     assert differs.returncode == 2 and "model.attention.n_heads=4 is invalid: expected 2" in differs.stderr
     assert (run / "results.json").read_bytes() == record
 
     last = run / "checkpoints" / "last.ckpt"
     whole = last.read_bytes()
     last.write_bytes(whole[: len(whole) // 2])  # a checkpoint cut short (a full disk, say)
-    truncated = run_cli(f"resume={run}")
+    truncated = train_in(f"resume={run}")
     assert truncated.returncode == 2 and "resume=" in truncated.stderr and "Traceback" not in truncated.stderr
     assert (run / "results.json").read_bytes() == record
     last.write_bytes(whole)
@@ -289,7 +289,7 @@ def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(ru
     after = json.loads((run / "results.json").read_text())
     before = json.loads(record)
     assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
-    assert run_cli(f"resume={run}").returncode == 2  # completed now: its records are final
+    assert train_in(f"resume={run}").returncode == 2  # completed now: its records are final
     assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]
 
 
