@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 def test_run_writes_results_config_and_checkpoints(run_cli, tmp_path, overrides):
     result = run_cli(*TINY, "logger=csv", *overrides, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "it/s" not in result.stdout + result.stderr  # callbacks.progress_bar=null: no bar (not Lightning's own)
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed"

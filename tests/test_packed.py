@@ -266,6 +266,7 @@ def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_c
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"2 pack(s) of at most 64, {n_jobs} at a time" in done.stdout
+        assert "it/s" not in done.stdout + done.stderr  # callbacks.progress_bar=null: no bar, not Lightning's own
         results[n_jobs] = records(sweep)
     assert [r["status"] for r in results[2]] == ["completed"] * 4
     assert {r["resources"]["threads"] for r in results[2]} == {max(1, usable_cores() // 2)}

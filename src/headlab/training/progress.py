@@ -17,6 +17,14 @@ def progress_bar(every_n_steps: int = 50, every_s: float = 30.0) -> LightningPro
     return ProgressBar(every_n_steps) if sys.stdout.isatty() else PlainProgress(every_s)
 
 
+def none_without_a_bar(callbacks: list, trainer_config) -> dict:
+    """Trainer arguments for callbacks without a progress bar (callbacks.progress_bar=null): Lightning's own bar
+    is turned off, which it would otherwise put in its place (reading the metrics at every batch)."""
+    if any(isinstance(c, LightningProgressBar) for c in callbacks) or "enable_progress_bar" in trainer_config:
+        return {}
+    return {"enable_progress_bar": False}
+
+
 class ProgressBar(RichProgressBar):
     """Lightning's RichProgressBar reads the logged metrics after every batch, and each read turns device tensors
     into numbers: on a GPU the host waits for the device at every step. This one reads them every `every_n_steps`

@@ -16,6 +16,7 @@ from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
 from headlab.training import allocator, epochs, memory, records, results, sweep
 from headlab.training import loggers as loggers_
+from headlab.training import progress as progress_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
@@ -198,7 +199,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
     trainer: pl.Trainer = instantiate_node(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()],
-        **devices, **epochs.placeholder(cfg),
+        **devices, **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg),
     )  # fmt: skip
     epochs.resolve(trainer, cfg, datamodule)
 

@@ -19,6 +19,7 @@ import torch
 from headlab.errors import TrainingError
 from headlab.training import epochs, memory, objective, records
 from headlab.training import loggers as loggers_
+from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
 from headlab.training.pack import analysis, resume
@@ -123,7 +124,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         callbacks=[meter, outputs, ExactResume(), *bars],
         logger=False,
         enable_checkpointing=False,
-        **({} if progress else {"enable_progress_bar": False}),
+        **progress_.none_without_a_bar(bars, members[0].cfg.trainer),
         **epochs.placeholder(members[0].cfg),
     )
     epochs.resolve(trainer, members[0].cfg, members[0].datamodule)  # the members share their data (pack_key)
