@@ -31,7 +31,8 @@ def pytest_configure(config):
     worker = getattr(config, "workerinput", None)  # set in xdist's workers only (not in pytest run by a test)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if worker and 1 < worker["workercount"] <= len(cores):
-        share = set(cores[int(worker["workerid"].removeprefix("gw")) :: worker["workercount"]])
+        k = int(worker["workerid"].removeprefix("gw")) % worker["workercount"]  # a replaced worker: gw<n + k>
+        share = set(cores[k :: worker["workercount"]])
         os.sched_setaffinity(0, share)
         import torch
 
@@ -68,69 +69,92 @@ def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | 
     )
 
 
-def train_here(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    """What headlab_train runs (headlab.cli.train's cli) in this process, without an interpreter's start-up; for
-    runs that end early, such as refused input. What the CLI sets in its process is put back afterwards."""
+def train_here(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """What headlab_train runs (headlab.cli.train's cli) in this process, without an interpreter's start-up (5 s
+    of importing torch and Lightning); env: cli_env() by default. What the CLI sets in its process is put back
+    afterwards (_process_state_kept). For the runs whose process is not the point: not signals, kills, DDP ranks,
+    import times or a package installed for the run."""
     from headlab.cli import train
 
+    env = cli_env() if env is None else env
     stdout, stderr = io.StringIO(), io.StringIO()
     with _process_state_kept(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         sys.argv = ["headlab-train", *overrides]
-        for key in ("HYDRA_FULL_ERROR", "HEADLAB_TRACEBACKS"):  # as cli_env()
-            os.environ.pop(key, None)
+        os.environ.clear()
+        os.environ.update(env)
         try:
             train.cli()
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
-    return subprocess.CompletedProcess(list(overrides), code, stdout.getvalue(), stderr.getvalue())
+    command = [sys.executable, "-m", "headlab.cli.train", *overrides]  # as headlab_train's
+    return subprocess.CompletedProcess(command, code, stdout.getvalue(), stderr.getvalue())
 
 
 @contextlib.contextmanager
 def _process_state_kept(cwd: Path):
-    """Environment, argv, working directory, signal handlers, warnings filters, logging, torch's threads, Hydra's
-    global state and the CLI's once-a-process state (its errors said, its run directories' locks), as they were."""
+    """Environment, argv, working directory, signal handlers, warnings, logging, torch's threads, random states and
+    determinism, Hydra's global state and the CLI's once-a-process state (what it said, the W&B servers it asked,
+    its run directories' locks), as they were."""
+    import random
+
+    import numpy as np
     import torch
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
     from headlab.cli import rundir, train
+    from headlab.model import dispatch
+    from headlab.training import loggers as loggers_
     from headlab.training import run
 
     environ, argv, here = dict(os.environ), list(sys.argv), os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     known = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
-    loggers = {name: (lg.level, list(lg.handlers), lg.disabled) for name, lg in known.items()}
+    loggers = {name: (lg.level, list(lg.handlers), lg.disabled, lg.propagate) for name, lg in known.items()}
     root = (logging.root.level, list(logging.root.handlers))
     threads, threaded = torch.get_num_threads(), run._threaded
+    randomness = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    precision = torch.get_float32_matmul_precision()
     os.chdir(cwd)
-    try:
-        with warnings.catch_warnings():
+    with warnings.catch_warnings():
+        try:
             yield
-    finally:
-        os.chdir(here)
-        sys.argv = argv
-        os.environ.clear()
-        os.environ.update(environ)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        for handler in set(logging.root.handlers) - set(root[1]):
-            handler.close()
-        logging.root.setLevel(root[0])
-        logging.root.handlers[:] = root[1]
-        for name, (level, kept, disabled) in loggers.items():
-            lg = logging.getLogger(name)
-            lg.setLevel(level)
-            lg.handlers[:] = kept
-            lg.disabled = disabled
-        torch.set_num_threads(threads)
-        run._threaded = threaded
-        GlobalHydra.instance().clear()
-        HydraConfig.instance().cfg = None
-        train._job_started, train._ctrl_c = False, False
-        train._said.clear()
-        for held in list(rundir._held):  # the run directories' locks, which a process holds until it ends
-            rundir.release(held)
+        finally:
+            logging.captureWarnings(False)  # the CLI routes warnings to its log; the next run routes them again
+            os.chdir(here)
+            sys.argv = argv
+            os.environ.clear()
+            os.environ.update(environ)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            for handler in set(logging.root.handlers) - set(root[1]):
+                handler.close()
+            logging.root.setLevel(root[0])
+            logging.root.handlers[:] = root[1]
+            for name, (level, kept, disabled, propagate) in loggers.items():
+                lg = logging.getLogger(name)
+                lg.setLevel(level)
+                lg.handlers[:] = kept
+                lg.disabled, lg.propagate = disabled, propagate
+            torch.set_num_threads(threads)
+            run._threaded = threaded
+            random.setstate(randomness[0])
+            np.random.set_state(randomness[1])
+            torch.set_rng_state(randomness[2])
+            torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
+            torch.set_float32_matmul_precision(precision)
+            GlobalHydra.instance().clear()
+            HydraConfig.instance().cfg = None
+            train._job_started, train._ctrl_c = False, False
+            train._said.clear()
+            loggers_._said.clear()
+            loggers_._server_failed.clear()
+            loggers_._answers.cache_clear()
+            dispatch.triton_kernels.cache_clear()  # it reads HEADLAB_TRITON
+            for held in list(rundir._held):  # the run directories' locks, which a process holds until it ends
+                rundir.release(held)
 
 
 def as_interrupted(run: Path) -> Path:
@@ -141,14 +165,12 @@ def as_interrupted(run: Path) -> Path:
 
 
 @pytest.fixture
-def train_in(tmp_path):
-    """run_cli's calls in the test process (train_here): for runs refused before or at their start."""
+def run_cli(tmp_path):
+    """The CLI's runs in tmp_path, in the test process (train_here); headlab_train where the process is the point."""
     return lambda *overrides: train_here(*overrides, cwd=tmp_path)
 
 
 @pytest.fixture
-def run_cli(tmp_path):
-    def run(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return headlab_train(*overrides, cwd=tmp_path, timeout=timeout)
-
-    return run
+def run_process(tmp_path):
+    """The CLI's runs in tmp_path, each a process of its own (headlab_train): for DDP's ranks, signals, kills."""
+    return lambda *overrides, timeout=300: headlab_train(*overrides, cwd=tmp_path, timeout=timeout)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import cli_env, headlab_train
+from conftest import cli_env, train_here
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
@@ -232,7 +232,7 @@ def test_each_named_config_reads_its_release_whole(name, monkeypatch):
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not here")
 def test_a_fold_of_cr_trains_through_the_real_cli(tmp_path):
     env = cli_env() | {"HEADLAB_DATA": str(SHARED)}
-    done = headlab_train("data=cr", "data.cv.fold=2", *QUICK, "+trainer.limit_train_batches=5", "hydra.run.dir=run",
+    done = train_here("data=cr", "data.cv.fold=2", *QUICK, "+trainer.limit_train_batches=5", "hydra.run.dir=run",
                          cwd=tmp_path, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())

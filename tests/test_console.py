@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, cli_env, headlab_train
+from conftest import TINY, cli_env, train_here
 
 pytestmark = pytest.mark.e2e
 NOISE = ("Tip:", "srun", "Total FLOPs", "LeafSpec", "anonymous", "GPU available", "Warning", "warn(")
@@ -99,9 +99,9 @@ def test_ctrl_c_stops_at_the_next_step_saves_where_it_stopped_and_says_how_to_co
 
 
 def test_resuming_a_completed_run_says_what_to_do_instead(tmp_path):
-    done = headlab_train(*TINY, "trainer.max_epochs=1", "logger=csv", "hydra.run.dir=run", cwd=tmp_path)
+    done = train_here(*TINY, "trainer.max_epochs=1", "logger=csv", "hydra.run.dir=run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    again = headlab_train("resume=run", cwd=tmp_path)
+    again = train_here("resume=run", cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.strip() == (
         "headlab-train: invalid config: resume='run' is invalid: expected an incomplete run: it completed, its "
         "records are final (headlab-eval run evaluates a checkpoint of it again; a new run needs a new directory)"

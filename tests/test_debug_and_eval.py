@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, headlab_train
+from conftest import TINY, train_here
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def test_early_stopping_ends_training_once_validation_stops_improving(run_cli, t
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("eval")
-    result = headlab_train(*TINY, "logger=none", "hydra.run.dir=run", cwd=where)
+    result = train_here(*TINY, "logger=none", "hydra.run.dir=run", cwd=where)
     assert result.returncode == 0, result.stderr[-3000:]
     return where / "run"
 

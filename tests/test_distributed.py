@@ -15,8 +15,8 @@ DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
 
 
 @pytest.mark.e2e
-def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_cli, tmp_path):
-    result = run_cli(*DDP, "logger=[csv,wandb]", "hydra.run.dir=run")
+def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_process, tmp_path):
+    result = run_process(*DDP, "logger=[csv,wandb]", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no second directory from another rank
     run = tmp_path / "run"
@@ -42,10 +42,10 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_cli, tmp_path
 
 
 @pytest.mark.e2e
-def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(run_cli, tmp_path):
+def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(run_process, tmp_path):
     """trainer.devices=3 on the plain CPU trainer: Lightning starts ranks 1 and 2 by running the command again;
     they train, and only rank 0 writes results.json and metrics.csv."""
-    result = run_cli(*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", "hydra.run.dir=run")
+    result = run_process(*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", "hydra.run.dir=run")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
@@ -91,8 +91,8 @@ def test_forked_ranks_on_a_many_core_host_do_not_hang_inside_a_multirun(tmp_path
 
 
 @pytest.mark.e2e
-def test_spawned_ranks_report_their_epochs_steps_and_curve(run_cli, tmp_path):
-    result = run_cli(*DDP, "trainer.strategy=ddp_spawn", "logger=csv", "hydra.run.dir=run")
+def test_spawned_ranks_report_their_epochs_steps_and_curve(run_process, tmp_path):
+    result = run_process(*DDP, "trainer.strategy=ddp_spawn", "logger=csv", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "completed" and {"val/acc_best", "test/acc"} <= results["metrics"].keys()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, headlab_train
+from conftest import TINY, as_interrupted, cli_env, headlab_train, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -164,7 +164,7 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     same pack left alone ends (dropout on: each member's stream continues too)."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", "trainer.deterministic=true"]
     slow += ["model.dropout=0.1", "callbacks.attention.analysis_batches=2"]
-    alone = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "hydra.sweep.dir=alone", cwd=tmp_path)
+    alone = train_here("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "hydra.sweep.dir=alone", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
     sweep = tmp_path / "sweep"
     command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", *slow]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import as_interrupted, cli_env, headlab_train
+from conftest import as_interrupted, cli_env, headlab_train, train_here
 from headlab.analysis import head_view
 from headlab.data import subwords
 
@@ -78,7 +78,7 @@ def text_run(tmp_path_factory) -> Path:
     write_csv(where / "train.csv", corpus(300, 1))
     write_csv(where / "test.csv", corpus(60, 2))
     env = cli_env() | {"HEADLAB_CACHE": str(where / "cache")}
-    done = headlab_train(
+    done = train_here(
         *TEXT, f"data.files.train={where}/train.csv", f"data.files.test={where}/test.csv", "hydra.run.dir=run",
         cwd=where, env=env,
     )  # fmt: skip
@@ -145,11 +145,11 @@ def test_best_is_the_checkpoint_the_record_names(text_run, tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_new_run_refuses_a_directory_holding_another_run_which_it_leaves_as_it_was(text_run, train_in, tmp_path):
+def test_a_new_run_refuses_a_directory_holding_another_run_which_it_leaves_as_it_was(text_run, run_cli, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(text_run, run)
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    done = train_in("model.d_model=8", "trainer.max_epochs=1", "logger=csv", f"hydra.run.dir={run}")
+    done = run_cli("model.d_model=8", "trainer.max_epochs=1", "logger=csv", f"hydra.run.dir={run}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         f"headlab-train: error: {run} holds another run's records (results.json (completed) and 2 checkpoint(s)): "
@@ -183,7 +183,7 @@ def test_a_second_process_cannot_write_a_run_directory_that_another_is_writing(t
 
 
 @pytest.mark.e2e
-def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_run, train_in, tmp_path):
+def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_run, run_cli, tmp_path):
     """A crafted .hydra/config.yaml naming builtins.open (it would truncate the victim file) is refused by
     headlab-eval, headlab-heads and resume=, and the victim stays whole; so is an output path outside the run."""
     run = tmp_path / "run"
@@ -199,14 +199,14 @@ def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_
     )
     assert tool("eval", str(run), cwd=tmp_path).stderr.strip() == crafted
     assert tool("heads", str(run), cwd=tmp_path).stderr.strip() == crafted.replace("headlab-eval", "headlab-heads")
-    resumed = train_in(f"resume={run}")
+    resumed = run_cli(f"resume={run}")
     assert resumed.returncode == 2 and "data._target_='builtins.open' is invalid" in resumed.stderr
     assert victim.read_text() == "precious"
 
     config.write_text(
         original.replace("default_root_dir: ${hydra:runtime.output_dir}", f"default_root_dir: {tmp_path}")
     )
-    outside = train_in(f"resume={run}")
+    outside = run_cli(f"resume={run}")
     assert outside.returncode == 2
     assert (
         f"trainer.default_root_dir='{tmp_path}' is invalid: expected a path inside the run directory" in outside.stderr
@@ -255,13 +255,13 @@ def test_a_declared_class_count_turns_a_single_class_into_a_recorded_warning(tmp
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("damage", ["truncated", "null", "list"])
-def test_a_corrupt_results_json_is_reported_never_a_traceback(text_run, train_in, tmp_path, damage):
+def test_a_corrupt_results_json_is_reported_never_a_traceback(text_run, run_cli, tmp_path, damage):
     run = tmp_path / "sweep" / "0"
     shutil.copytree(text_run, run)
     text = (run / "results.json").read_text()
     (run / "results.json").write_text({"truncated": text[: len(text) // 2], "null": "null", "list": "[]"}[damage])
 
-    changed = train_in(f"resume={run}", "model.d_model=8")  # compared with .hydra/config.yaml
+    changed = run_cli(f"resume={run}", "model.d_model=8")  # compared with .hydra/config.yaml
     assert changed.returncode == 2 and "model.d_model=8 is invalid: expected 16 as in the run being resumed" in (
         changed.stderr
     )

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY, as_interrupted, cli_env, headlab_train
+from conftest import TINY, as_interrupted, cli_env, headlab_train, train_here
 from headlab.model.attention import MultiHeadAttention
 
 
@@ -41,7 +41,7 @@ FAULTED = [  # 32 training, 8 validation and 2 test batches an epoch, dropout on
 def left_alone(tmp_path_factory) -> Path:
     """The run every interrupted one is compared with."""
     where = tmp_path_factory.mktemp("alone")
-    alone = headlab_train(*FAULTED, "hydra.run.dir=run", cwd=where)
+    alone = train_here(*FAULTED, "hydra.run.dir=run", cwd=where)
     assert alone.returncode == 0, alone.stderr[-2000:]
     return where / "run"
 
@@ -126,11 +126,11 @@ def test_last_checkpoint_follows_every_epoch_even_without_improvement(run_cli, t
     assert [p.name for p in checkpoints.glob("best-*.ckpt")] == ["best-epoch0-step8.ckpt"]
 
 
-def test_resume_with_a_different_config_is_refused(run_cli, train_in, tmp_path):
+def test_resume_with_a_different_config_is_refused(run_cli, tmp_path):
     first = run_cli(*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.run.dir=run")
     assert first.returncode == 0
     as_interrupted(tmp_path / "run")
-    changed = train_in(
+    changed = run_cli(
         *TINY,
         "trainer.max_epochs=1",
         "logger=csv",
@@ -143,7 +143,7 @@ def test_resume_with_a_different_config_is_refused(run_cli, train_in, tmp_path):
         f"headlab-train: invalid config: model.attention.n_heads=2 is invalid: expected 4 as in the run being "
         f"resumed ({tmp_path / 'run'})"
     )
-    missing = train_in(*TINY, f"resume={tmp_path / 'nothing'}")
+    missing = run_cli(*TINY, f"resume={tmp_path / 'nothing'}")
     assert (
         missing.returncode == 2
         and "expected a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
@@ -233,7 +233,7 @@ SHORT_EPOCHS = [*FAULTED, "++trainer.limit_train_batches=10"]  # epochs of 10 of
 @pytest.fixture(scope="module")
 def short_epochs_alone(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("short")
-    alone = headlab_train(*SHORT_EPOCHS, "hydra.run.dir=run", cwd=where)
+    alone = train_here(*SHORT_EPOCHS, "hydra.run.dir=run", cwd=where)
     assert alone.returncode == 0, alone.stderr[-2000:]
     return where / "run"
 
@@ -266,20 +266,20 @@ def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_
 
 
 @pytest.mark.e2e
-def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, train_in, tmp_path):
+def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(run_cli, tmp_path):
     first = run_cli(*TINY, "logger=csv", "model.attention.n_heads=2", "seed=3", "hydra.run.dir=run")
     assert first.returncode == 0, first.stderr[-2000:]
     run = as_interrupted(tmp_path / "run")
     record = (run / "results.json").read_bytes()
 
-    differs = train_in(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
+    differs = run_cli(f"resume={run}", "model.attention.n_heads=4")  # not the run's configuration
     assert differs.returncode == 2 and "model.attention.n_heads=4 is invalid: expected 2" in differs.stderr
     assert (run / "results.json").read_bytes() == record
 
     last = run / "checkpoints" / "last.ckpt"
     whole = last.read_bytes()
     last.write_bytes(whole[: len(whole) // 2])  # a checkpoint cut short (a full disk, say)
-    truncated = train_in(f"resume={run}")
+    truncated = run_cli(f"resume={run}")
     assert truncated.returncode == 2 and "resume=" in truncated.stderr and "Traceback" not in truncated.stderr
     assert (run / "results.json").read_bytes() == record
     last.write_bytes(whole)
@@ -289,7 +289,7 @@ def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(ru
     after = json.loads((run / "results.json").read_text())
     before = json.loads(record)
     assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
-    assert train_in(f"resume={run}").returncode == 2  # completed now: its records are final
+    assert run_cli(f"resume={run}").returncode == 2  # completed now: its records are final
     assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]
 
 

@@ -138,7 +138,6 @@ def test_short_training_on_real_sst2_learns(run_cli, tmp_path):
         "callbacks.progress_bar=null",
         "callbacks.attention.sentences=[a dog ate the food because it was hungry]",
         "hydra.run.dir=run",
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
