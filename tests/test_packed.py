@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, headlab_train, train_here
+from conftest import TINY, as_interrupted, cli_env, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -184,7 +184,7 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     assert len(steps) == 1 and 125 < steps.pop() < 250  # all where training stopped, inside the second epoch
 
     resume = ["sweep.resume=true", f"hydra.sweep.dir={sweep}"]
-    again = headlab_train("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, *resume, cwd=tmp_path)
+    again = train_here("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, *resume, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing" in again.stdout + again.stderr
     for ours, theirs in zip(records(sweep), records(tmp_path / "alone"), strict=True):
@@ -242,16 +242,15 @@ def session_processes(session: int) -> list[int]:
     return alive
 
 
-def pack_workers(parent: int) -> list[int]:
-    """The parent's worker processes that train packs (multiprocessing's spawned children)."""
-    workers = []
+def pack_workers(launcher: int) -> list[int]:
+    """The launcher's worker processes that train packs: the children of its forkserver (on a CPU)."""
+    children = {}  # pid -> (ppid, command line)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
-            if ppid == parent and b"spawn_main" in command and b"resource_tracker" not in command:
-                workers.append(int(stat.parent.name))
-    return workers
+            children[int(stat.parent.name)] = (ppid, (stat.parent / "cmdline").read_bytes())
+    servers = {pid for pid, (ppid, command) in children.items() if ppid == launcher and b"forkserver" in command}
+    return [pid for pid, (ppid, _) in children.items() if ppid in servers]
 
 
 def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_cli, tmp_path):
@@ -327,7 +326,9 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert process.returncode == 128 + signal.SIGTERM
     assert [r["status"] for r in records(sweep)] == ["interrupted"] * 4
     assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
-    time.sleep(1)
+    deadline = time.time() + 60  # the forkserver ends once the launcher has: its interpreter's exit takes a second
+    while session_processes(process.pid) and time.time() < deadline:
+        time.sleep(0.5)
     assert session_processes(process.pid) == []
 
     sweep = tmp_path / "launcher killed"  # SIGKILL, as a scheduler ends a job past its time: the workers stop too

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import as_interrupted, cli_env, headlab_train, train_here
+from conftest import as_interrupted, cli_env, train_here
 from headlab.analysis import head_view
 from headlab.data import subwords
 
@@ -118,7 +118,7 @@ def test_a_text_run_keeps_its_tokenizer_labels_and_digests_and_every_reload_uses
         for run, done in (
             (text_run, tool("eval", str(text_run), env=fresh)),
             (text_run, tool("heads", str(text_run), env=fresh)),
-            (stopped, headlab_train(f"resume={stopped}", cwd=tmp_path, env=fresh)),
+            (stopped, train_here(f"resume={stopped}", cwd=tmp_path, env=fresh)),
         ):
             lines = [line for line in done.stderr.splitlines() if line.startswith("headlab-")]
             assert done.returncode != 0 and "Traceback" not in done.stderr
@@ -173,7 +173,7 @@ def test_a_second_process_cannot_write_a_run_directory_that_another_is_writing(t
         deadline = time.time() + 120
         while not (tmp_path / "run" / "results.json").exists() and time.time() < deadline:
             time.sleep(0.1)
-        second = headlab_train("resume=run", cwd=tmp_path)
+        second = train_here("resume=run", cwd=tmp_path)
         assert second.returncode == 2
         assert f"{tmp_path / 'run'} is being written by another process (pid {first.pid})" in second.stderr
         assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "running"
@@ -244,7 +244,7 @@ def test_the_head_view_page_holds_any_string_inside_its_script():
 @pytest.mark.e2e
 def test_a_declared_class_count_turns_a_single_class_into_a_recorded_warning(tmp_path):
     write_csv(tmp_path / "train.csv", [(t, 1) for t, _ in corpus(60, 3)])
-    done = headlab_train(
+    done = train_here(
         *TEXT, "trainer.max_epochs=1", f"data.files.train={tmp_path}/train.csv", "data.n_classes=2",
         "hydra.run.dir=run", cwd=tmp_path,
     )  # fmt: skip
@@ -268,7 +268,7 @@ def test_a_corrupt_results_json_is_reported_never_a_traceback(text_run, run_cli,
     compared = tool("compare", str(tmp_path / "sweep"), cwd=tmp_path)
     assert compared.returncode == 1 and "Traceback" not in compared.stderr
     assert f"skipped {run}/results.json: " in compared.stderr
-    resumed = headlab_train(f"resume={run}", cwd=tmp_path)
+    resumed = train_here(f"resume={run}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run / "results.json").read_text())["status"] == "completed"
 

@@ -93,9 +93,9 @@ def test_a_signal_at_any_moment_then_resume_ends_like_the_run_left_alone(
 
     # its saved config, fault included: a class of the tests, which a run directory is not trusted to name (a
     # resume without it on the command line is refused), so named again here
-    refused = headlab_train(f"resume={run}", cwd=tmp_path, env=FAULTS_ENV)
+    refused = train_here(f"resume={run}", cwd=tmp_path, env=FAULTS_ENV)
     assert refused.returncode == 2 and "callbacks.fault._target_='faults.SignalAt' is invalid" in refused.stderr
-    resumed = headlab_train(f"resume={run}", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
+    resumed = train_here(f"resume={run}", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got, expected = (json.loads((d / "results.json").read_text()) for d in (run, left_alone))
     assert got["status"] == "completed" and got["global_step"] == expected["global_step"] == 96
@@ -161,7 +161,7 @@ def test_a_requeued_slurm_job_resumes_from_the_checkpoint_its_sigterm_saved(tmp_
 
     # SLURM requeues the preempted job: the same command in the same directory, SLURM_RESTART_COUNT=1
     env = FAULTS_ENV | {"SLURM_RESTART_COUNT": "1"}
-    requeued = headlab_train(*FAULTED, *fault, f"hydra.run.dir={run}", cwd=tmp_path, env=env)
+    requeued = train_here(*FAULTED, *fault, f"hydra.run.dir={run}", cwd=tmp_path, env=env)
     assert requeued.returncode == 0, requeued.stderr[-2000:]
     record = json.loads((run / "results.json").read_text())
     assert record["status"] == "completed" and record["config"]["resume"] == str(run)
@@ -253,7 +253,7 @@ def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_
     fault = signal_at(tmp_path, moment, epoch, batch, signal.SIGKILL)
     killed = headlab_train(*SHORT_EPOCHS, *fault, "hydra.run.dir=run", cwd=tmp_path, env=FAULTS_ENV)
     assert killed.returncode == -signal.SIGKILL
-    resumed = headlab_train("resume=run", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
+    resumed = train_here("resume=run", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     run = tmp_path / "run"
     ours, theirs = (json.loads((d / "results.json").read_text()) for d in (run, short_epochs_alone))
