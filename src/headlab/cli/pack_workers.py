@@ -1,9 +1,9 @@
 """Packs trained side by side (hydra.launcher.n_jobs > 1): each pack in its own process, with its share of the CPU
 cores as torch threads and, on a GPU machine, its own GPU (pack slot k -> GPU k mod the number of GPUs).
 
-On a CPU the workers are forked from a forkserver that imported torch and Lightning once, so a worker starts in
-milliseconds instead of the 5 s of those imports; it takes the launcher's environment when it starts. With GPUs
-each starts fresh (spawn): nothing may have touched CUDA in a process that forks.
+On a CPU the workers are forked from a forkserver that imported torch and Lightning once: those imports (5-10 s of
+CPU) run once instead of once a pack, and a later worker starts in milliseconds. It takes the launcher's environment.
+With GPUs each starts fresh (spawn): nothing may have touched CUDA in a process that forks.
 
 The parent keeps every job's record: a worker sends back each member's results.json fields or error and the
 parent closes the jobs. A worker that dies without answering (killed, out of memory) fails its own pack only.
