@@ -1,7 +1,7 @@
 """Packs trained side by side (hydra.launcher.n_jobs > 1): each pack in its own process, with its share of the CPU
 cores as torch threads and, on a GPU machine, its own GPU (pack slot k -> GPU k mod the number of GPUs).
 
-On a CPU the workers are forked from a forkserver that imported torch and Lightning once: those imports (5-10 s of
+On a CPU the workers are forked from a forkserver that imported torch and Lightning once: those imports (seconds of
 CPU) run once instead of once a pack, and a later worker starts in milliseconds. It takes the launcher's environment.
 With GPUs each starts fresh (spawn): nothing may have touched CUDA in a process that forks.
 
