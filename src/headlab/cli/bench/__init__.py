@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     parser.add_argument("--sst2-recipe", action="store_true", help="also train experiment=sst2_recipe (7 min)")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="holds sst2/ (SST-2 rows)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats: a smoke test, not figures")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and 1 repeat: a smoke test, not figures")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU section only")
     parser.add_argument("--sweep-jobs", type=int, default=16, help="jobs of the packed-against-solo seed sweep")
     args = parser.parse_args(argv)
     if args.quick:
-        args.repeats, args.batch, args.seq, args.memory_seq, args.compile = 2, 4, 16, 32, False
+        args.repeats, args.batch, args.seq, args.memory_seq, args.compile = 1, 4, 16, 32, False
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"headlab-bench-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     r = {
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     r["additive"] = micro.additive_throughput(args)
     r["memory"] = micro.attention_memory(args.memory_seq)
     r["capture"] = micro.capture_cost(args)
-    r["startup"] = commands.startup(tmp, 2 if args.quick else 3)  # two at least: each repeat needs its own run dir
+    r["startup"] = commands.startup(tmp, 1 if args.quick else 3)
     r["default_run"] = None if args.quick else commands.default_run(tmp)
     r["sst2"] = commands.sst2_preparation(tmp, args.data_dir, 2000 if args.quick else None)
     r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
