@@ -276,15 +276,15 @@ def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_c
 
 
 def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(tmp_path):
-    """A worker killed outright fails its own pack's members only, a worker stopped by SIGTERM interrupts its own
-    pack's members only; SIGTERM to the launcher stops every worker
+    """A worker killed outright fails its own pack's members only and the next pack takes its place; a worker
+    stopped by SIGTERM interrupts its own pack's members only; SIGTERM to the launcher stops every worker
     (each member's last.ckpt saved, every record interrupted) and leaves no process behind, and so does a
     launcher killed outright."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
     packed = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
 
     def start(sweep, *overrides):
-        command = [*packed, "model.attention.n_heads=1,2", *overrides, *slow, f"hydra.sweep.dir={sweep}"]
+        command = [*packed, *overrides, *slow, f"hydra.sweep.dir={sweep}"]
         return subprocess.Popen(
             command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True,
@@ -296,30 +296,24 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
             assert process.poll() is None
             time.sleep(0.2)
 
-    sweep = tmp_path / "killed"
-    process = start(sweep, "seed=0")
+    sweep = tmp_path / "killed"  # three packs, two at a time: one worker killed, the next pack's worker stopped
+    process = start(sweep, "model.attention.n_heads=1,2,4", "seed=0")
     training(process, sweep, 2)
-    workers = pack_workers(process.pid)
-    assert len(workers) == 2
-    os.kill(workers[0], signal.SIGKILL)
+    first = pack_workers(process.pid)
+    assert len(first) == 2
+    os.kill(first[0], signal.SIGKILL)
+    training(process, sweep, 3)  # the third pack took the killed worker's place
+    (third,) = set(pack_workers(process.pid)) - set(first)
+    os.kill(third, signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1 and b"Traceback" not in stderr  # one job failed: the sweep says so
-    statuses = sorted(r["status"] for r in records(sweep))
-    assert statuses == ["completed", "failed"]
+    assert process.returncode == 1 and b"Traceback" not in stderr  # two jobs did not complete: the sweep says so
+    assert sorted(r["status"] for r in records(sweep)) == ["completed", "failed", "interrupted"]
     failed = next(r for r in records(sweep) if r["status"] == "failed")
     assert "ended with exit code -9 before reporting" in failed["error"]
-
-    sweep = tmp_path / "worker stopped"  # SIGTERM to one worker: its pack is interrupted, the other trains on
-    process = start(sweep, "seed=0")
-    training(process, sweep, 2)
-    os.kill(pack_workers(process.pid)[0], signal.SIGTERM)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1 and b"Traceback" not in stderr
-    assert sorted(r["status"] for r in records(sweep)) == ["completed", "interrupted"]
-    assert next(r for r in records(sweep) if r["status"] == "completed")["epochs"] == 4
+    assert next(r for r in records(sweep) if r["status"] == "completed")["epochs"] == 4  # the other pack trained on
 
     sweep = tmp_path / "stopped"
-    process = start(sweep, "seed=0,1")
+    process = start(sweep, "model.attention.n_heads=1,2", "seed=0,1")
     training(process, sweep, 4)
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=300)
@@ -332,7 +326,7 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert session_processes(process.pid) == []
 
     sweep = tmp_path / "launcher killed"  # SIGKILL, as a scheduler ends a job past its time: the workers stop too
-    process = start(sweep, "seed=0")
+    process = start(sweep, "model.attention.n_heads=1,2", "seed=0")
     training(process, sweep, 2)
     process.kill()
     process.wait(timeout=60)
