@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 
 from headlab.data.datamodule import BucketBatchSampler
 from headlab.data.text import TextDataModule
+from headlab.data.text_pipeline import read_column
 from headlab.errors import DataError
 
 SST2 = Path(__file__).parents[1] / ".." / "shared" / "data" / "sst2"
@@ -144,6 +145,16 @@ def test_short_training_on_real_sst2_learns(run_cli, tmp_path):
     assert results["metrics"]["test/acc"] > 0.65  # SST-2 dev; chance is 0.51
     assert results["data"]["labels"] == [0, 1] and results["data"]["splits"]["test"] == 872
     assert json.loads((tmp_path / "run" / "heads.json").read_text())["probe_size"] == 16 + 1
+
+
+def test_a_column_is_read_as_a_list_in_the_order_of_a_selection():
+    """Preparation reads columns at once (datasets 4+ gives a lazy Column that list() reads row by row), through a
+    selection's index mapping as carving and folds leave it."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c", "d"], "label": [0, 1, 0, 1]}).select([3, 0, 2])
+    assert read_column(ds, "text") == ["d", "a", "c"] and read_column(ds, "label") == [1, 0, 0]
+    assert type(read_column(ds, "text")) is list
 
 
 def bad(tmp_path, **kwargs) -> str:

@@ -8,6 +8,7 @@ folds on any machine (numpy's PCG64 stream for the seed).
 
 import numpy as np
 
+from headlab.data.text_pipeline import read_column
 from headlab.errors import DataError
 
 
@@ -30,7 +31,7 @@ def split_fold(data: dict, label_column: str, k: int, fold: int, seed: int) -> d
     """The training data as cross-validation fold `fold` of k: its examples are the test split, the others train
     (data: role -> Dataset; a validation split given is kept)."""
     train = data["train"]
-    folds = stratified_folds([str(y) for y in train[label_column]], k, seed)
+    folds = stratified_folds([str(y) for y in read_column(train, label_column)], k, seed)
     return {
         **data,
         "train": train.select(np.flatnonzero(folds != fold).tolist()),

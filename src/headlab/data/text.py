@@ -191,7 +191,7 @@ class TextDataModule(ExampleDataModule):
             tokenizer = saved[0]
             log.info("data: tokenizing with the tokenizer %s kept", self.saved)
         else:
-            texts = list(train[text]) + (list(train[pair]) if pair else [])
+            texts = pipeline.read_column(train, text) + (pipeline.read_column(train, pair) if pair else [])
             config = self.tokenizer_config
             if not (config["path"] or config["hub"]):
                 log.info(
@@ -204,7 +204,12 @@ class TextDataModule(ExampleDataModule):
         log.info("data: tokenizing %s", ", ".join(f"{role} ({len(ds):,})" for role, ds in data.items()))
         arrays = {
             role: pipeline.tokenize(
-                tokenizer, list(ds[text]), list(ds[pair]) if pair else None, list(ds[label]), labels, self.max_length
+                tokenizer,
+                pipeline.read_column(ds, text),
+                pipeline.read_column(ds, pair) if pair else None,
+                pipeline.read_column(ds, label),
+                labels,
+                self.max_length,
             )
             for role, ds in data.items()
         }

@@ -80,6 +80,12 @@ def read_hub(name: str, config: str | None, splits: dict) -> dict:
     return data
 
 
+def read_column(ds, name: str) -> list:
+    """A Dataset's column as a list, read at once: `ds[name]` is a list before datasets 4 and a lazy Column that
+    list() would read row by row (100x slower) since."""
+    return ds[name][:]
+
+
 # checking and labels
 def check_columns(data: dict, columns: dict, where: dict, empty_text: str = "refuse") -> dict[str, int]:
     """Every configured column exists in every split, text columns hold text in every row (empty_text="keep": rows
@@ -101,7 +107,7 @@ def check_columns(data: dict, columns: dict, where: dict, empty_text: str = "ref
             dtype = getattr(ds.features[column], "dtype", None)
             if dtype not in ("string", "large_string"):
                 raise DataError(f"column {column!r} (data.{key}) of {where[role]} holds {dtype}, not text")
-            empty = [row for row, text in enumerate(ds[column]) if text is None or not text.strip()]
+            empty = [row for row, text in enumerate(read_column(ds, column)) if text is None or not text.strip()]
             if empty and empty_text != "keep":
                 raise DataError(
                     f"the {role} split of {where[role]} has no text in row {empty[0]} (column {column!r}); "
@@ -132,10 +138,10 @@ def label_vocabulary(data: dict, column: str, declared: int | None, where: dict,
     3), or the sorted set of string labels; `known`: the labels a run trained with (a reload). Every split's labels
     must be present and among them; a column of integers with a few words among them is refused."""
     for role, ds in data.items():
-        for row, y in enumerate(ds[column]):
+        for row, y in enumerate(read_column(ds, column)):
             if y is None or (isinstance(y, str) and not y.strip()):
                 raise DataError(f"the {role} split of {where[role]} has no label in row {row} (column {column!r})")
-    train = [_as_integer(y) for y in data["train"][column]]
+    train = [_as_integer(y) for y in read_column(data["train"], column)]
     integers = [_is_integer(y) for y in train]
     if known is not None:
         labels = list(known)
@@ -157,7 +163,7 @@ def label_vocabulary(data: dict, column: str, declared: int | None, where: dict,
             )
     known_set = set(labels)
     for role, ds in data.items():
-        for row, y in enumerate(ds[column]):
+        for row, y in enumerate(read_column(ds, column)):
             if label_key(y, labels) not in known_set:
                 source = "the labels the run trained with" if known is not None else "training labels"
                 classes = f"{len(labels)} declared classes (data.n_classes)" if declared else source
@@ -170,7 +176,7 @@ def carve_validation(data: dict, label_column: str, fraction: float, seed: int) 
     if "val" in data:
         return data
     train = data["train"]
-    labels = np.asarray(list(train[label_column]))
+    labels = np.asarray(read_column(train, label_column))
     rng = np.random.default_rng([seed, 17])
     val_index = []
     for label in np.unique(labels):
