@@ -70,24 +70,33 @@ def headlab_train(*overrides: str, cwd: Path, timeout: float = 300, env: dict | 
 
 
 def train_here(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """What headlab_train runs (headlab.cli.train's cli) in this process, without an interpreter's start-up (5 s
-    of importing torch and Lightning); env: cli_env() by default. What the CLI sets in its process is put back
-    afterwards (_process_state_kept). For the runs whose process is not the point: not signals, kills, DDP ranks,
-    import times or a package installed for the run."""
-    from headlab.cli import train
+    """What headlab_train runs (headlab.cli.train's cli) in this process: cli_here("train", ...)."""
+    return cli_here("train", *overrides, cwd=cwd, env=env)
 
+
+def cli_here(name: str, *args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """headlab-<name> (its console script's function) in this process, as `python -m headlab.cli.<name>` would run
+    it but without an interpreter's start-up (5 s of importing torch and Lightning); env: cli_env() by default.
+    What the CLI sets in its process is put back afterwards (_process_state_kept). For the runs whose process is
+    not the point: not signals, kills, DDP ranks, import times or a package installed for the run."""
+    import importlib
+
+    entry = {"train": "cli"}.get(name, "main")  # pyproject's [project.scripts]
+    function = getattr(importlib.import_module(f"headlab.cli.{name}"), entry)
     env = cli_env() if env is None else env
     stdout, stderr = io.StringIO(), io.StringIO()
     with _process_state_kept(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        sys.argv = ["headlab-train", *overrides]
+        sys.argv = [f"headlab-{name}", *args]
         os.environ.clear()
         os.environ.update(env)
         try:
-            train.cli()
+            function()
             code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-    command = [sys.executable, "-m", "headlab.cli.train", *overrides]  # as headlab_train's
+        except SystemExit as stop:  # as the interpreter ends: None is 0, a message goes to stderr with 1
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+            if not isinstance(stop.code, int | None):
+                print(stop.code, file=sys.stderr)
+    command = [sys.executable, "-m", f"headlab.cli.{name}", *args]  # as a process would run it
     return subprocess.CompletedProcess(command, code, stdout.getvalue(), stderr.getvalue())
 
 

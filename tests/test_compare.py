@@ -4,8 +4,6 @@ computations; per-arm selection of a key; provenance of every table."""
 import csv
 import json
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import TINY
+from conftest import TINY, cli_here
 from headlab.analysis import inference
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
@@ -218,12 +216,7 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     records = load_dirs([tmp_path / "sweep"]).completed
     assert len(records) == 4
-    cli = subprocess.run(
-        [sys.executable, "-m", "headlab.cli.compare", str(tmp_path / "sweep")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = cli_here("compare", str(tmp_path / "sweep"), cwd=tmp_path)
     assert cli.returncode == 0, cli.stderr
     table = list(csv.DictReader((tmp_path / "sweep" / "compare.csv").open()))
     assert [r["model.attention.n_heads"] for r in table] == ["1", "2"]

@@ -3,13 +3,12 @@ headlab-eval (any checkpoint of a run on any split)."""
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY, train_here
+from conftest import TINY, cli_here, train_here
 
 pytestmark = pytest.mark.e2e
 
@@ -65,8 +64,7 @@ def finished(tmp_path_factory) -> Path:
 
 
 def headlab_eval(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "headlab.cli.eval", *args]
-    return subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    return cli_here("eval", *args, cwd=Path.cwd())
 
 
 def test_eval_of_the_best_checkpoint_repeats_the_runs_own_numbers(finished):

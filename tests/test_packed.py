@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, train_here
+from conftest import TINY, as_interrupted, cli_env, cli_here, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -99,13 +99,7 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
         for d in (run, tmp_path / "alone")
     )
     assert torch.equal(ours_state, theirs_state)  # its own dropout stream, where its single run's stands: resumable
-    heads = subprocess.run(
-        [sys.executable, "-m", "headlab.cli.heads", str(run)],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    heads = cli_here("heads", str(run), cwd=tmp_path)
     assert heads.returncode == 0, heads.stderr[-2000:]
     # a member killed in its test (its record still "running") resumes as a single run: it tests its best again
     record = json.loads((run / "results.json").read_text())

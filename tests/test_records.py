@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import as_interrupted, cli_env, train_here
+from conftest import as_interrupted, cli_env, cli_here, train_here
 from headlab.analysis import head_view
 from headlab.data import subwords
 
@@ -87,10 +87,8 @@ def text_run(tmp_path_factory) -> Path:
 
 
 def tool(name: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", f"headlab.cli.{name}", *args], env=env or cli_env(), cwd=cwd,
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    """headlab-<name> in this process (cli_here), in cwd (this process's by default)."""
+    return cli_here(name, *args, cwd=cwd or Path.cwd(), env=env)
 
 
 @pytest.mark.e2e

@@ -5,14 +5,12 @@ import http.server
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from conftest import TINY, headlab_train
+from conftest import TINY, cli_here, headlab_train
 from headlab.cli import heads
 from wandb_records import read_run
 
@@ -131,8 +129,7 @@ def test_a_wandb_server_that_fails_a_run_is_not_tried_again_by_the_later_runs_of
 def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_path):
     assert run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run").returncode == 0
     run = tmp_path / "run"
-    cli = [sys.executable, "-m", "headlab.cli.heads", str(run)]
-    result = subprocess.run(cli, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    result = cli_here("heads", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in (run / "heads").iterdir())
     assert written == [
@@ -149,7 +146,7 @@ def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_pat
     assert list(rows[0])[:3] == ["layer", "head", "entropy"] and len(rows) == 8
     measured = json.loads((run / "heads.json").read_text())["rows"]  # the same best checkpoint: its importance
     assert [float(r["importance"]) for r in rows] == pytest.approx([r["importance"] for r in measured])
-    # the rest in this process: the console script's main, without another interpreter's start-up
+    # the console script's main called directly: its refusals raise SystemExit with the message
     heads.main([str(run), "--checkpoint", "last", "--out", str(tmp_path / "last")])
     assert "importance" not in (tmp_path / "last" / "statistics.csv").read_text()
 
