@@ -188,6 +188,9 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
     (root / "0" / "results.json").write_text("{not json")
     (root / "empty").mkdir()
     write_run(root / "failed", 8, "dot", 0, 0.0, status="failed")
+    write_run(root / "stopped", 8, "dot", 1, 0.0, status="interrupted")
+    record = read_record(root / "stopped")
+    (root / "stopped" / "results.json").write_text(json.dumps({**record, "error": "SystemExit"}))
     (root / "bare").mkdir()
     (root / "bare" / "results.json").write_text('{"status": "completed", "metrics": {"test/acc": 1.0}}')
     main([str(root), str(root / "empty")])
@@ -195,11 +198,12 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
     assert f"skipped {root / 'bare' / 'results.json'}: a completed record without config" in err
     assert f"skipped {root / '0' / 'results.json'}: not JSON (" in err
     assert f"skipped {root / 'empty'}: no results.json below it" in err
-    assert f"failed run {root / 'failed'}" in err
+    assert f"left out {root / 'failed'}: failed\n" in err
+    assert f"left out {root / 'stopped'}: interrupted: SystemExit\n" in err  # a SIGTERM'd run, resumable
     table = list(csv.DictReader((root / "compare.csv").open()))
     assert [int(r["runs"]) for r in table] == [3, 2, 3, 3]  # (1, additive), then (1, dot) without its corrupt seed
     assert (root / "compare_test_acc.png").read_bytes()[:4] == b"\x89PNG"
-    assert "Left out:" in (root / "compare.md").read_text()
+    assert f"- {root / 'stopped'}: interrupted: SystemExit" in (root / "compare.md").read_text().split("Left out:")[1]
 
 
 @pytest.mark.e2e
@@ -269,7 +273,7 @@ def test_an_archive_holds_the_runs_records_and_compares_as_its_sweep_did(sweep, 
     assert "sweep/failed/results.json" in names and not any(n.endswith(".ckpt") or n.endswith(".png") for n in names)
 
     main([str(root.parent / "a.tar.xz"), *metrics, "--out", str(root.parent)])
-    assert f"failed run {root.parent / 'a.tar.xz'}:sweep/failed" in capsys.readouterr().err
+    assert f"left out {root.parent / 'a.tar.xz'}:sweep/failed: failed" in capsys.readouterr().err
     from_sweep, from_archive = (list(csv.DictReader((d / "compare.csv").open())) for d in (root, root.parent))
     assert from_archive == from_sweep
     assert any(r["heads/entropy_mean"] for r in from_archive)

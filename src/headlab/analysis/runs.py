@@ -19,7 +19,7 @@ HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as log
 @dataclass
 class Runs:
     completed: list[dict] = field(default_factory=list)
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (where, error)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (where, "status: error"): not completed
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
 
 
@@ -70,7 +70,7 @@ def _add_run(runs: Runs, where: str, read) -> None:
         record["metrics"].update(head_means(_head_scalars(record["head_analysis"].get("rows", []))))
         runs.completed.append({**record, "where": where})
     else:
-        runs.failed.append((where, record.get("error", status)))
+        runs.failed.append((where, f"{status}: {record['error']}" if record.get("error") else status))
 
 
 def _text(run_dir: Path, name: str) -> str | None:

@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
         print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
-    for where, error in runs.failed:
-        print(f"headlab-compare: failed run {where}: {error}", file=sys.stderr)
+    for where, why in runs.failed:
+        print(f"headlab-compare: left out {where}: {why}", file=sys.stderr)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
     stated = pre_stated(runs.completed, argv)
