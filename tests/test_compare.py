@@ -146,8 +146,18 @@ def test_within_compares_each_arm_with_the_baseline_of_its_own_head_count(tmp_pa
         p = stats.ttest_ind(seeds(row), seeds(base), equal_var=False).pvalue
         assert float(rows[row]["test/acc_p_value"]) == pytest.approx(p)
     assert [a for a, row in rows.items() if row["test/acc_p_value"] == "nan"] == [(4, 32, None), (16, 32, None)]
-    with pytest.raises(SystemExit, match="2 groups have model.attention.d_k=None and the same model.attention.n_"):
-        main([str(tmp_path), "--baseline", "model.attention.d_k=None", "--within", "model.attention.n_heads"])
+    for null in ("None", "null"):  # as the table shows it, and as Hydra spells it
+        with pytest.raises(
+            SystemExit, match=f"2 groups have model.attention.d_k={null} and the same model.attention.n_"
+        ):
+            main([str(tmp_path), "--baseline", f"model.attention.d_k={null}", "--within", "model.attention.n_heads"])
+    with pytest.raises(
+        SystemExit, match=r"--baseline model.attention.d_k=64 matches no group: model.attention.d_k takes 32, null$"
+    ):
+        main([str(tmp_path), "--baseline", "model.attention.d_k=64", "--within", "model.attention.n_heads"])
+    main([str(tmp_path), "--baseline", "model.attention.d_k=32.0", "--within", "model.attention.n_heads", "--no-plots"])
+    with (tmp_path / "compare.csv").open() as f:
+        assert [r["test/acc_p_value"] for r in csv.DictReader(f)] == [r["test/acc_p_value"] for r in table]
 
 
 def test_select_picks_each_arms_learning_rate_on_validation_and_reports_test_there(tmp_path):

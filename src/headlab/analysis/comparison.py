@@ -40,6 +40,19 @@ def hashable(value):
     return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
 
 
+def same_value(value, text: str) -> bool:
+    """Whether a config value is the one a command line names: null (or None) for None, numbers by value (3e-3 is
+    0.003), anything else by its text."""
+    if value is None or text in ("null", "None"):
+        return value is None and text in ("null", "None")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return float(text) == value
+        except ValueError:
+            return False
+    return str(value) == text or (isinstance(value, bool) and text == str(value).lower())
+
+
 def varying_keys(records: list[dict]) -> list[str]:
     """Config keys whose value differs between runs, leaving out the seed and output locations."""
     keys = sorted({k for r in records for k in r["config"]})
@@ -222,8 +235,11 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     others = design.within or [k for k in keys if k != key and (not design.select or k != design.select[0])]
     if unknown := [k for k in design.within if k not in keys]:
         raise CompareError(f"--within key(s) {', '.join(unknown)} do not vary; varying: {', '.join(keys)}")
+    if not any(same_value(r[key], value) for r in rows):
+        values = ", ".join(sorted({"null" if r[key] is None else str(r[key]) for r in rows}))
+        raise CompareError(f"--baseline {key}={value} matches no group: {key} takes {values}")
     for row in rows:
-        bases = [b for b in rows if str(b[key]) == value and all(b[k] == row[k] for k in others)]
+        bases = [b for b in rows if same_value(b[key], value) and all(b[k] == row[k] for k in others)]
         if len(bases) > 1:
             raise CompareError(
                 f"{len(bases)} groups have {key}={value} and the same {', '.join(others)}: name the keys that pick "
