@@ -3,6 +3,7 @@ computations; per-arm selection of a key; provenance of every table."""
 
 import csv
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -216,6 +217,23 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
     assert f"- {root / 'stopped'}: interrupted: SystemExit" in (root / "compare.md").read_text().split("Left out:")[1]
 
 
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--metric", "test/acuracy"], "no run has the metric 'test/acuracy'; theirs: test/acc, val/acc_best"),
+        (["--solved", "tset/acc>=0.9"], "no run has the metric 'tset/acc'; theirs: test/acc, val/acc_best"),
+        (["--reach", "val/acc>=0.9"], "--reach val/acc: no run's validation curve has it; theirs: none"),
+        (["--log", "test/loss"], "--log test/loss is not a metric compared (test/acc, val/acc_best): add --metric"),
+    ],
+)
+def test_a_misspelt_or_absent_metric_is_an_error_naming_the_runs_metrics(sweep, options, says):
+    """Not a table with an empty column: the command names what the runs have, and writes nothing."""
+    root, _ = sweep
+    with pytest.raises(SystemExit, match=re.escape(f"headlab-compare: {says}")):
+        main([str(root), *options])
+    assert not (root / "compare.md").exists()
+
+
 @pytest.mark.e2e
 def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
     result = run_cli(
@@ -404,9 +422,11 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
 
     for i, (heads, lr, seed) in enumerate((h, lr, k) for h in (1, 4) for lr in (1e-3, 3e-3) for k in range(10, 13)):
         acc = 0.9 - 0.1 * (heads == 1)
-        write_run(
-            tmp_path / "sweep" / str(i), heads, "dot", seed, acc, experiment="heads_fixed_width", **{"optim.lr": lr}
-        )
+        run = tmp_path / "sweep" / str(i)
+        write_run(run, heads, "dot", seed, acc, experiment="heads_fixed_width", **{"optim.lr": lr})
+        record = read_record(run)  # a learning curve, which the stated --reach reads
+        curve = [{"epoch": e, "step": 100 * (e + 1), "val/acc": acc * (e + 1) / 2} for e in range(2)]
+        (run / "results.json").write_text(json.dumps({**record, "curve": curve}))
     results = tmp_path / "RESULTS.md"
     names = ("heads_fixed_width", "heads_fixed_width/confirm")
     results.write_text(

@@ -81,6 +81,25 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     return dict(sorted(groups.items(), key=lambda item: [(v is None, str(type(v)), v) for v in item[0]]))
 
 
+def check_metrics(records: list[dict], design: Design, named: list[str]) -> None:
+    """The metrics a command names (named: --metric's; --solved's, --reach's, --log's) are ones the runs have:
+    a misspelt name is an error listing theirs, not an empty column."""
+    have = sorted({m for r in records for m in r.get("metrics") or {}})
+    curves = sorted({k for r in records for point in r.get("curve") or [] for k in point if k not in ("epoch", "step")})
+    wanted = [m for m in named if not budget.parse(m)] + ([design.solved[0]] if design.solved else [])
+    for metric in wanted:
+        if metric not in have:
+            raise CompareError(f"no run has the metric {metric!r}; theirs: {', '.join(have) or 'none'}")
+    if design.reach and design.reach[0] not in curves:
+        raise CompareError(
+            f"--reach {design.reach[0]}: no run's validation curve has it; theirs: {', '.join(curves) or 'none'}"
+        )
+    if shown := [m for m in design.log if m not in design.metrics]:
+        raise CompareError(
+            f"--log {shown[0]} is not a metric compared ({', '.join(design.metrics)}): add --metric {shown[0]}"
+        )
+
+
 def compare(records: list[dict], design: Design) -> tuple[list, list]:
     """One row per group: the varying keys' values, each metric summarised over seeds, params, throughput."""
     edges: dict = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from headlab.analysis import archive, budget, datasets
-from headlab.analysis.comparison import METRICS, compare, pruning_summary, select_best
+from headlab.analysis.comparison import METRICS, check_metrics, compare, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs
 from headlab.cli.compare_check import check
@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(argv)
         design = _design(parser, args)
     try:
+        check_metrics(runs.completed, design, args.metric or [])
         keys, rows = compare(runs.completed, design)
         pooled = datasets.pool(rows, keys, design) if design.meta else []
         ranked = datasets.across(rows, keys, design) if design.across else None
