@@ -346,6 +346,8 @@ def test_steps_to_reach_are_censored_kaplan_meier_arms_compared_by_log_rank_and_
         main([str(tmp_path / "sweep"), "--at", "flops=1e12"])  # curves without token counts
     with pytest.raises(SystemExit):
         main([str(tmp_path / "sweep"), "--at", "flops=lots"])
+    with pytest.raises(SystemExit, match=r"--at steps=600: no run trained that far \(the longest: 500 steps\)$"):
+        main([str(tmp_path / "sweep"), "--at", "steps=600"])  # not an empty column
 
 
 def test_training_flops_are_flops_a_token_times_the_tokens_counted_and_passes_and_budgets_read_at_equal_flops():
@@ -362,6 +364,9 @@ def test_training_flops_are_flops_a_token_times_the_tokens_counted_and_passes_an
     assert budget.at_budget(runs[1], "val/acc", "flops", 4e7) == 0.95  # h=1, step 400 (reached at 300)
     assert budget.at_budget(runs[1], "val/acc", "flops", 2.9e7) == 0.5  # h=1, step 200 (not yet)
     assert budget.at_budget(runs[3], "val/acc", "flops", 1e12) is None  # beyond what the run spent: no value
+    # h=1 spent 5e7 in all: a budget written rounded up (by less than 1e-4) is its whole budget; 2e-4 more is not
+    assert budget.at_budget(runs[1], "val/acc", "flops", 5.0004e7) == 0.95
+    assert budget.at_budget(runs[1], "val/acc", "flops", 5.001e7) is None
     design = Design(["test/acc", budget.label("flops=2.5e7")], baseline=(HEADS, "1"))
     _, (one, four) = compare(runs, design)
     # at 2.5e7 FLOPs h=1 is at step 200 (0.5); h=4's first validation (step 100) had spent 4e7: no value

@@ -5,6 +5,9 @@ or FLOPs, read from its validation curve ("val/acc@step=N", "val/acc@flops=F")."
 import math
 
 BUDGETS = {"steps": "step", "flops": "flops"}  # --at steps=N | flops=F: the metric's val/acc@step=N | @flops=F
+# A FLOP budget is written rounded (--at flops=2.2814e12 for 2.2813824e12): a run counts as having spent it, and a
+# curve point as within it, up to this relative difference (the FLOP count itself is an estimate far coarser)
+FLOPS_ROUNDING = 1e-4
 
 
 def passes_per_step(config: dict) -> int:
@@ -30,13 +33,15 @@ def training_flops(record: dict) -> float | None:
 
 
 def at_budget(record: dict, metric: str, budget: str, amount: float):
-    """The curve's value of metric at its last validation within the budget ("step" or "flops"): None for a run
-    that stopped before spending it (it cannot say where it would have been), or whose curve has no such value."""
+    """The curve's value of metric at its last validation within the budget ("step" or "flops", up to
+    FLOPS_ROUNDING): None for a run that stopped before spending it (it cannot say where it would have been), or
+    whose curve has no such value."""
     curve = [p for p in record.get("curve") or [] if p.get(metric) is not None]
     spent = [p["step"] if budget == "step" else flops_at(record, p) for p in curve]
-    if not curve or any(s is None for s in spent) or spent[-1] < amount:
+    slack = amount * FLOPS_ROUNDING if budget == "flops" else 0
+    if not curve or any(s is None for s in spent) or spent[-1] < amount - slack:
         return None
-    within = [p for p, s in zip(curve, spent, strict=True) if s <= amount]
+    within = [p for p, s in zip(curve, spent, strict=True) if s <= amount + slack]
     return within[-1][metric] if within else None
 
 

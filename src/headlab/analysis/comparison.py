@@ -94,6 +94,17 @@ def check_metrics(records: list[dict], design: Design, named: list[str]) -> None
         raise CompareError(
             f"--reach {design.reach[0]}: no run's validation curve has it; theirs: {', '.join(curves) or 'none'}"
         )
+    for metric in design.metrics:  # --at: a budget some run reached
+        if (at := budget.parse(metric)) and all(budget.at_budget(r, *at) is None for r in records):
+            option = "steps" if at[1] == "step" else "flops"
+            ends = [
+                budget.training_flops(r) if option == "flops" else (r.get("curve") or [{}])[-1].get("step")
+                for r in records
+            ]
+            if (most := max((e for e in ends if e is not None), default=None)) is not None:
+                raise CompareError(f"--at {option}={at[2]:g}: no run trained that far (the longest: {most:g} {option})")
+            if option == "steps":
+                raise CompareError("--at steps: no run recorded a validation curve")
     if shown := [m for m in design.log if m not in design.metrics]:
         raise CompareError(
             f"--log {shown[0]} is not a metric compared ({', '.join(design.metrics)}): add --metric {shown[0]}"
