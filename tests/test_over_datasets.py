@@ -175,7 +175,8 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
             run = root / str(i)
             run.mkdir(parents=True)
             acc = mean + rng.normal(0, 0.005)
-            metrics = {"val/acc_best": acc, "test/acc": acc - 0.01, "test/loss": 1 - acc}
+            test = acc + (0.02 if (name, epochs) == ("subj", 10) else -0.01)  # subj: best on test, not on val
+            metrics = {"val/acc_best": acc, "test/acc": test, "test/loss": 1 - acc}
             config = {"data": name, EPOCHS: epochs, "seed": seed}
             (run / "results.json").write_text(json.dumps({"status": "completed", "config": config, "metrics": metrics}))
             i += 1
@@ -195,6 +196,13 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
     assert {int(r[EPOCHS]) for r in rows if r["chosen"] == "True"} == {10}  # the smallest worst gap (about 0.01)
     loss = {(r["data"], int(r[EPOCHS])): float(r["gap"]) for r in rows if r["metric"] == "test/loss"}
     assert loss[("sst2", 5)] == 0 and loss[("sst2", 10)] > 0 and loss[("mr", 5)] > 0  # lower loss is better
+    # on test, gaps are to the setting chosen on validation (subj: 20 epochs), never to the best on test
+    on_test = {
+        (r["data"], int(r[EPOCHS])): (float(r["mean"]), float(r["gap"])) for r in rows if r["metric"] == "test/acc"
+    }
+    assert on_test["subj", 20][1] == 0 and on_test["subj", 10][0] > on_test["subj", 20][0]
+    assert on_test["subj", 10][1] == pytest.approx(on_test["subj", 20][0] - on_test["subj", 10][0])
+    assert on_test["subj", 10][1] < 0  # it beats the chosen setting on test
     rank = next(float(r["rank"]) for r in rows if r["metric"] == "val/acc_best" and r[EPOCHS] == "10")
     assert rank == 2  # second everywhere: behind 20 epochs on mr and subj, behind 5 on sst2
     table = (root / "compare.md").read_text()

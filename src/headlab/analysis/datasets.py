@@ -47,13 +47,21 @@ def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
     return pooled
 
 
+def _best_on(settings: list[dict], metric: str, dataset) -> dict | None:
+    """The setting with the best mean of metric on dataset (lowest for a loss); None where none was run there."""
+    run = [s for s in settings if dataset in s.get(metric, {}).get("means", {})]
+    sign = -1 if "loss" in metric else 1
+    return max(run, key=lambda s: sign * s[metric]["means"][dataset], default=None)
+
+
 def across(rows: list[dict], keys: list[str], design: Design) -> dict:
     """Every setting (the keys that vary within a dataset) ranked across the values of design.across (the
-    datasets). Per metric and dataset: each setting's mean, the dataset's best mean, and the setting's gap to it
-    (best - mean: 0 for the best; for a loss, where lower is better, mean - best); per setting its worst gap and
-    its mean rank (1: a dataset's best) over the datasets it was run on. The choice is made on the first metric
-    (a validation metric: the others are reported at it): the setting, run on every dataset, with the smallest
-    worst gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
+    datasets). A dataset's best setting is the one best on the first metric (a validation metric). Per metric and
+    dataset: each setting's mean and its gap to that best setting's mean of the same metric (best - mean: 0 for
+    the best; for a loss, where lower is better, mean - best; below 0 on test where a setting beats the one chosen
+    on validation); per setting its worst gap and its mean rank (1: a dataset's highest) over the datasets it was
+    run on. The choice is made on the first metric: the setting, run on every dataset, with the smallest worst
+    gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
     "intervals", "worst", "rank"}}], "chosen": index or None, "metric"}."""
     names = setting_keys(rows, keys, design.across, design)
     datasets = sorted({r[design.across] for r in rows}, key=str)
@@ -66,23 +74,24 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
                 entry["means"][row[design.across]] = row[metric]["mean"]
                 entry["intervals"][row[design.across]] = (row[metric]["low"], row[metric]["high"])
     settings = list(found.values())
+    first = design.metrics[0]
+    best = {d: _best_on(settings, first, d) for d in datasets}  # each dataset's best setting, chosen on the first
     for metric in design.metrics:
         lower_is_better = "loss" in metric
         for d in datasets:
             scored = [s[metric]["means"][d] for s in settings if d in s.get(metric, {}).get("means", {})]
-            best = min(scored) if lower_is_better else max(scored)
+            reference = best[d].get(metric, {}).get("means", {}).get(d) if best[d] else None
             order = sorted(set(scored), reverse=not lower_is_better)
             for s in settings:
-                if d in s.get(metric, {}).get("means", {}):
+                if d in s.get(metric, {}).get("means", {}) and reference is not None:
                     mean = s[metric]["means"][d]
-                    s[metric].setdefault("gaps", {})[d] = (mean - best) if lower_is_better else (best - mean)
+                    s[metric].setdefault("gaps", {})[d] = (mean - reference) if lower_is_better else (reference - mean)
                     s[metric].setdefault("ranks", {})[d] = 1 + order.index(mean)
         for s in settings:
             entry = s.get(metric, {})
             complete = len(entry.get("gaps", {})) == len(datasets)
             entry["worst"] = max(entry["gaps"].values()) if complete else math.nan
             entry["rank"] = sum(entry["ranks"].values()) / len(datasets) if complete else math.nan
-    first = design.metrics[0]
     ranked = [i for i, s in enumerate(settings) if not math.isnan(s.get(first, {}).get("worst", math.nan))]
     chosen = min(ranked, key=lambda i: (settings[i][first]["worst"], settings[i][first]["rank"]), default=None)
     return {"datasets": datasets, "settings": settings, "chosen": chosen, "metric": first}
