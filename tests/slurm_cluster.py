@@ -118,7 +118,9 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
             Path(folder).mkdir(parents=True, exist_ok=True)
             subprocess.run(["chown", "munge:munge", folder], check=True)
             Path(folder).chmod(mode)
-        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--force"], check=True)
+        # 2 threads by default: under a loaded CI, sbatch then failed with "If munged is up, restart with
+        # --num-threads=10" while slurmctld and slurmd also authenticated
+        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--force", "--num-threads=10"], check=True)
         _wait(lambda: Path("/run/munge/munged.pid").is_file(), 10, "munged")
         self.pids.append(int(Path("/run/munge/munged.pid").read_text()))
 
