@@ -223,6 +223,10 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
         (["--metric", "test/acuracy"], "no run has the metric 'test/acuracy'; theirs: test/acc, val/acc_best"),
         (["--solved", "tset/acc>=0.9"], "no run has the metric 'tset/acc'; theirs: test/acc, val/acc_best"),
         (["--reach", "val/acc>=0.9"], "--reach val/acc: no run's validation curve has it; theirs: none"),
+        (
+            ["--select", "model.attention.n_heads", "--select-on", "val/acc_bset"],
+            "no run has the metric 'val/acc_bset'",
+        ),
         (["--log", "test/loss"], "--log test/loss is not a metric compared (test/acc, val/acc_best): add --metric"),
     ],
 )
@@ -232,6 +236,17 @@ def test_a_misspelt_or_absent_metric_is_an_error_naming_the_runs_metrics(sweep, 
     with pytest.raises(SystemExit, match=re.escape(f"headlab-compare: {says}")):
         main([str(root), *options])
     assert not (root / "compare.md").exists()
+
+
+def test_an_arm_without_the_selection_metric_is_an_error_not_a_missing_row(sweep):
+    root, _ = sweep
+    for path in root.glob("*/results.json"):
+        record = json.loads(path.read_text())
+        if record["config"]["model.attention.n_heads"] == 4:
+            del record["metrics"]["val/acc_best"]
+            path.write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="no run of the arm model.attention.n_heads=4 has val/acc_best to choose on"):
+        main([str(root), "--select", "model.attention.scoring"])
 
 
 @pytest.mark.e2e

@@ -82,11 +82,13 @@ def group_runs(records: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
 
 
 def check_metrics(records: list[dict], design: Design, named: list[str]) -> None:
-    """The metrics a command names (named: --metric's; --solved's, --reach's, --log's) are ones the runs have:
-    a misspelt name is an error listing theirs, not an empty column."""
+    """The metrics a command names (named: --metric's; --solved's, --select-on's, --reach's, --log's) are ones the
+    runs have: a misspelt name is an error listing theirs, not an empty column."""
     have = sorted({m for r in records for m in r.get("metrics") or {}})
     curves = sorted({k for r in records for point in r.get("curve") or [] for k in point if k not in ("epoch", "step")})
-    wanted = [m for m in named if not budget.parse(m)] + ([design.solved[0]] if design.solved else [])
+    wanted = [m for m in named if not budget.parse(m)]
+    wanted += [design.solved[0]] if design.solved else []
+    wanted += [design.select[1]] if design.select else []  # --select-on
     for metric in wanted:
         if metric not in have:
             raise CompareError(f"no run has the metric {metric!r}; theirs: {', '.join(have) or 'none'}")
@@ -247,7 +249,10 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
         by_value = group_runs(runs, [key])
         scores = {v: [_metric(r, on) for r in rs if _metric(r, on) is not None] for v, rs in by_value.items()}
         best = max((v for v in scores if scores[v]), key=lambda v: sum(scores[v]) / len(scores[v]), default=None)
-        chosen += by_value.get(best, [])
+        if best is None:
+            named = ", ".join(f"{k}={v}" for k, v in zip(others, arm, strict=True))
+            raise CompareError(f"--select {key}: no run of the arm {named} has {on} to choose on")
+        chosen += by_value[best]
         grid = sorted(v[0] for v in by_value if isinstance(v[0], int | float))
         if len(grid) > 1 and best is not None and best[0] in (grid[0], grid[-1]):
             edges[arm] = (best[0], grid)
