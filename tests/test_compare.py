@@ -238,6 +238,17 @@ def test_a_misspelt_or_absent_metric_is_an_error_naming_the_runs_metrics(sweep, 
     assert not (root / "compare.md").exists()
 
 
+def test_a_sweep_still_running_is_one_line_of_counts_and_compare_md_lists_each_run(sweep, capsys):
+    root, _ = sweep
+    for i in range(7):
+        write_run(root / f"later{i}", 8, "dot", i, 0.0, status="interrupted" if i < 5 else "running")
+    main([str(root), "--no-plots"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert said == ["headlab-compare: left out 7 runs that did not complete (5 interrupted, 2 running): compare.md "
+                    "lists each"]  # fmt: skip
+    assert (root / "compare.md").read_text().count(": interrupted\n") == 5
+
+
 def test_an_arm_without_the_selection_metric_is_an_error_not_a_missing_row(sweep):
     root, _ = sweep
     for path in root.glob("*/results.json"):

@@ -18,6 +18,7 @@ import argparse
 import re
 import shlex
 import sys
+from collections import Counter
 from importlib.resources import files
 from pathlib import Path
 
@@ -57,6 +58,21 @@ def _summary_value(value):
     if isinstance(value, dict):
         return next((value[k] for k in ("max", "min", "last", "mean") if k in value), value)
     return value
+
+
+def _say_left_out(failed: list[tuple[str, str]], each: int = 5) -> None:
+    """The runs that did not complete, one line each; of a sweep still running (more than `each`), their number
+    per status on one line (compare.md lists every one)."""
+    if len(failed) <= each:
+        for where, why in failed:
+            print(f"headlab-compare: left out {where}: {why}", file=sys.stderr)
+        return
+    statuses = Counter(why.split(":")[0] for _, why in failed)
+    counts = ", ".join(f"{n} {status}" for status, n in statuses.most_common())
+    print(
+        f"headlab-compare: left out {len(failed)} runs that did not complete ({counts}): compare.md lists each",
+        file=sys.stderr,
+    )
 
 
 def _design(parser: argparse.ArgumentParser, args) -> Design:
@@ -257,8 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = load_wandb(args.wandb, args.group) if args.wandb else load_dirs(args.dirs)
     for where, why in runs.unreadable:
         print(f"headlab-compare: skipped {where}: {why}", file=sys.stderr)
-    for where, why in runs.failed:
-        print(f"headlab-compare: left out {where}: {why}", file=sys.stderr)
+    _say_left_out(runs.failed)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
     stated = pre_stated(runs.completed, argv)
