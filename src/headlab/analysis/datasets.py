@@ -59,7 +59,7 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
     datasets). A dataset's best setting is the one best on the first metric (a validation metric). Per metric and
     dataset: each setting's mean and its gap to that best setting's mean of the same metric (best - mean: 0 for
     the best; for a loss, where lower is better, mean - best; below 0 on test where a setting beats the one chosen
-    on validation); per setting its worst gap and its mean rank (1: a dataset's highest) over the datasets it was
+    on validation); per setting its worst gap and its mean rank (1: a dataset's best mean) over the datasets it was
     run on. The choice is made on the first metric: the setting, run on every dataset, with the smallest worst
     gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
     "intervals", "worst", "rank"}}], "chosen": index or None, "metric"}."""

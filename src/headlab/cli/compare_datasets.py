@@ -96,7 +96,7 @@ def across_table(ranked: dict, design: Design) -> list[str]:
         f"Settings across the values of {key} (k = {len(datasets)}): each setting's mean per {key} value (its "
         f"interval) and its gap to that value's best setting, the one best on {first}, in the same metric (0: that "
         "setting; lower is better for a loss; below 0 where a setting beats it on a metric it was not chosen on); "
-        f"worst: the largest gap; rank: the mean rank (1: highest). Chosen on {first}: the setting, run on every "
+        f"worst: the largest gap; rank: the mean rank (1: the best mean). Chosen on {first}: the setting, run on every "
         "value, with the smallest worst gap (ties: the better rank); the other metrics are read at it. Choose on "
         "validation and read test: gaps on the metric a best was chosen on flatter it.",
         "",
