@@ -134,6 +134,24 @@ def test_meta_pools_each_datasets_contrast_weighted_by_the_standard_error_its_de
     )
 
 
+def test_across_gives_a_cross_validated_gap_the_corrected_interval_over_folds(tmp_path):
+    root = tmp_path / "sweeps"
+    datasets(root, np.random.default_rng(0))
+    main([str(root), "--across", "data", "--metric", "val/acc_best", "--no-plots"])
+    rows = {(r["data"], r[HEADS]): r for r in csv.DictReader((root / "compare_across.csv").open())}
+    assert rows["cr", "4"]["gap"] == "0.0"  # h = 4 is cr's best (by 0.01)
+
+    def fold_means(h):
+        return [np.mean([r["metrics"]["val/acc_best"] for r in runs_of(root, "cr", h) if r["config"]["data.cv.fold"]
+                         == f]) for f in range(3)]  # fmt: skip
+
+    d = np.array(fold_means(4)) - np.array(fold_means(1))  # best - setting, per fold
+    half = stats.t.ppf(0.975, 2) * math.sqrt((1 / 3 + 1 / (5 - 1)) * d.var(ddof=1))  # Nadeau & Bengio, k = 5
+    gap = rows["cr", "1"]
+    assert float(gap["gap"]) == pytest.approx(d.mean())
+    assert (float(gap["gap_low"]), float(gap["gap_high"])) == pytest.approx((d.mean() - half, d.mean() + half))
+
+
 def test_meta_pairs_over_seeds_with_paired_and_refuses_what_it_cannot_pool(tmp_path, capsys):
     root = tmp_path / "sweeps"
     datasets(root, np.random.default_rng(1))
@@ -203,6 +221,13 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
     assert on_test["subj", 20][1] == 0 and on_test["subj", 10][0] > on_test["subj", 20][0]
     assert on_test["subj", 10][1] == pytest.approx(on_test["subj", 20][0] - on_test["subj", 10][0])
     assert on_test["subj", 10][1] < 0  # it beats the chosen setting on test
+    # the gap's interval: Welch's 95% interval of (the dataset's best) - (the setting), by scipy
+    mr5 = next(r for r in rows if r["metric"] == "val/acc_best" and (r["data"], r[EPOCHS]) == ("mr", "5"))
+    expected = stats.ttest_ind(observed["mr", 20], observed["mr", 5], equal_var=False).confidence_interval(0.95)
+    assert (float(mr5["gap_low"]), float(mr5["gap_high"])) == pytest.approx(tuple(expected))
+    assert float(mr5["gap_low"]) < float(mr5["gap"]) < float(mr5["gap_high"])
+    best_mr = next(r for r in rows if r["metric"] == "val/acc_best" and (r["data"], r[EPOCHS]) == ("mr", "20"))
+    assert best_mr["gap"] == "0.0" and best_mr["gap_low"] == "nan"  # the best itself: no interval
     rank = next(float(r["rank"]) for r in rows if r["metric"] == "val/acc_best" and r[EPOCHS] == "10")
     assert rank == 2  # second everywhere: behind 20 epochs on mr and subj, behind 5 on sst2
     table = (root / "compare.md").read_text()

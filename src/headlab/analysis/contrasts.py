@@ -144,15 +144,20 @@ def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float, flo
     return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb), df
 
 
+def t_interval(effect: float, se: float, df: float) -> tuple[float, float]:
+    """The 95% t interval of a difference from contrast_effect's (effect, se, df); (nan, nan) without one."""
+    half = stats.t.ppf(0.975, df) * se if df > 0 and se > 0 else math.nan
+    return effect - half, effect + half
+
+
 def within_margin(summary: dict, effect: float | None) -> bool | None:
     """Whether the 95% t interval of an arm's difference (contrast_effect's) lies within +-effect, the smallest
     difference that matters (design.effect): the equivalence reading behind "no difference found". None without
     a margin or without an interval (solve rates, tests over examples)."""
     if effect is None or "se" not in summary:
         return None
-    df = summary["df"]
-    half = stats.t.ppf(0.975, df) * summary["se"] if df > 0 and summary["se"] > 0 else math.nan
-    return abs(summary["effect"]) + half < effect  # nan compares False: no interval, no equivalence
+    low, high = t_interval(summary["effect"], summary["se"], summary["df"])
+    return -effect < low and high < effect  # nan compares False: no interval, no equivalence
 
 
 def example_p(a: dict, b: dict, test: str) -> float:

@@ -8,7 +8,7 @@ import math
 
 from headlab.analysis import inference, meta
 from headlab.analysis.comparison import hashable
-from headlab.analysis.contrasts import Design
+from headlab.analysis.contrasts import Design, contrast_effect, t_interval
 
 
 def setting_keys(rows: list[dict], keys: list[str], dataset: str, design: Design) -> list[str]:
@@ -59,10 +59,12 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
     datasets). A dataset's best setting is the one best on the first metric (a validation metric). Per metric and
     dataset: each setting's mean and its gap to that best setting's mean of the same metric (best - mean: 0 for
     the best; for a loss, where lower is better, mean - best; below 0 on test where a setting beats the one chosen
-    on validation); per setting its worst gap and its mean rank (1: a dataset's best mean) over the datasets it was
-    run on. The choice is made on the first metric: the setting, run on every dataset, with the smallest worst
-    gap (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps",
-    "intervals", "worst", "rank"}}], "chosen": index or None, "metric"}."""
+    on validation), with the 95% t interval of the gap (contrasts.contrast_effect: corrected over folds, paired
+    over shared seeds with --paired, else Welch's); per setting its worst gap and its mean rank (1: a dataset's
+    best mean) over the datasets it was run on. The choice is made on the first metric: the setting, run on every
+    dataset, with the smallest worst gap (ties: the better mean rank). {"datasets", "settings": [{"setting",
+    metric: {"means", "gaps", "gap_intervals", "intervals", "summaries", "worst", "rank"}}], "chosen": index or
+    None, "metric"}."""
     names = setting_keys(rows, keys, design.across, design)
     datasets = sorted({r[design.across] for r in rows}, key=str)
     found: dict[tuple, dict] = {}
@@ -70,9 +72,10 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
         setting = found.setdefault(tuple(row[k] for k in names), {"setting": {k: row[k] for k in names}})
         for metric in design.metrics:
             if row.get(metric):
-                entry = setting.setdefault(metric, {"means": {}, "intervals": {}})
+                entry = setting.setdefault(metric, {"means": {}, "intervals": {}, "summaries": {}})
                 entry["means"][row[design.across]] = row[metric]["mean"]
                 entry["intervals"][row[design.across]] = (row[metric]["low"], row[metric]["high"])
+                entry["summaries"][row[design.across]] = row[metric]
     settings = list(found.values())
     first = design.metrics[0]
     best = {d: _best_on(settings, first, d) for d in datasets}  # each dataset's best setting, chosen on the first
@@ -80,13 +83,16 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
         lower_is_better = "loss" in metric
         for d in datasets:
             scored = [s[metric]["means"][d] for s in settings if d in s.get(metric, {}).get("means", {})]
-            reference = best[d].get(metric, {}).get("means", {}).get(d) if best[d] else None
+            reference = best[d].get(metric, {}).get("summaries", {}).get(d) if best[d] else None
             order = sorted(set(scored), reverse=not lower_is_better)
             for s in settings:
                 if d in s.get(metric, {}).get("means", {}) and reference is not None:
-                    mean = s[metric]["means"][d]
-                    s[metric].setdefault("gaps", {})[d] = (mean - reference) if lower_is_better else (reference - mean)
+                    mean, ref = s[metric]["means"][d], reference["mean"]
+                    s[metric].setdefault("gaps", {})[d] = (mean - ref) if lower_is_better else (ref - mean)
                     s[metric].setdefault("ranks", {})[d] = 1 + order.index(mean)
+                    ends = (s[metric]["summaries"][d], reference)[:: 1 if lower_is_better else -1]
+                    gap = (math.nan,) * 2 if s is best[d] else t_interval(*contrast_effect(*ends, design))
+                    s[metric].setdefault("gap_intervals", {})[d] = gap
         for s in settings:
             entry = s.get(metric, {})
             complete = len(entry.get("gaps", {})) == len(datasets)

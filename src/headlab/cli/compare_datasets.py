@@ -95,7 +95,9 @@ def across_table(ranked: dict, design: Design) -> list[str]:
     lines = [
         f"Settings across the values of {key} (k = {len(datasets)}): each setting's mean per {key} value (its "
         f"interval) and its gap to that value's best setting, the one best on {first}, in the same metric (0: that "
-        "setting; lower is better for a loss; below 0 where a setting beats it on a metric it was not chosen on); "
+        "setting; lower is better for a loss; below 0 where a setting beats it on a metric it was not chosen on), "
+        "with the gap's 95% t interval (corrected over folds where the data cross-validates; otherwise "
+        f"{'paired over shared seeds' if design.over_shared_seeds else 'Welch'}); "
         f"worst: the largest gap; rank: the mean rank (1: the best mean). Chosen on {first}: the setting, run on every "
         "value, with the smallest worst gap (ties: the better rank); the other metrics are read at it. Choose on "
         "validation and read test: gaps on the metric a best was chosen on flatter it.",
@@ -119,7 +121,9 @@ def across_table(ranked: dict, design: Design) -> list[str]:
                     continue
                 low, high = entry["intervals"][d]
                 interval = "" if math.isnan(low) else f" [{low:.4f}, {high:.4f}]"
-                cells.append(f"{entry['means'][d]:.4f}{interval} (gap {entry['gaps'][d]:.4f})")
+                g_low, g_high = entry["gap_intervals"][d]
+                g_interval = "" if math.isnan(g_low) else f" [{g_low:+.4f}, {g_high:+.4f}]"
+                cells.append(f"{entry['means'][d]:.4f}{interval} (gap {entry['gaps'][d]:.4f}{g_interval})")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if chosen is None:
@@ -134,13 +138,15 @@ def write_across(out: Path, ranked: dict, design: Design) -> Path:
     with (out / "compare_across.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
-        writer.writerow([*names, "metric", design.across, "mean", "low", "high", "gap", "worst", "rank", "chosen"])
+        head = ["mean", "low", "high", "gap", "gap_low", "gap_high", "worst", "rank", "chosen"]
+        writer.writerow([*names, "metric", design.across, *head])
         for index, s in enumerate(ranked["settings"]):
             for metric in design.metrics:
                 entry = s.get(metric) or {"means": {}}
                 for d, mean in entry["means"].items():
                     low, high = entry["intervals"][d]
-                    row = [mean, low, high, entry["gaps"][d], entry["worst"], entry["rank"], index == ranked["chosen"]]
+                    gap = [entry["gaps"][d], *entry["gap_intervals"][d]]
+                    row = [mean, low, high, *gap, entry["worst"], entry["rank"], index == ranked["chosen"]]
                     writer.writerow([*s["setting"].values(), metric, d, *row])
     return out / "compare_across.csv"
 
