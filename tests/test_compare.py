@@ -249,6 +249,34 @@ def test_a_sweep_still_running_is_one_line_of_counts_and_compare_md_lists_each_r
     assert (root / "compare.md").read_text().count(": interrupted\n") == 5
 
 
+def test_runs_of_one_data_config_that_read_different_files_are_flagged_in_the_table(sweep, capsys):
+    """Same data config, another file content (a file edited between runs, another hub revision): said in
+    compare.md and on stderr. Different data configs with different files are simply different data."""
+    root, _ = sweep
+
+    def set_files(path, test_digest, test_file):
+        record = read_record(path)
+        record["config"].update({"data": "files", "data.files.test": test_file})
+        record["data"] = {"digests": {"files": {"train": "a" * 64, "test": test_digest}}}
+        (path / "results.json").write_text(json.dumps(record))
+
+    runs = sorted(root.glob("*/results.json"), key=lambda p: int(p.parent.name))
+    for path in runs:
+        set_files(path.parent, "b" * 64, "/data/test.tsv")
+    main([str(root), "--no-plots"])
+    assert "Mixed data" not in (root / "compare.md").read_text() and "mixed data" not in capsys.readouterr().err
+    set_files(runs[0].parent, "c" * 64, "/data/test.tsv")
+    main([str(root), "--no-plots"])
+    said = "data=files: its test file has 2 versions (bbbbbbbbbbbb in 11 runs, cccccccccccc in 1 runs)"
+    assert "**Mixed data**: runs of one data config read different files" in (root / "compare.md").read_text()
+    assert (
+        said in (root / "compare.md").read_text() and f"headlab-compare: mixed data: {said}" in capsys.readouterr().err
+    )
+    set_files(runs[0].parent, "c" * 64, "/data/other.tsv")  # another file named: another data config
+    main([str(root), "--no-plots"])
+    assert "Mixed data" not in (root / "compare.md").read_text()
+
+
 def test_an_arm_without_the_selection_metric_is_an_error_not_a_missing_row(sweep):
     root, _ = sweep
     for path in root.glob("*/results.json"):

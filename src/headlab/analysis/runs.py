@@ -122,3 +122,30 @@ def head_means(metrics: dict) -> dict[str, float]:
         if (match := HEAD_KEY.match(key)) and _is_number(value):
             per_stat.setdefault(match.group(1), []).append(value)
     return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}
+
+
+def mixed_data(records: list[dict]) -> list[str]:
+    """Runs with the same data config (the `data` choice and every data.* key but the seed and the fold) whose
+    files differ (results.json data.digests.files: each file's sha256, a hub dataset's fingerprint): one line
+    per data config and file, saying how many runs read each version. [] when each data config read one."""
+    versions: dict[tuple, dict[str, int]] = {}
+    names: dict[tuple, str] = {}  # a data config's `data` choice, as it is said
+    for r in records:
+        config = r.get("config") or {}
+        named = tuple(sorted((k, repr(v)) for k, v in config.items() if _names_data(k)))
+        names[named] = str(config.get("data", "?"))
+        files = (((r.get("data") or {}).get("digests") or {}).get("files")) or {}
+        for role, digest in files.items() if isinstance(files, dict) else ():
+            seen = versions.setdefault((named, role), {})
+            seen[str(digest)] = seen.get(str(digest), 0) + 1
+    return [
+        f"data={names[named]}: its {role} file has {len(seen)} versions ("
+        + ", ".join(f"{digest[:12]} in {n} runs" for digest, n in sorted(seen.items(), key=lambda item: -item[1]))
+        + ")"
+        for (named, role), seen in versions.items()
+        if len(seen) > 1
+    ]
+
+
+def _names_data(key: str) -> bool:
+    return key == "data" or (key.startswith("data.") and key not in ("data.seed", "data.cv.fold"))

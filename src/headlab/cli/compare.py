@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from headlab.analysis import archive, budget, datasets
 from headlab.analysis.comparison import METRICS, check_metrics, compare, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
-from headlab.analysis.runs import Runs, head_means, load_dirs
+from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
 from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
 from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     _say_left_out(runs.failed)
     if not runs.completed:
         raise SystemExit("headlab-compare: no completed runs to compare")
+    for line in mixed_data(runs.completed):
+        print(f"headlab-compare: mixed data: {line}", file=sys.stderr)
     stated = pre_stated(runs.completed, argv)
     if args.confirm and not stated:
         raise SystemExit(

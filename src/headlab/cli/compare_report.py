@@ -8,7 +8,7 @@ from pathlib import Path
 
 from headlab.analysis.comparison import IMPROVING_MARGIN
 from headlab.analysis.contrasts import Design
-from headlab.analysis.runs import Runs
+from headlab.analysis.runs import Runs, mixed_data
 from headlab.cli.compare_plots import plot, plot_curves
 from headlab.training.results import git_sha
 
@@ -163,6 +163,14 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
             else []
         ),
         *([_CROSS_VALIDATED] if any(r["config"].get("data.cv.fold") is not None for r in runs) else []),
+        *(
+            [
+                "**Mixed data**: runs of one data config read different files, so these numbers are not of one "
+                f"dataset: {'; '.join(mixed)}."
+            ]
+            if (mixed := mixed_data(runs))
+            else []
+        ),
         "",
     ]
 
