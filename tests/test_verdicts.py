@@ -249,6 +249,40 @@ def test_the_two_way_bootstrap_agrees_with_a_plain_loop_and_widens_with_seed_noi
     assert inference.two_way_paired_p(better, correct) < 0.01 and inference.two_way_paired_p(correct, correct) > 0.5
 
 
+def test_the_test_over_examples_has_a_difference_interval_and_power_so_a_small_test_set_reads_inconclusive():
+    rng = np.random.default_rng(4)
+    hard = rng.random(600) < 0.3
+    correct = rng.random((6, 600)) < np.where(hard, 0.4, 0.9)
+    better = correct.copy()
+    better[:, :120] = True
+    # the interval: the same resamples as the p-value, against a plain loop drawing the examples once for both arms
+    found = inference.two_way_difference(better, correct)
+    loop, diffs = np.random.default_rng(5), []
+    for _ in range(2000):
+        examples = loop.integers(0, 600, 600)
+        diffs.append(
+            better[loop.integers(0, 6, 6)][:, examples].mean() - correct[loop.integers(0, 6, 6)][:, examples].mean()
+        )
+    assert (found["low"], found["high"]) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), abs=0.004)
+    assert found["se"] == pytest.approx(np.std(diffs, ddof=1), rel=0.1)
+    assert power.normal_power(0.01, 0.005) == pytest.approx(
+        stats.norm.cdf(2 - 1.96) + stats.norm.cdf(-2 - 1.96), abs=1e-4
+    )
+
+    def arm(heads, rows):
+        classes = np.zeros(rows.shape[1], dtype=int)
+        return [{"status": "completed", "config": {HEADS: heads, "seed": s}, "metrics": {"test/acc": float(r.mean())},
+                 "predictions": predictions.encode(classes, r)} for s, r in enumerate(rows)]  # fmt: skip
+
+    runs = arm(1, correct) + arm(4, correct[::-1])  # the same runs: no difference at all
+    for effect, verdict in ((0.005, "inconclusive"), (0.2, "no difference found")):
+        design = Design(["test/acc"], baseline=(HEADS, "1"), test="examples", effect=effect)
+        four = compare(runs, design)[1][1]["test/acc"]
+        se = inference.two_way_difference(correct[::-1], correct)["se"]
+        assert four["power"] == pytest.approx(power.normal_power(effect, se)) and four["verdict"] == verdict
+    assert four["power"] > 0.99 and -0.2 < four["interval"][0] < 0 < four["interval"][1] < 0.2
+
+
 @pytest.mark.e2e
 def test_runs_and_pack_members_keep_their_test_predictions_and_compare_tests_over_examples(run_cli, tmp_path):
     sweep = tmp_path / "sweep"

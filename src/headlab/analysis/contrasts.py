@@ -151,12 +151,12 @@ def t_interval(effect: float, se: float, df: float) -> tuple[float, float]:
 
 
 def within_margin(summary: dict, effect: float | None) -> bool | None:
-    """Whether the 95% t interval of an arm's difference (contrast_effect's) lies within +-effect, the smallest
-    difference that matters (design.effect): the equivalence reading behind "no difference found". None without
-    a margin or without an interval (solve rates, tests over examples)."""
+    """Whether the 95% interval of an arm's difference (contrast_effect's t interval; over seeds and examples, the
+    bootstrap's) lies within +-effect, the smallest difference that matters (design.effect): the equivalence
+    reading behind "no difference found". None without a margin or without an interval (solve rates, McNemar)."""
     if effect is None or "se" not in summary:
         return None
-    low, high = t_interval(summary["effect"], summary["se"], summary["df"])
+    low, high = summary.get("interval") or t_interval(summary["effect"], summary["se"], summary["df"])
     return -effect < low and high < effect  # nan compares False: no interval, no equivalence
 
 
@@ -177,9 +177,16 @@ def contrast_power(a: dict, b: dict, design: Design) -> dict:
     """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
     the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
     "seeds_for_power"}; over folds, the corrected test's power alone (more seeds do not shrink its fold term);
-    {} for tests over examples."""
-    if "examples" in a:
-        return {}
+    over seeds and test examples (--test examples), the normal approximation at the two-way bootstrap's standard
+    error, with the difference's bootstrap interval ("interval"; more seeds do not shrink its examples' term);
+    {} for McNemar's."""
+    if "examples" in a:  # over seeds and examples: at the bootstrap's standard error, with its interval
+        if design.test != "examples" or "examples" not in b:
+            return {}
+        difference = inference.two_way_difference(a["examples"], b["examples"])
+        effect = design.effect if design.effect is not None else abs(a["mean"] - b["mean"])
+        interval = (difference["low"], difference["high"])
+        return {"power": power.normal_power(effect, difference["se"]), "power_effect": effect, "interval": interval}
     if "folds" in a and "folds" in b:
         d = _fold_differences(a, b)
         effect = design.effect if design.effect is not None else abs(_mean(d)) if d else math.nan

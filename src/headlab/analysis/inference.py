@@ -189,13 +189,27 @@ def two_way_interval(correct: np.ndarray, resamples: int = 2000, seed: int = 0) 
     return float(low), float(high)
 
 
-def two_way_paired_p(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> float:
-    """Two-sided bootstrap p-value of the accuracy difference of two arms on the same test examples (a (S_a, N),
-    b (S_b, N)): each resample draws the examples once for both arms and each arm's seeds on their own; twice the
-    smaller share of differences on either side of 0."""
+def _two_way_differences(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The accuracy difference a - b of two arms on the same test examples (a (S_a, N), b (S_b, N)) in each of
+    `resamples` two-way resamples: the examples drawn once for both arms, each arm's seeds on their own -> (R,)."""
     rng = np.random.default_rng(seed)
     examples = _counts(rng, a.shape[1], resamples)
-    d = _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
+    return _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
         b, _counts(rng, b.shape[0], resamples), examples
     )
+
+
+def two_way_paired_p(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> float:
+    """Two-sided bootstrap p-value of the accuracy difference of two arms on the same test examples: twice the
+    smaller share of _two_way_differences on either side of 0."""
+    d = _two_way_differences(a, b, resamples, seed)
     return float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
+
+
+def two_way_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> dict:
+    """The LEVEL percentile interval and the standard error of the accuracy difference a - b, from the resamples
+    two_way_paired_p draws: {"low", "high", "se"}."""
+    d = _two_way_differences(a, b, resamples, seed)
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(d, [tail, 1 - tail])
+    return {"low": float(low), "high": float(high), "se": float(d.std(ddof=1))}

@@ -2,7 +2,8 @@
 
 Means are compared by t-tests: power from the noncentral t distribution (Welch's degrees of freedom for
 independent arms; the differences' sd for paired ones). Rank and permutation tests have no closed form: their
-power is read from the t-test's, which they approach for the sample sizes a sweep has. Solve rates are compared
+power is read from the t-test's, which they approach for the sample sizes a sweep has. The test over seeds and
+test examples is powered by the normal approximation at its bootstrap's standard error. Solve rates are compared
 by Fisher's exact test, its power simulated (seeded); paired over seeds, by McNemar's exact test, its power summed
 exactly. Over cross-validation folds, the corrected resampled t-test's, from its corrected variance. A contrast
 that is not significant while its power is below 0.5 is inconclusive: the data could not have told the effect
@@ -53,6 +54,15 @@ def cv_paired_power(delta: float, sd_difference: float, folds: int, k: int, alph
         return 1.0 if delta else math.nan
     spread = math.sqrt(inference.cv_variance_factor(folds, k)) * sd_difference
     return _two_sided_power(delta / spread, folds - 1, alpha)
+
+
+def normal_power(delta: float, se: float, alpha: float = ALPHA) -> float:
+    """Power of a two-sided test whose estimate of a difference delta is normal with standard error se (a
+    bootstrap's): how the test over seeds and test examples (--test examples) is powered."""
+    if not se > 0:
+        return math.nan
+    z = stats.norm.ppf(1 - alpha / 2)
+    return float(stats.norm.cdf(delta / se - z) + stats.norm.cdf(-delta / se - z))
 
 
 def _two_sided_power(noncentrality: float, df: float, alpha: float) -> float:

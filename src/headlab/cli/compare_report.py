@@ -131,7 +131,14 @@ def _verdicts(design: Design) -> str:
         "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
         f"{at} was below 0.5: the seeds could not have told it from none); {settled}. "
         "Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the "
-        "corrected test's (its corrected variance); solve rates: "
+        "corrected test's (its corrected variance); "
+        + (
+            "test/acc over seeds and test examples: the normal approximation at the two-way bootstrap's standard "
+            "error, its interval the bootstrap's; "
+            if design.test == "examples"
+            else ""
+        )
+        + "solve rates: "
         f"{'exact McNemar' if design.over_shared_seeds else 'Fisher'}'s, "
         f"{'summed exactly' if design.over_shared_seeds else 'simulated'}. Converged: no run of the arm improved "
         "val/acc at its last validation."
