@@ -254,7 +254,7 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
             raise CompareError(f"--select {key}: no run of the arm {named} has {on} to choose on")
         chosen += by_value[best]
         grid = sorted(v[0] for v in by_value if isinstance(v[0], int | float))
-        if len(grid) > 1 and best is not None and best[0] in (grid[0], grid[-1]):
+        if len(grid) > 1 and best[0] in (grid[0], grid[-1]):
             edges[arm] = (best[0], grid)
     return chosen, edges
 
