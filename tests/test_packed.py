@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -293,10 +294,13 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     sweep = tmp_path / "killed"  # three packs, two at a time: one worker killed, the next pack's worker stopped
     process = start(sweep, "model.attention.n_heads=1,2,4", "seed=0")
     training(process, sweep, 2)
+    assert [r["status"] for r in records(sweep)] == ["running", "running", "queued"]  # the third waits its turn
     first = pack_workers(process.pid)
     assert len(first) == 2
     os.kill(first[0], signal.SIGKILL)
     training(process, sweep, 3)  # the third pack took the killed worker's place
+    third_began = datetime.fromisoformat(records(sweep)[2]["started_at"])  # when it started, not when queued
+    assert third_began > datetime.fromisoformat(records(sweep)[0]["started_at"]) + timedelta(seconds=1)
     (third,) = set(pack_workers(process.pid)) - set(first)
     os.kill(third, signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
@@ -306,13 +310,13 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert "ended with exit code -9 before reporting" in failed["error"]
     assert next(r for r in records(sweep) if r["status"] == "completed")["epochs"] == 4  # the other pack trained on
 
-    sweep = tmp_path / "stopped"
-    process = start(sweep, "model.attention.n_heads=1,2", "seed=0,1")
+    sweep = tmp_path / "stopped"  # three packs, the third never started: it stays queued (a resume trains it)
+    process = start(sweep, "model.attention.n_heads=1,2,4", "seed=0,1")
     training(process, sweep, 4)
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=300)
     assert process.returncode == 128 + signal.SIGTERM
-    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 4
+    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 4 + ["queued"] * 2
     assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
     deadline = time.time() + 60  # the forkserver ends once the launcher has: its interpreter's exit takes a second
     while session_processes(process.pid) and time.time() < deadline:

@@ -10,7 +10,7 @@ import sys
 
 from headlab.cli import console, rundir, slurm
 from headlab.cli.pack_workers import LOG_FORMAT
-from headlab.cli.train import Job, close_job
+from headlab.cli.train import Job, close_job, start_job
 from headlab.errors import ConfigError
 
 log = logging.getLogger("headlab")
@@ -38,6 +38,7 @@ class PackJob:
             if not job.cfg.get("resume") and rundir.continues(job.run_dir, job.record["config"]):
                 log.info("continuing %s from its checkpoints/last.ckpt", job.run_dir)
                 job.cfg.resume, job.continued = str(job.run_dir), True
+            start_job(job)
         try:
             results = train_members([(job.cfg, job.run_dir, job.record["config"]) for job in jobs], pack_id, False)
         except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends

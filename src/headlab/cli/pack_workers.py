@@ -103,8 +103,11 @@ def _work(
     conn.send([_portable(r) for r in results])
 
 
-def run_parallel(packs: list, train: Callable, n_jobs: int, threads: int, n_gpus: int, done: Callable) -> None:
-    """Train packs [(pack id, specs)] n_jobs at a time; done(k, results) as each pack k ends, in the parent.
+def run_parallel(
+    packs: list, train: Callable, n_jobs: int, threads: int, n_gpus: int, start: Callable, done: Callable
+) -> None:
+    """Train packs [(pack id, specs)] n_jobs at a time; start(k) as each pack k starts and done(k, results) as it
+    ends, in the parent.
     An interrupt of the parent (or an error raised by done) stops every worker with SIGTERM, each saving its
     members' last.ckpt, and is raised once they have exited."""
     context = multiprocessing.get_context("spawn" if n_gpus else "forkserver")
@@ -116,6 +119,7 @@ def run_parallel(packs: list, train: Callable, n_jobs: int, threads: int, n_gpus
         while pending or running:
             while pending and len(running) < n_jobs:
                 k, (pack_id, specs) = pending.pop(0)
+                start(k)
                 slot = min(set(range(n_jobs)) - {s for _, _, s in running.values()})  # a free one
                 gpu = gpu_for_slot(slot, n_gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if n_gpus else None
                 receive, send = context.Pipe(duplex=False)

@@ -14,7 +14,16 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from omegaconf import OmegaConf, open_dict
 
 from headlab.cli import console
-from headlab.cli.train import Job, check_job, close_job, open_job, skipped, stop_on_ctrl_c, stop_on_sigterm
+from headlab.cli.train import (
+    Job,
+    check_job,
+    close_job,
+    open_job,
+    skipped,
+    start_job,
+    stop_on_ctrl_c,
+    stop_on_sigterm,
+)
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.training import optim, sweep
 from headlab.training.loggers import run_identity
@@ -36,10 +45,12 @@ def pack_key(flat_config: dict) -> tuple:
 
 def prepare(cfg) -> Job | float:
     """The task each job runs under Hydra: open and check it, and resolve its config while Hydra's job
-    information (its directory, its overrides) is its own. Returns the job, or its objective when it ends here."""
+    information (its directory, its overrides) is its own. Returns the job ("queued" until its pack starts), or its
+    objective when it ends here."""
     job = open_job(cfg)
     if (objective := skipped(job)) is not None:
         return objective
+    job.record["status"] = "queued"
     try:
         check_job(job)
         wandb = (cfg.get("logger") or {}).get("wandb")
@@ -105,6 +116,10 @@ def launch(
     )  # fmt: skip
     done = set()
 
+    def start(k: int) -> None:
+        for _, job in packs[k]:
+            start_job(job)
+
     def close(k: int, results: list) -> None:
         for (ret, job), result in zip(packs[k], results, strict=True):
             if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
@@ -131,6 +146,7 @@ def launch(
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
         if n_jobs == 1:
             for k, (pack_id, members) in enumerate(specs):
+                start(k)
                 close(k, train_members(members, pack_id))
         else:
             from headlab.cli.pack_workers import run_parallel
@@ -138,8 +154,9 @@ def launch(
 
             accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
             n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
-            run_parallel(specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, close)
-    except BaseException as error:  # an interrupt: every job not closed yet records it
+            run_parallel(specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, start, close)
+    except BaseException as error:  # an interrupt: every job started and not closed records it (a queued one
+        # stays queued: it never began)
         for _, job in ready:
             if id(job) not in done and job.record.get("status") == "running":
                 with contextlib.suppress(BaseException):  # close_job re-raises interrupts once recorded

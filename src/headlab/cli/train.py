@@ -117,8 +117,9 @@ def skipped(job: Job) -> float | None:
 
 
 def check_job(job: Job) -> None:
-    """Claim the run directory, then every check that needs no data or model; then results.json says "running"
-    (and .hydra/ holds the job's config, written by headlab once the directory is the job's)."""
+    """Claim the run directory, then every check that needs no data or model; then results.json holds the job's
+    record, "running" (a pack's member: "queued" until its pack starts, start_job), and .hydra/ its config, written
+    by headlab once the directory is the job's."""
     cfg = job.cfg
     if sweep.process_rank() == 0:  # other ranks of a run that re-runs the command write nothing
         job.fresh = rundir.claim(job.run_dir, job.record["config"], resuming=bool(cfg.resume), rerun=cfg.sweep.resume)
@@ -135,6 +136,14 @@ def check_job(job: Job) -> None:
         for name, text in job.composed.items():
             write_atomic(job.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
     _write(job, job.record)  # "running" until the run ends (or is killed)
+
+
+def start_job(job: Job) -> None:
+    """A queued job's training begins (a pack's member, when its pack starts): it is "running" from now, so its
+    started_at and duration_s are its own, not the wait for the packs before it."""
+    job.started = time.time()
+    job.record.update(status="running", started_at=datetime.now(timezone.utc).isoformat())
+    _write(job, job.record)
 
 
 def close_job(job: Job, fields: dict | None = None, error: BaseException | None = None, stop: bool = True) -> float:
