@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, cli_here, train_here
+from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -341,3 +341,23 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
 def test_a_pack_worker_gets_its_gpu_by_slot():
     assert [gpu_for_slot(k, 2, None) for k in range(3)] == ["0", "1", "0"]
     assert gpu_for_slot(1, 2, "3,5") == "5"  # among the GPUs the launcher may see
+
+
+def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_one_resumes_without_torch(tmp_path):
+    """Each job's config is composed once (not also by the sweeper): one that cannot compose refuses the sweep
+    before any job directory exists; a sweep whose jobs all completed resumes without importing torch."""
+    refused = headlab_train(
+        "-m", "hydra/launcher=packed", "model=encoder,nope", *TINY, "hydra.sweep.dir=bad", cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == "headlab-train: invalid config: model=nope is unknown: expected one of encoder"
+    assert not [p for p in (tmp_path / "bad").iterdir() if p.is_dir()]
+
+    sweep = ["-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=csv", "hydra.sweep.dir=sweep"]
+    assert headlab_train(*sweep, cwd=tmp_path).returncode == 0
+    again = headlab_train(*sweep, "sweep.resume=true", cwd=tmp_path, env={**cli_env(), "PYTHONPROFILEIMPORTTIME": "1"})
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert again.returncode == 0 and (again.stdout + again.stderr).count("completed before with the same config") == 2
+    assert "headlab.cli.packed" in imported and not {"torch", "lightning"} & imported

@@ -88,12 +88,15 @@ def launch(
     signal.signal(signal.SIGINT, stop_on_ctrl_c)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    returns: list[JobReturn] = []
+    composed = []  # every job's config before any job is prepared: an override that cannot compose touches nothing
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
+        composed.append((idx, overrides, sweep_config))
+    returns: list[JobReturn] = []
+    for idx, overrides, sweep_config in composed:
+        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         returns.append(
             run_job(
                 hydra_context=hydra_context,
@@ -114,6 +117,8 @@ def launch(
         "packed launcher: %d jobs to train in %d pack(s) of at most %d, %d at a time",
         len(ready), len(packs), max_pack, n_jobs,
     )  # fmt: skip
+    if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
+        return returns
     done = set()
 
     def start(k: int) -> None:

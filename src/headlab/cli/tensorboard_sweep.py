@@ -49,12 +49,12 @@ def facts(record: dict) -> dict:
 
 def write(sweep_dir: Path, objective: str) -> Path | None:
     """<sweep>/tensorboard for the sweep's completed runs that logged to TensorBoard; None when none did."""
-    from tensorboardX import SummaryWriter
-    from tensorboardX.summary import hparams
-
     runs = [r for r in load_dirs([sweep_dir]).completed if (Path(r["where"]) / FOLDER).is_dir()]
     if not runs:
         return None
+    from tensorboardX import SummaryWriter  # which imports torch (seconds): only for a sweep that logged to it
+    from tensorboardX.summary import hparams
+
     view = sweep_dir / FOLDER
     shutil.rmtree(view, ignore_errors=True)
     keys = varying_keys(runs)

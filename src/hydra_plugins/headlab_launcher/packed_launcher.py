@@ -13,6 +13,8 @@ from omegaconf import DictConfig
 
 
 class PackedLauncher(Launcher):
+    composes_every_job_first = True  # launch composes all its jobs before it prepares one: the sweeper need not
+
     def __init__(self, max_pack: int, n_jobs: int, submit: str, slurm: dict | None) -> None:
         self.max_pack, self.n_jobs, self.submit, self.slurm = max_pack, n_jobs, submit, slurm
         self.config: DictConfig | None = None
