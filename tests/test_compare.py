@@ -161,6 +161,24 @@ def test_within_compares_each_arm_with_the_baseline_of_its_own_head_count(tmp_pa
         assert [r["test/acc_p_value"] for r in csv.DictReader(f)] == [r["test/acc_p_value"] for r in table]
 
 
+def test_the_terminal_table_shows_every_cell_of_compare_md_in_full(tmp_path, capsys, monkeypatch):
+    """Thirteen columns on an 80-column terminal: each word of every cell is there whole (folded between words,
+    never cut with an ellipsis), keys by their last part."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for i, (heads, d_k, d_ff, acc) in enumerate([(4, None, None, 0.6), (4, 32, None, 0.9), (4, None, 383, 0.7)] * 3):
+        write_run(
+            tmp_path / str(i), heads, "dot", i // 3, acc + i / 100, **{"model.attention.d_k": d_k, "model.d_ff": d_ff}
+        )
+    main([str(tmp_path), "--baseline", "model.attention.d_k=32", "--effect", "0.05", "--power", "--no-plots"])
+    shown = capsys.readouterr().out
+    assert "…" not in shown and "┃ d_k " in shown and "model.attention.d_k ┃" not in shown
+    words = set(re.split(r"[\s│┃]+", shown))
+    table = [line for line in (tmp_path / "compare.md").read_text().splitlines() if line.startswith("| ")][1:]
+    cells = [cell for line in table for cell in line.strip("| ").split(" | ")]
+    assert any("inconclusive" in cell or "significant" in cell for cell in cells)
+    assert [w for cell in cells for w in cell.split() if w not in words] == []
+
+
 def test_select_picks_each_arms_learning_rate_on_validation_and_reports_test_there(tmp_path):
     """Arm h=1 is best on validation at lr 1e-3, arm h=4 at 3e-3; the test accuracies reported are there."""
     val = {(1, 1e-3): 0.9, (1, 3e-3): 0.5, (4, 1e-3): 0.6, (4, 3e-3): 0.95}

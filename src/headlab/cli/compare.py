@@ -30,7 +30,7 @@ from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
 from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
-from headlab.cli.compare_report import pruning_table, table_rows, write_outputs
+from headlab.cli.compare_report import print_table, pruning_table, write_outputs
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -314,16 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         block = args.block or experiment_name(runs.completed) + ("/confirm" if args.confirm else "")
         splice(args.into, block, (out / "compare.md").read_text())
 
-    from rich.console import Console
-    from rich.table import Table
-
-    header, body = table_rows(keys, rows, design)
-    table = Table(title=f"{len(runs.completed)} runs, grouped by {', '.join(keys) or 'nothing (all alike)'}")
-    for column in header:
-        table.add_column(column)
-    for row in body:
-        table.add_row(*row)
-    Console(width=max(Console().width, 160)).print(table)
+    print_table(keys, rows, design, len(runs.completed))
     if pooled:
         print("\n".join(meta_table(pooled, design)))
     if ranked:

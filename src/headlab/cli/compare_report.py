@@ -111,6 +111,29 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     return [header[i] for i in shown], [[cells[i] for i in shown] for cells in body]
 
 
+def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
+    """The table on the terminal, as compare.md has it but fitted to the screen: keys by their last part (n_heads),
+    each metric's column four times as wide as the others, and a long word folded, never cut."""
+    from rich.console import Console
+    from rich.table import Table
+
+    header, body = table_rows(keys, rows, design)
+    title = f"{n_runs} runs, grouped by {', '.join(keys) or 'nothing (all alike)'} (compare.md: the legend)"
+    table = Table(title=title, expand=True)
+    for i, column in enumerate(header):
+        if i < len(keys):  # model.attention.n_heads (selected on ...) -> n_heads (selected on ...)
+            name, _, rest = column.partition(" ")
+            column = " ".join((name.rsplit(".", 1)[-1], rest)).strip()
+        if any(column.startswith(f"{m} (") for m in design.metrics):
+            table.add_column(column, overflow="fold", ratio=1)
+        else:  # as narrow as its longest word: a number is never split
+            longest = max(len(word) for text in (column, *(r[i] for r in body)) for word in text.split() or [""])
+            table.add_column(column, overflow="fold", min_width=longest, max_width=longest)
+    for row in body:
+        table.add_row(*row)
+    Console(width=max(Console().width, 160)).print(table)
+
+
 _CROSS_VALIDATED = (
     "Cross-validated runs: each fold's value is the mean over its seeds; the interval is Student's t over folds with "
     "Nadeau & Bengio's corrected variance (1/folds + 1/(k-1)) for overlapping training sets, and p its paired test "
