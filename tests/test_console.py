@@ -106,3 +106,24 @@ def test_resuming_a_completed_run_says_what_to_do_instead(tmp_path):
         "headlab-train: invalid config: resume='run' is invalid: expected an incomplete run: it completed, its "
         "records are final (headlab-eval run evaluates a checkpoint of it again; a new run needs a new directory)"
     )
+
+
+def test_packs_side_by_side_say_each_packs_progress_with_its_members_spread(run_process, tmp_path):
+    """Two packs at once share the console: each says where it is, the time left, and at each validation its
+    members' metrics as a mean and a range, in lines named by the pack (no bars to overwrite each other)."""
+    tiny = [o for o in TINY if not o.startswith("callbacks.progress_bar")]
+    done = run_process(
+        "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2", "model.attention.n_heads=1,2", "seed=0,1,2", *tiny,
+        "callbacks.progress_bar.every_s=0.05", "logger=csv", "hydra.sweep.dir=sweep",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    for pack, jobs in (("sweep-pack0", "012"), ("sweep-pack1", "345")):
+        said = [line.split(" - ", 1)[1] for line in lines if f" - pack {pack}: epoch " in line]
+        assert any(" batch " in line and " left: train/loss " in line and "over 3)" in line for line in said), said
+        validated = [line for line in said if "validated: val/acc " in line]
+        assert len(validated) == 2 and validated[-1].startswith(f"pack {pack}: epoch 2/2 validated: val/acc ")
+        accs = [json.loads((tmp_path / "sweep" / j / "results.json").read_text())["metrics"]["val/acc"] for j in jobs]
+        spread = f"val/acc {sum(accs) / 3:.4f} ({min(accs):.4f}-{max(accs):.4f} over 3)"
+        assert spread in validated[-1], (spread, validated[-1])
+    assert "it/s" not in done.stdout + done.stderr and "━" not in done.stdout + done.stderr

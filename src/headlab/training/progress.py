@@ -2,6 +2,7 @@
 batch), plain lines every few seconds and at every validation where output goes to a file or a batch job's log."""
 
 import logging
+import math
 import sys
 import time
 
@@ -52,13 +53,15 @@ class ProgressBar(RichProgressBar):
 
 
 class PlainProgress(LightningProgressBar):
-    """Progress as plain log lines: the step and its rate every `every_s` seconds, and the metrics of every
-    validation and of the test, each with the time since training started."""
+    """Progress as plain log lines: the batch and the training metrics every `every_s` seconds, with the time left
+    at this attempt's pace, and the metrics of every validation and of the test, each with the time since training
+    started; `name` (a pack's id) starts each line."""
 
-    def __init__(self, every_s: float = 30.0):
+    def __init__(self, every_s: float = 30.0, name: str = ""):
         super().__init__()
-        self.every_s, self._enabled = every_s, True
+        self.every_s, self.name, self._enabled = every_s, name, True
         self._started = self._said = 0.0
+        self._first_step = 0
 
     def disable(self) -> None:
         self._enabled = False
@@ -68,21 +71,31 @@ class PlainProgress(LightningProgressBar):
 
     def _line(self, trainer, text: str) -> None:
         if self._enabled and trainer.is_global_zero and not trainer.sanity_checking:
-            log.info("%s (%.0f s)", text, time.monotonic() - self._started)
+            log.info("%s%s (%.0f s)", f"{self.name}: " if self.name else "", text, time.monotonic() - self._started)
             self._said = time.monotonic()
 
     def _metrics(self, trainer, pl_module, prefix: str) -> str:
         metrics = self.get_metrics(trainer, pl_module)
         return " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith(prefix) and isinstance(v, float))
 
+    def _left(self, trainer) -> str:
+        """The time left to the last step, at the pace of this attempt's steps so far (validations included)."""
+        done, total = trainer.global_step - self._first_step, trainer.estimated_stepping_batches
+        if done <= 0 or not math.isfinite(total):
+            return ""
+        seconds = (time.monotonic() - self._started) * max(0, total - trainer.global_step) / done
+        return f", about {seconds / 60:.0f} min left" if seconds >= 60 else f", about {max(1, round(seconds))} s left"
+
     def on_train_start(self, trainer, pl_module):
         self._started = self._said = time.monotonic()
+        self._first_step = trainer.global_step  # a resumed run: its pace from here
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if time.monotonic() - self._said >= self.every_s:
             epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
             step = f"batch {batch_idx + 1}/{trainer.num_training_batches}"
-            self._line(trainer, f"{epoch} {step} {self._metrics(trainer, pl_module, 'train/')}".rstrip())
+            metrics = self._metrics(trainer, pl_module, "train/")
+            self._line(trainer, f"{epoch} {step}{self._left(trainer)}" + (f": {metrics}" if metrics else ""))
 
     def on_validation_end(self, trainer, pl_module):
         epoch = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"

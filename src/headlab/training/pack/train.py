@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from omegaconf import OmegaConf
 
 from headlab.errors import TrainingError
 from headlab.training import epochs, memory, objective, records
@@ -26,6 +27,7 @@ from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
+from headlab.training.pack.progress import PackProgress
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.run import configure_torch, instantiate_all, instantiate_node
 
@@ -94,6 +96,18 @@ def members_that_fit(members: list[Member]) -> int:
     return max(1, int(memory.SHARE * free // per_member))
 
 
+def progress_bar(members: list[Member], pack_id: str, alone: bool) -> list[pl.callbacks.ProgressBar]:
+    """The pack's progress: the configured bar on a terminal when the pack trains alone; plain lines named by the
+    pack where output is a file or packs train side by side (alone=False); none with callbacks.progress_bar=null."""
+    configured = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)]
+    if not configured or (alone and not isinstance(configured[0], progress_.PlainProgress)):
+        return configured
+    every_s = getattr(configured[0], "every_s", None) or OmegaConf.select(
+        members[0].cfg, "callbacks.progress_bar.every_s", default=30.0
+    )  # a rich bar's (on a terminal, with packs side by side): the config's
+    return [PackProgress(members, float(every_s), f"pack {pack_id}")]
+
+
 def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it. progress=False: no progress bar (packs trained side by side share a console)."""
@@ -117,7 +131,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
             started.result()
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
-    bars = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)] if progress else []
+    bars = progress_bar(members, pack_id, progress)
     trainer = instantiate_node(
         members[0].cfg.trainer,
         "trainer",
