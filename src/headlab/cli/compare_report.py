@@ -113,7 +113,7 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
 
 def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
     """The table on the terminal, as compare.md has it but fitted to the screen: keys by their last part (n_heads),
-    each metric's column four times as wide as the others, and a long word folded, never cut."""
+    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut."""
     from rich.console import Console
     from rich.table import Table
 

@@ -110,7 +110,7 @@ def progress_bar(members: list[Member], pack_id: str, alone: bool) -> list[pl.ca
 
 def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
-    or the error that ended it. progress=False: no progress bar (packs trained side by side share a console)."""
+    or the error that ended it. progress=False: packs side by side share a console (plain lines, progress_bar)."""
     configure_torch(members[0].cfg, torch.get_num_threads())
     log.info(
         "pack %s: %s", pack_id, records.model_line(records.model_fields(members[0].module.model, members[0].datamodule))
