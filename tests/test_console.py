@@ -127,3 +127,5 @@ def test_packs_side_by_side_say_each_packs_progress_with_its_members_spread(run_
         spread = f"val/acc {sum(accs) / 3:.4f} ({min(accs):.4f}-{max(accs):.4f} over 3)"
         assert spread in validated[-1], (spread, validated[-1])
     assert "it/s" not in done.stdout + done.stderr and "━" not in done.stdout + done.stderr
+    ended = [line.split("] ", 1)[1] for line in lines if "packs ended" in line]
+    assert ended[-1] == "packed launcher: 2 of 2 packs ended; 6 of the 6 jobs to train completed", ended

@@ -119,7 +119,7 @@ def launch(
     )  # fmt: skip
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         return returns
-    done = set()
+    done, closed = set(), [False] * len(packs)
 
     def start(k: int) -> None:
         for _, job in packs[k]:
@@ -132,6 +132,12 @@ def launch(
             else:
                 ret.return_value = close_job(job, result)
             done.add(id(job))
+        closed[k] = True
+        completed = sum(job.record.get("status") == "completed" for _, job in ready)
+        log.info(
+            "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed",
+            sum(closed), len(packs), completed, len(ready),
+        )  # fmt: skip
 
     if submit == "slurm":
         from headlab.cli.pack_slurm import run_on_slurm
