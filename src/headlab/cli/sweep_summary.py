@@ -35,7 +35,8 @@ class SweepSummary(Callback):
         failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
         by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
         for job_dir, record in failed.items():
-            by_reason.setdefault(f"{record.get('status')}: {record.get('error', '')}", []).append(job_dir.name)
+            reason = f"{record.get('status')}: {record['error']}" if record.get("error") else str(record.get("status"))
+            by_reason.setdefault(reason, []).append(job_dir.name)
         for reason, names in by_reason.items():
             jobs = str(sweep_dir / names[0]) if len(names) == 1 else f"{len(names)} jobs in {sweep_dir} ({_few(names)})"
             print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
