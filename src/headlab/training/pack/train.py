@@ -96,7 +96,7 @@ def members_that_fit(members: list[Member]) -> int:
     return max(1, int(memory.SHARE * free // per_member))
 
 
-def progress_bar(members: list[Member], pack_id: str, alone: bool) -> list[pl.callbacks.ProgressBar]:
+def pack_progress(members: list[Member], pack_id: str, alone: bool) -> list[pl.callbacks.ProgressBar]:
     """The pack's progress: the configured bar on a terminal when the pack trains alone; plain lines named by the
     pack where output is a file or packs train side by side (alone=False); none with callbacks.progress_bar=null."""
     configured = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)]
@@ -110,7 +110,7 @@ def progress_bar(members: list[Member], pack_id: str, alone: bool) -> list[pl.ca
 
 def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
-    or the error that ended it. progress=False: packs side by side share a console (plain lines, progress_bar)."""
+    or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress)."""
     configure_torch(members[0].cfg, torch.get_num_threads())
     log.info(
         "pack %s: %s", pack_id, records.model_line(records.model_fields(members[0].module.model, members[0].datamodule))
@@ -131,7 +131,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
             started.result()
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
-    bars = progress_bar(members, pack_id, progress)
+    bars = pack_progress(members, pack_id, progress)
     trainer = instantiate_node(
         members[0].cfg.trainer,
         "trainer",
