@@ -137,11 +137,14 @@ def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp
 
 def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(run_cli, tmp_path):
     sweep = tmp_path / "sweep"
+    plain = [o for o in TINY if not o.startswith("callbacks.progress_bar")]  # output to a file: a pack's lines
     done = run_cli(
-        "-m", "hydra/launcher=packed", "model.attention.n_heads=1,2", "optim.lr=1e-3,1e30", *TINY, "logger=csv",
+        "-m", "hydra/launcher=packed", "model.attention.n_heads=1,2", "optim.lr=1e-3,1e30", *plain, "logger=csv",
         "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
     assert done.returncode == 1  # some jobs failed: the sweep says so
+    validated = [line for line in done.stdout.splitlines() if " validated: val/acc " in line]
+    assert len(validated) == 2 and all("over 1)" in line for line in validated)  # the frozen member left out
     runs = records(sweep)
     packs = {r["config"]["model.attention.n_heads"]: r["pack"]["id"] for r in runs if "pack" in r}
     assert len(set(packs.values())) == 2

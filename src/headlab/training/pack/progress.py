@@ -13,12 +13,16 @@ class PackProgress(PlainProgress):
         self.members = members
 
     def _metrics(self, trainer, pl_module, prefix: str) -> str:
-        if prefix == "train/":  # the last step's loss of each member still training
+        """Over the members still training (a diverged one is frozen: its numbers would be stale)."""
+        alive = pl_module.alive.tolist()
+        if prefix == "train/":  # the last step's loss of each member
             losses = getattr(pl_module, "last_losses", None)
-            values = {"train/loss": losses[pl_module.alive].tolist() if losses is not None else []}
+            losses = [] if losses is None else [v for v, a in zip(losses.tolist(), alive, strict=True) if a]
+            values = {"train/loss": losses}
         else:  # each member's metrics of this validation (pack.writer has set them)
-            keys = sorted({k for m in self.members for k in m.metrics if k.startswith(prefix)})
-            values = {k: [m.metrics[k] for m in self.members if k in m.metrics] for k in keys}
+            members = [m for m, a in zip(self.members, alive, strict=True) if a]
+            keys = sorted({k for m in members for k in m.metrics if k.startswith(prefix)})
+            values = {k: [m.metrics[k] for m in members if k in m.metrics] for k in keys}
         return ", ".join(_spread(k, v) for k, v in values.items() if v)
 
 
