@@ -183,3 +183,14 @@ def run_cli(tmp_path):
 def run_process(tmp_path):
     """The CLI's runs in tmp_path, each a process of its own (headlab_train): for DDP's ranks, signals, kills."""
     return lambda *overrides, timeout=300: headlab_train(*overrides, cwd=tmp_path, timeout=timeout)
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes still alive in a session (a command started with start_new_session=True, and its children)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":  # after the name: state, ppid, pgrp, session
+                alive.append(int(stat.parent.name))
+    return alive

@@ -350,7 +350,7 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
     changed = run_cli(*[a.replace("n_heads=1,2", "n_heads=1,4") for a in result.args[3:]], "sweep.resume=true")
     assert changed.returncode == 1, changed.stderr[-2000:]
     assert "2 of 4 jobs did not complete" in changed.stderr
-    assert "not completed: 2 jobs in sweep (2, 3) (refused: <its directory> holds another run's" in changed.stderr
+    assert "not completed: 2 jobs in sweep (2-3) (refused: <its directory> holds another run's" in changed.stderr
     heads = [read_record(tmp_path / "sweep" / job)["config"]["model.attention.n_heads"] for job in "0123"]
     assert heads == [1, 1, 2, 2]
     assert not (tmp_path / "sweep" / ".refused").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, train_here
+from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
 from headlab.training.sweep import usable_cores
@@ -154,6 +154,11 @@ def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(r
         else:
             assert r["status"] == "completed" and r["pack"]["size"] == 2
     assert "did not complete" in done.stderr and "Traceback" not in done.stderr
+    diverged = [json.loads((sweep / str(i) / "progress.json").read_text()).get("diverged", False) for i in range(4)]
+    assert diverged == [r["config"]["optim.lr"] == 1e30 for r in runs]  # its numbers stopped where it diverged
+    status = cli_here("status", str(sweep), cwd=tmp_path).stdout.splitlines()
+    assert status[0] == f"{sweep}: 4 jobs: 2 completed, 2 failed"
+    assert all(line.startswith("  failed: ") and "non-finite training objective" in line for line in status[1:])
 
 
 def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_pack_left_alone(tmp_path):
@@ -227,17 +232,6 @@ def test_a_packed_sweep_on_text_files_prepares_the_data_once(run_cli, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = json.loads((sweep / "1" / "results.json").read_text())["metrics"]
     assert again["test/loss"] == pytest.approx(runs[1]["metrics"]["test/loss"], rel=1e-5)
-
-
-def session_processes(session: int) -> list[int]:
-    """The processes still alive in a session (a command started with start_new_session=True, and its children)."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session and fields[0] != "Z":  # after the name: state, ppid, pgrp, session
-                alive.append(int(stat.parent.name))
-    return alive
 
 
 def pack_workers(launcher: int) -> list[int]:
@@ -320,6 +314,10 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     process.wait(timeout=300)
     assert process.returncode == 128 + signal.SIGTERM
     assert [r["status"] for r in records(sweep)] == ["interrupted"] * 4 + ["queued"] * 2
+    status = cli_here("status", str(sweep), cwd=tmp_path).stdout.splitlines()  # what a person reads of it
+    assert status[:2] == [f"{sweep}: 6 jobs: 2 queued, 4 interrupted", "  queued: 2 (4-5): not started (if the "
+                          "sweep has stopped, not waiting for a slot: sweep.resume=true trains them)"]  # fmt: skip
+    assert all(s.startswith("  interrupted: ") and s.endswith("; sweep.resume=true continues them") for s in status[2:])
     assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
     deadline = time.time() + 60  # the forkserver ends once the launcher has: its interpreter's exit takes a second
     while session_processes(process.pid) and time.time() < deadline:

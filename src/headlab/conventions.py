@@ -17,6 +17,7 @@ PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_f
 # config groups that say where a run reports (csv, W&B, TensorBoard), not what it computes: a run recorded with one
 # logger is the same run under another
 REPORTING_GROUPS = ("logger",)
+PROGRESS = "progress.json"  # in a run directory while it trains: where it stands (training.progress_record)
 
 
 def cache_root() -> Path:

@@ -38,7 +38,7 @@ class PackJob:
             if not job.cfg.get("resume") and rundir.continues(job.run_dir, job.record["config"]):
                 log.info("continuing %s from its checkpoints/last.ckpt", job.run_dir)
                 job.cfg.resume, job.continued = str(job.run_dir), True
-            start_job(job)
+            start_job(job, pack_id)
         try:
             results = train_members([(job.cfg, job.run_dir, job.record["config"]) for job in jobs], pack_id, False)
         except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends

@@ -120,10 +120,11 @@ def launch(
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         return returns
     done, closed = set(), [False] * len(packs)
+    ids = [f"{sweep_dir.name}-pack{k}" for k in range(len(packs))]
 
     def start(k: int) -> None:
         for _, job in packs[k]:
-            start_job(job)
+            start_job(job, ids[k])
 
     def close(k: int, results: list) -> None:
         for (ret, job), result in zip(packs[k], results, strict=True):
@@ -142,14 +143,12 @@ def launch(
     if submit == "slurm":
         from headlab.cli.pack_slurm import run_on_slurm
 
-        ids = [f"{sweep_dir.name}-pack{k}" for k in range(len(packs))]
         run_on_slurm([(pack_id, [job for _, job in pack]) for pack_id, pack in zip(ids, packs, strict=True)], slurm)
         for ret, job in ready:  # each pack's SLURM job closed its members' records
             ret.return_value = sweep.objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
     specs = [
-        (f"{sweep_dir.name}-pack{k}", [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack])
-        for k, pack in enumerate(packs)
+        (ids[k], [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack]) for k, pack in enumerate(packs)
     ]
     try:
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked

@@ -15,6 +15,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli import rundir, tensorboard_sweep
+from headlab.cli.status import job_ranges
 from headlab.training.results import read_record
 
 log = logging.getLogger("headlab")
@@ -38,7 +39,8 @@ class SweepSummary(Callback):
             reason = f"{record.get('status')}: {record['error']}" if record.get("error") else str(record.get("status"))
             by_reason.setdefault(reason, []).append(job_dir.name)
         for reason, names in by_reason.items():
-            jobs = str(sweep_dir / names[0]) if len(names) == 1 else f"{len(names)} jobs in {sweep_dir} ({_few(names)})"
+            many = f"{len(names)} jobs in {sweep_dir} ({job_ranges(names)})"
+            jobs = str(sweep_dir / names[0]) if len(names) == 1 else many
             print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
         done = len(statuses) - len(failed)
         if done:
@@ -76,9 +78,3 @@ def table(sweep_dir: Path) -> str:
     widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
     return "\n".join([*lines, f"(mean +- sd over seeds; intervals, tests and plots: headlab-compare {sweep_dir})"])
-
-
-def _few(names: list[str], shown: int = 8) -> str:
-    """Job directory names for one line: the first few, then how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more

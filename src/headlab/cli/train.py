@@ -138,11 +138,11 @@ def check_job(job: Job) -> None:
     _write(job, job.record)  # "running" until the run ends (or is killed)
 
 
-def start_job(job: Job) -> None:
-    """A queued job's training begins (a pack's member, when its pack starts): it is "running" from now, so its
-    started_at and duration_s are its own, not the wait for the packs before it."""
+def start_job(job: Job, pack: str) -> None:
+    """A pack's member begins, when its pack starts: it is "running" from now (its started_at and duration_s are
+    its own, not the wait for the packs before it), in the pack named (headlab-status shows its members as one)."""
     job.started = time.time()
-    job.record.update(status="running", started_at=datetime.now(timezone.utc).isoformat())
+    job.record.update(status="running", started_at=datetime.now(timezone.utc).isoformat(), pack={"id": pack})
     _write(job, job.record)
 
 

@@ -20,6 +20,7 @@ from headlab.training import progress as progress_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
 from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
+from headlab.training.progress_record import ProgressRecord
 from headlab.training.records import TRAIN_METRICS
 
 log = logging.getLogger("headlab")
@@ -190,7 +191,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     # callback touches the run directory
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks")
     curve = LearningCurve()
-    callbacks += [ThroughputMeter(), curve, ExactResume(), SaveOnInterrupt()]
+    callbacks += [ThroughputMeter(), curve, ExactResume(), SaveOnInterrupt(), ProgressRecord([(run_dir, curve)])]
     if elsewhere:
         callbacks.append(RankThreads(threads))
     loggers = instantiate_all(cfg.get("logger"), "logger")

@@ -29,6 +29,7 @@ from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
 from headlab.training.pack.progress import PackProgress
 from headlab.training.pack.writer import MemberWriter
+from headlab.training.progress_record import ProgressRecord
 from headlab.training.run import configure_torch, instantiate_all, instantiate_node
 
 log = logging.getLogger("headlab")
@@ -108,6 +109,12 @@ def pack_progress(members: list[Member], pack_id: str, alone: bool) -> list[pl.c
     return [PackProgress(members, float(every_s), f"pack {pack_id}")]
 
 
+def progress_record(members: list[Member], pack_id: str) -> ProgressRecord:
+    """Each member's progress.json: the pack's step, the member's own curve, and whether it still trains."""
+    runs = [(m.run_dir, m.callback(LearningCurve)) for m in members]
+    return ProgressRecord(runs, pack=pack_id, alive=lambda module: module.alive.tolist())
+
+
 def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress)."""
@@ -135,7 +142,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
     trainer = instantiate_node(
         members[0].cfg.trainer,
         "trainer",
-        callbacks=[meter, outputs, ExactResume(), *bars],
+        callbacks=[meter, outputs, ExactResume(), *bars, progress_record(members, pack_id)],
         logger=False,
         enable_checkpointing=False,
         **progress_.none_without_a_bar(bars, members[0].cfg.trainer),
