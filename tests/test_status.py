@@ -54,8 +54,9 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
 @pytest.mark.e2e
 def test_packs_in_training_say_where_they_stand_and_a_killed_sweep_reads_as_stopped(tmp_path):
     """While two packs train side by side, each is one line: its jobs, step of steps, epoch, the mean and range of
-    its members' last val/acc, the time left and the last word; once the sweep is killed outright (its records
-    still say running), the same lines say that its processes may have ended."""
+    its members' last val/acc, the time left and the last word. SIGKILL to the launcher, as a scheduler ends a job
+    past its time, stops its workers too, where they were; its records still say running, and the same lines say
+    that its processes may have ended."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv"]
     command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
     sweep = tmp_path / "sweep"
@@ -91,6 +92,9 @@ def test_packs_in_training_say_where_they_stand_and_a_killed_sweep_reads_as_stop
     deadline = time.time() + 120
     while session_processes(process.pid) and time.time() < deadline:
         time.sleep(0.5)
+    assert session_processes(process.pid) == []
+    steps = [progress(sweep / str(n))["step"] for n in range(4)]  # left alone, each would have reached 500
+    assert all(0 < step < 500 for step in steps)
     time.sleep(1.5)
     stopped = cli_here("status", str(sweep), "--stale", "0.02", cwd=tmp_path).stdout.splitlines()  # 1.2 s
     assert stopped[0] == f"{sweep}: 4 jobs: 4 running"  # what the records say: no process closed them

@@ -92,7 +92,7 @@ def _training_lines(running: list[dict], stale_s: float, now: datetime) -> list[
     lines = []
     for label, members in list(groups.items())[:SHOWN]:
         if label.startswith("pack "):
-            label += f" ({len(members)} jobs: {job_ranges([m['name'] for m in members])})"
+            label += f" ({len(members)} job{'s' * (len(members) > 1)}: {job_ranges([m['name'] for m in members])})"
         lines.append(f"  {label}: {training_line(members[0], members, stale_s, now)}")
     if len(groups) > SHOWN:
         lines.append(f"  and {len(groups) - SHOWN} more in training")
