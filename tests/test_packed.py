@@ -158,7 +158,8 @@ def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(r
     assert diverged == [r["config"]["optim.lr"] == 1e30 for r in runs]  # its numbers stopped where it diverged
     status = cli_here("status", str(sweep), cwd=tmp_path).stdout.splitlines()
     assert status[0] == f"{sweep}: 4 jobs: 2 completed, 2 failed"
-    assert all(line.startswith("  failed: ") and "non-finite training objective" in line for line in status[1:])
+    assert status[1].startswith("  completed: 2 (0, 2), each in ")
+    assert all(line.startswith("  failed: ") and "non-finite training objective" in line for line in status[2:])
 
 
 def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_pack_left_alone(tmp_path):

@@ -44,7 +44,10 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
     assert progress(runs[1])["pack"] == progress(runs[2])["pack"] == "packed-pack0"
     assert "pack" not in progress(runs[0])
     status = cli_here("status", "single", "packed", cwd=tmp_path)
-    assert status.returncode == 0 and status.stdout.splitlines() == ["single: completed", "packed: 2 jobs: 2 completed"]
+    lines = status.stdout.splitlines()
+    assert status.returncode == 0 and lines[:2] == ["single: completed", "packed: 2 jobs: 2 completed"]
+    took = json.loads((runs[1] / "results.json").read_text())["duration_s"]  # the pack's: both members alike
+    assert lines[2:] == [f"  completed: 2 (0-1), each in {duration(took)}"]
     missing = cli_here("status", "nowhere", cwd=tmp_path)
     assert (
         missing.returncode == 2 and missing.stderr.strip() == "headlab-status: no run records (results.json) in nowhere"

@@ -64,7 +64,8 @@ def describe(folder: Path, jobs: dict[str, dict], stale_s: float, now: datetime)
     statuses = sorted(by_status, key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
     counts = ", ".join(f"{len(by_status[s])} {s}" for s in statuses)
     running = [jobs[n] | {"name": n} for n in by_status.get("running", [])]
-    lines = [f"{folder}: {len(jobs)} jobs: {counts}", *_training_lines(running, stale_s, now)]
+    lines = [f"{folder}: {len(jobs)} jobs: {counts}", *_completed_line(jobs, by_status.get("completed", []))]
+    lines += _training_lines(running, stale_s, now)
     hints = {
         "queued": "waiting for their turn"
         if running
@@ -81,6 +82,16 @@ def describe(folder: Path, jobs: dict[str, dict], stale_s: float, now: datetime)
             why = "; ".join(text for text in (reason, hints.get(status)) if text)
             lines.append(f"  {status}: {len(names)} ({job_ranges(names)})" + (f": {why}" if why else ""))
     return lines
+
+
+def _completed_line(jobs: dict[str, dict], names: list[str]) -> list[str]:
+    """The completed jobs and how long each took (a pack's members: their pack's time): what those to come may."""
+    took = [jobs[n]["duration_s"] for n in names if jobs[n].get("duration_s")]
+    if not took:
+        return []
+    shortest, longest = duration(min(took)), duration(max(took))
+    each = shortest if shortest == longest else f"{shortest} to {longest}"
+    return [f"  completed: {len(names)} ({job_ranges(names)}), each in {each}"]
 
 
 def _training_lines(running: list[dict], stale_s: float, now: datetime) -> list[str]:
