@@ -56,15 +56,15 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
 
 @pytest.mark.e2e
 def test_packs_in_training_say_where_they_stand_and_a_killed_sweep_reads_as_stopped(tmp_path):
-    """While two packs train side by side, each is one line: its jobs, step of steps, epoch, the mean and range of
-    its members' last val/acc, the time left and the last word. SIGKILL to the launcher, as a scheduler ends a job
-    past its time, stops its workers too, where they were; its records still say running, and the same lines say
-    that its processes may have ended."""
+    """While two packs train side by side (a third waiting), each is one line: its jobs, step of steps, epoch, the
+    mean and range of its members' last val/acc, the time left and the last word. SIGKILL to the launcher, as a
+    scheduler ends a job past its time, stops its workers too, where they were; its records still say running,
+    and the same lines say that its processes may have ended, and that the waiting jobs did not start."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv"]
     command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
     sweep = tmp_path / "sweep"
     process = subprocess.Popen(
-        [*command, *slow, "model.attention.n_heads=1,2", "seed=0,1", f"hydra.sweep.dir={sweep}"],
+        [*command, *slow, "model.attention.n_heads=1,2,4", "seed=0,1", f"hydra.sweep.dir={sweep}"],
         cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
@@ -84,9 +84,9 @@ def test_packs_in_training_say_where_they_stand_and_a_killed_sweep_reads_as_stop
         process.send_signal(signal.SIGKILL)  # the launcher, then its workers (they end with it)
         process.wait(timeout=60)
     lines = status.stdout.splitlines()
-    assert lines[0] == f"{sweep}: 4 jobs: 4 running"
-    assert len(lines) == 3  # one line per pack: the jobs of a head count
-    for line, jobs in zip(lines[1:], ((0, 1), (2, 3)), strict=True):
+    assert lines[0] == f"{sweep}: 6 jobs: 4 running, 2 queued"  # the third pack waits for a worker
+    assert lines[3:] == ["  queued: 2 (4-5): waiting for their turn"]
+    for line, jobs in zip(lines[1:3], ((0, 1), (2, 3)), strict=True):  # one line per pack (a head count)
         pack = members[jobs[0]]["pack"]
         assert line.startswith(f"  pack {pack} (2 jobs: {jobs[0]}-{jobs[1]}): step ") and " of 500 (" in line
         accuracies = [members[j]["val"]["val/acc"] for j in jobs]
@@ -100,5 +100,6 @@ def test_packs_in_training_say_where_they_stand_and_a_killed_sweep_reads_as_stop
     assert all(0 < step < 500 for step in steps)
     time.sleep(1.5)
     stopped = cli_here("status", str(sweep), "--stale", "0.02", cwd=tmp_path).stdout.splitlines()  # 1.2 s
-    assert stopped[0] == f"{sweep}: 4 jobs: 4 running"  # what the records say: no process closed them
-    assert all("its process may have ended without a word (sweep.resume=true continues it)" in s for s in stopped[1:])
+    assert stopped[0] == f"{sweep}: 6 jobs: 4 running, 2 queued"  # what the records say: no process closed them
+    assert all("its process may have ended without a word (sweep.resume=true continues it)" in s for s in stopped[1:3])
+    assert stopped[3].startswith("  queued: 2 (4-5): not started (if the sweep has stopped")

@@ -68,7 +68,7 @@ def describe(folder: Path, jobs: dict[str, dict], stale_s: float, now: datetime)
     lines += _training_lines(running, stale_s, now)
     hints = {
         "queued": "waiting for their turn"
-        if running
+        if any(_last_word(r, now) < stale_s for r in running)
         else "not started (if the sweep has stopped, not waiting for a slot: sweep.resume=true trains them)",
         "interrupted": "sweep.resume=true continues them",
     }
@@ -137,6 +137,12 @@ def training_line(record: dict, members: list[dict], stale_s: float, now: dateti
             word += ": longer than --stale, its process may have ended without a word (sweep.resume=true continues it)"
         parts.append(word)
     return "; ".join(p for p in parts if p)
+
+
+def _last_word(record: dict, now: datetime) -> float:
+    """Seconds since a run in training last wrote its progress (or, before its first, since it started)."""
+    written = _time((record.get("progress") or {}).get("updated_at")) or _time(record.get("started_at"))
+    return (now - written).total_seconds() if written else math.inf
 
 
 def _validation(members: list[dict]) -> str:
