@@ -21,7 +21,7 @@ def test_job_folders_read_as_ranges_and_durations_in_words():
     assert job_ranges([str(n) for n in [*range(30), 45, *range(60, 90)]]) == "0-29, 45, 60-89"
     assert job_ranges(["3", "1", "2", "5"]) == "1-3, 5"
     assert job_ranges([str(n) for n in range(0, 20, 2)], shown=3) == "0, 2, 4 and 7 more"
-    assert [duration(s) for s in (12, 600, 7380)] == ["12 s", "10 min", "2 h 3 min"]
+    assert [duration(s) for s in (12, 600, 7380, 7199)] == ["12 s", "10 min", "2 h 3 min", "2 h 0 min"]
 
 
 @pytest.mark.e2e

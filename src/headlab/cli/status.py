@@ -184,7 +184,8 @@ def duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:.0f} min"
+    minutes = round(seconds / 60)  # 7,199 s: 2 h 0 min, not 1 h 60 min
+    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _time(text: str | None) -> datetime | None:
