@@ -95,7 +95,8 @@ def test_ctrl_c_stops_at_the_next_step_saves_where_it_stopped_and_says_how_to_co
 
     step = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert step >= seen > 20000 // 32  # saved where training stopped, in the second epoch, not at the validation
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "interrupted"
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert (record["status"], record["error"]) == ("interrupted", "stopped by Ctrl-C")
 
 
 def test_resuming_a_completed_run_says_what_to_do_instead(tmp_path):

@@ -181,7 +181,7 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM
-    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 3
+    assert [(r["status"], r["error"]) for r in records(sweep)] == [("interrupted", "stopped by SIGTERM")] * 3
     steps = {
         torch.load(sweep / str(i) / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] for i in range(3)
     }
@@ -318,7 +318,7 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     status = cli_here("status", str(sweep), cwd=tmp_path).stdout.splitlines()  # what a person reads of it
     assert status[:2] == [f"{sweep}: 6 jobs: 2 queued, 4 interrupted", "  queued: 2 (4-5): not started (if the "
                           "sweep has stopped, not waiting for a slot: sweep.resume=true trains them)"]  # fmt: skip
-    assert all(s.startswith("  interrupted: ") and s.endswith("; sweep.resume=true continues them") for s in status[2:])
+    assert status[2:] == ["  interrupted: 4 (0-3): stopped by SIGTERM; sweep.resume=true continues them"]
     assert all((sweep / str(i) / "checkpoints" / "last.ckpt").is_file() for i in range(4))
     deadline = time.time() + 60  # the forkserver ends once the launcher has: its interpreter's exit takes a second
     while session_processes(process.pid) and time.time() < deadline:

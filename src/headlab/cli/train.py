@@ -248,7 +248,7 @@ def _read_results(run_dir: Path) -> dict:
 def _finish(job: Job, error: BaseException | None = None) -> None:
     record = job.record
     if isinstance(error, KeyboardInterrupt | SystemExit):
-        record.update(status="interrupted", error=type(error).__name__)
+        record.update(status="interrupted", error=_stopped_by(error))
     elif error is not None:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         record["traceback"] = "".join(traceback.format_exception(error))
@@ -257,6 +257,19 @@ def _finish(job: Job, error: BaseException | None = None) -> None:
         _write(job, record)
     except DiskFull as full:  # results.json keeps its "running" record
         print(f"headlab-train: the run's final status ({record['status']}) is not recorded: {full}", file=sys.stderr)
+
+
+def _stopped_by(error: KeyboardInterrupt | SystemExit) -> str:
+    """What interrupted a run, in its record's words: Ctrl-C, or the signal (SIGTERM: kill, scancel, a sweep's
+    launcher stopping its packs)."""
+    if _ctrl_c or isinstance(error, KeyboardInterrupt):
+        return "stopped by Ctrl-C"
+    code = getattr(error, "code", None)
+    if code is None:  # Lightning's SIGTERMException carries no code
+        return "stopped by SIGTERM"
+    if isinstance(code, int) and code - 128 in signal.valid_signals():
+        return f"stopped by {signal.Signals(code - 128).name}"
+    return f"stopped ({code})"
 
 
 def _write(job: Job, record: dict) -> None:
