@@ -257,6 +257,7 @@ def test_auto_epochs_are_the_steps_budget_over_the_data_s_steps_an_epoch_within_
     from headlab.training.epochs import auto_epochs, steps_per_epoch
 
     assert [auto_epochs(n, 5000, 5, 10) for n in (1000, 143, 51, 1875, 700)] == [5, 10, 10, 5, 8]  # SST-2, MR, CR
+    assert [auto_epochs(n, 10000, 10, 20) for n in (1000, 143, 51)] == [10, 20, 20]  # scale 2: twice as long
     assert steps_per_epoch(143, 2, None) == 72 and steps_per_epoch(143, 1, 5) == 5
     assert steps_per_epoch(143, 1, 0.5) == 71
 
@@ -274,12 +275,17 @@ def test_auto_epochs_train_a_single_run_and_a_pack_for_the_budget_of_their_data(
     assert (record["epochs"], record["global_step"]) == (3, 3 * batches)
     assert record["config"]["trainer.max_epochs"] == "auto"
     assert "trainer.max_epochs=auto: 3 epochs of 6 steps (auto_epochs: 14 steps, within 1-4 epochs)" in single.stdout
+    twice = run_cli(*base, "+auto_epochs.scale=2", "+trainer.limit_train_batches=2", "hydra.run.dir=twice")
+    assert twice.returncode == 0, twice.stderr[-2000:]  # 28 steps within 2-8 epochs: 8 epochs of 2 steps, not 4
+    assert "trainer.max_epochs=auto: 8 epochs of 2 steps (auto_epochs: 28 steps, within 2-8 epochs)" in twice.stdout
+    assert json.loads((tmp_path / "twice" / "results.json").read_text())["epochs"] == 8
     packed = run_cli("-m", "hydra/launcher=packed", *base, "seed=0,1", "+trainer.limit_train_batches=2",
                      "hydra.sweep.dir=sweep")  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-2000:]
     members = load_dirs([tmp_path / "sweep"]).completed
     assert [(r["pack"]["size"], r["epochs"], r["global_step"]) for r in members] == [(2, 4, 8)] * 2  # 7, at most 4
     for wrong, message in (("auto_epochs.min=5", "expected at most auto_epochs.max (4)"),
-                           ("auto_epochs.steps=0", "expected an int >= 1")):  # fmt: skip
+                           ("auto_epochs.steps=0", "expected an int >= 1"),
+                           ("+auto_epochs.scale=0", "expected an int >= 1")):  # fmt: skip
         refused = run_cli(*base, wrong)
-        assert refused.returncode == 2 and refused.stderr.strip().endswith(f"{wrong} is invalid: {message}")
+        assert refused.returncode == 2 and refused.stderr.strip().endswith(f"{wrong.lstrip('+')} is invalid: {message}")

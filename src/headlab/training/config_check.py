@@ -79,6 +79,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "auto_epochs.steps": POSITIVE,
     "auto_epochs.min": POSITIVE,
     "auto_epochs.max": POSITIVE,
+    "auto_epochs.scale": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
     "tf32": (lambda v: isinstance(v, bool), "true or false"),
