@@ -64,7 +64,8 @@ confirmations: $(STAMP)  ## run the stated confirmations on seeds 10-19 (ARGS=sw
 	    --into experiments/RESULTS.md --archive experiments/results/$(e)/confirm/runs.tar.xz || exit 1;) fi
 
 # the text experiments over the six datasets (SST-2 from its files under DATA): one sweep per dataset, folds x one
-# seed where the data cross-validates, then one reading of all six into experiments/RESULTS.md
+# seed where the data cross-validates, then one reading of all six into experiments/RESULTS.md. text_defaults_search
+# runs its first stage here (the cross-validated four on folds 0-2); its finalists are chosen from that reading
 TEXT ?= text_heads_fixed_width text_defaults_search
 DATA ?= ../shared/data
 TEXT_DATA = sst2 mr subj cr mpqa sst5
@@ -72,13 +73,14 @@ TEXT_DATA.sst2 = data=files data.files.train=$(abspath $(DATA))/sst2/train.tsv \
   data.files.test=$(abspath $(DATA))/sst2/dev.tsv data.text_column=sentence
 TEXT_DATA.sst5 = data=sst5
 $(foreach d,mr subj cr mpqa,$(eval TEXT_DATA.$(d) = data=$(d) seed=0))
+TEXT_FOLDS.text_defaults_search = data.cv.fold=0,1,2
+text_run = $(BIN)/headlab-train experiment=$(1) $(TEXT_DATA.$(2)) $(if $(filter mr subj cr mpqa,$(2)),$(TEXT_FOLDS.$(1))) \
+  hydra.sweep.dir=multirun/$(1)/$(2) $(ARGS)
 
 text-experiments: $(STAMP)  ## run the text experiments on six datasets (a day on a GPU; ARGS=sweep.resume=true continues)
-	for e in $(TEXT); do \
-	  $(foreach d,$(TEXT_DATA),HEADLAB_DATA=$(abspath $(DATA)) $(BIN)/headlab-train experiment=$$e $(TEXT_DATA.$(d)) \
-	    hydra.sweep.dir=multirun/$$e/$(d) $(ARGS) &&) \
-	  $(BIN)/headlab-compare $(foreach d,$(TEXT_DATA),multirun/$$e/$(d)) --out experiments/results/$$e \
-	    --into experiments/RESULTS.md --archive experiments/results/$$e/runs.tar.xz || exit 1; done
+	$(foreach e,$(TEXT),$(foreach d,$(TEXT_DATA),HEADLAB_DATA=$(abspath $(DATA)) $(call text_run,$(e),$(d)) &&) \
+	  $(BIN)/headlab-compare $(foreach d,$(TEXT_DATA),multirun/$(e)/$(d)) --out experiments/results/$(e) \
+	    --into experiments/RESULTS.md --archive experiments/results/$(e)/runs.tar.xz || exit 1;)
 
 # pytest exits 5 when it collects no test (for example, a -k that matches nothing): not a failure
 PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && code=0; exit $$code
