@@ -13,7 +13,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import TINY, cli_here
+from conftest import TINY, as_interrupted, cli_here
 from headlab.analysis import inference
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
@@ -333,17 +333,21 @@ def test_two_by_two_multirun_then_compare(run_cli, tmp_path):
         assert float(row["test/acc_mean"]) == pytest.approx(np.mean(accs))
         assert float(row["test/acc_std"]) == pytest.approx(np.std(accs, ddof=1))
 
-    # the records archived, the sweep gone, the records put back: sweep.resume=true finds every run completed,
-    # under another logger too (where a run reports does not define it)
+    # a sweep stopped on one machine (job 1 interrupted) is archived, the sweep gone, the records put back on the
+    # next: sweep.resume=true skips the completed runs, under another logger too (where a run reports does not
+    # define it), and trains job 1 from its start (no checkpoint travels)
+    as_interrupted(tmp_path / "sweep" / "1")
     main([str(tmp_path / "sweep"), "--out", str(tmp_path / "table"), "--archive", str(tmp_path / "runs.tar.xz")])
     shutil.rmtree(tmp_path / "sweep")
     with tarfile.open(tmp_path / "runs.tar.xz") as tar:
         tar.extractall(tmp_path, filter="data")
     assert json.loads(next((tmp_path / "sweep").glob("*/results.json")).read_text())["config"]["logger"] != "csv"
+    assert read_record(tmp_path / "sweep" / "1")["status"] == "interrupted"
     again = run_cli(*result.args[3:], "sweep.resume=true", "logger=csv")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert (again.stdout + again.stderr).count("completed before with the same config") == 4
-    assert not list((tmp_path / "sweep").rglob("*.ckpt"))  # nothing trained again
+    assert (again.stdout + again.stderr).count("completed before with the same config") == 3
+    assert read_record(tmp_path / "sweep" / "1")["status"] == "completed"
+    assert {p.parent.parent.name for p in (tmp_path / "sweep").rglob("*.ckpt")} == {"1"}  # job 1 alone trained
 
     # a changed grid: jobs 2 and 3 (now n_heads=4) refuse the directories of the n_heads=2 runs, which keep their
     # records, and the sweep says that they did not complete
