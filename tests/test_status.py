@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -52,6 +53,12 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
     assert (
         missing.returncode == 2 and missing.stderr.strip() == "headlab-status: no run records (results.json) in nowhere"
     )
+    read, write = os.pipe()
+    os.close(read)  # a reader gone before the lines come (`headlab-status DIR | head` once head has its lines)
+    command = [sys.executable, "-m", "headlab.cli.status", "single", "packed"]
+    closed = subprocess.run(command, cwd=tmp_path, env=cli_env(), stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    assert (closed.returncode, closed.stderr) == (141, "")  # the shell's code for a closed pipe, no traceback
 
 
 @pytest.mark.e2e

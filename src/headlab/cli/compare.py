@@ -31,6 +31,7 @@ from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
 from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
 from headlab.cli.compare_report import print_table, pruning_table, write_outputs
+from headlab.cli.console import piped
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -255,6 +256,7 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@piped
 def main(argv: list[str] | None = None) -> None:
     parser = make_parser()
     argv = sys.argv[1:] if argv is None else argv

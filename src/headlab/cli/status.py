@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from headlab.cli.console import piped
 from headlab.conventions import PROGRESS
 from headlab.training.results import read_record
 
@@ -18,6 +19,7 @@ ORDER = ("completed", "running", "queued", "interrupted", "failed")  # the statu
 SHOWN = 12  # lines of packs or runs in training per sweep; the rest are counted
 
 
+@piped
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="headlab-status", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep directories (one job per folder) or run directories")
