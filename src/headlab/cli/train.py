@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.cli import console, rundir, runtime
+from headlab.cli import console, neighbours, rundir, runtime
 from headlab.cli.hydra_errors import one_line
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_json_atomic
@@ -306,6 +306,8 @@ def cli() -> None:
     os.environ.setdefault(TRACEBACKS, os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     sys.argv[1:] = resume_argv(sys.argv[1:])
+    if "hydra/launcher=slurm" not in sys.argv and (line := neighbours.warning()):  # slurm: it trains elsewhere
+        print(f"headlab-train: {line}", file=sys.stderr)
     try:
         main()
     except Exception as error:
