@@ -17,6 +17,7 @@ import torch
 from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
 from headlab.cli.pack_workers import gpu_for_slot
 from headlab.cli.packed import pack_key
+from headlab.training import signals_held
 from headlab.training.sweep import usable_cores
 
 pytestmark = pytest.mark.e2e
@@ -196,6 +197,34 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
         for key in ("val/acc", "val/acc_best", "test/acc", "test/loss"):
             assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], abs=1e-6), key
         assert [(p["step"], p["tokens"]) for p in ours["curve"]] == [(p["step"], p["tokens"]) for p in theirs["curve"]]
+
+
+def test_a_signal_while_a_packs_checkpoints_are_written_is_handled_after_the_last_one():
+    """A pack writes its members' last.ckpt one after another (signals_held.held): a requeue's signal (USR2, on
+    which submitit exits at once) arriving between two of them is handled once all are written, so that the
+    requeued pack continues its members from one step, as one pack. Signals without a Python handler stay so."""
+    written, handled = [], []
+
+    def requeue(signum, frame):  # as submitit's: note it, then leave
+        handled.append((signum, list(written)))
+        raise SystemExit(-1)
+
+    previous = signal.signal(signal.SIGUSR2, requeue)
+    ignored = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        with pytest.raises(SystemExit), signals_held.held():
+            for member in range(3):
+                written.append(member)
+                if member == 0:
+                    os.kill(os.getpid(), signal.SIGUSR2)
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+                    time.sleep(0.1)  # time for the handler to run, had it not been held
+        assert handled == [(signal.SIGUSR2, [0, 1, 2])]
+        assert signal.getsignal(signal.SIGUSR2) is requeue  # the handler is back
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        signal.signal(signal.SIGUSR1, ignored)
 
 
 def test_packs_refuse_what_they_cannot_do(run_cli):

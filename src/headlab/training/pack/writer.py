@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from headlab.analysis.figures import render_heads, render_importance
-from headlab.training import optim
+from headlab.training import optim, signals_held
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import LearningCurve, ThroughputMeter
 from headlab.training.pack.member import Member
@@ -139,11 +139,12 @@ class MemberWriter(pl.Callback):
         if trainer.sanity_checking:
             return
         pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
-            if alive:
-                self.save(member, pl_module, trainer, pack_checkpoint)
-            for logger in member.loggers:
-                logger.save()
+        with signals_held.held():  # every member's last.ckpt at this step, or none: a requeue continues them as one
+            for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+                if alive:
+                    self.save(member, pl_module, trainer, pack_checkpoint)
+                for logger in member.loggers:
+                    logger.save()
 
     def on_exception(self, trainer, pl_module, exception):
         """SIGTERM between two training steps (how SLURM preempts; Lightning stops at the next step): every member's
@@ -151,9 +152,10 @@ class MemberWriter(pl.Callback):
         can land inside an optimizer step), last.ckpt stays the one of the last validation."""
         if isinstance(exception, SIGTERMException) and trainer.training:
             pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-            for member, alive in zip(self.members, self._alive(pl_module), strict=True):
-                if alive:
-                    self.save(member, pl_module, trainer, pack_checkpoint, best=False)
+            with signals_held.held():
+                for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+                    if alive:
+                        self.save(member, pl_module, trainer, pack_checkpoint, best=False)
 
     @staticmethod
     def member_model(member: Member, pl_module: PackedModule):
