@@ -212,6 +212,24 @@ def test_every_table_records_the_command_the_commits_and_the_hardware(sweep):
     assert (tables / "compare.md").read_text().split("\n| ")[1:] == text.split("\n| ")[1:]
 
 
+def test_a_table_says_when_its_runs_trained_in_packs_of_different_sizes(tmp_path):
+    """train tokens/s is a member's share of its pack's rate: where arms trained in packs of different sizes (or
+    alone) the table says the column does not compare their speed; where all trained alike it says nothing."""
+    for i, heads in enumerate((1, 1, 4, 4)):
+        write_run(tmp_path / str(i), heads, "dot", i, 0.8 + i / 100)
+    main([str(tmp_path), "--no-plots"])
+    assert "Speed:" not in (tmp_path / "compare.md").read_text()
+    for i, size in enumerate((30, 30, 15, None)):  # None: a run trained alone
+        record = json.loads((tmp_path / str(i) / "results.json").read_text())
+        record["pack"] = {"id": f"p{size}", "size": size, "index": i} if size else None
+        (tmp_path / str(i) / "results.json").write_text(json.dumps(record))
+    main([str(tmp_path), "--no-plots"])
+    assert (
+        "Speed: these runs trained in packs of 1 (1 run), 15 (1 run), 30 (2 runs), and a run's train tokens/s is "
+        "its share of its pack's rate: the column does not compare the arms' speed (headlab-bench does)."
+    ) in (tmp_path / "compare.md").read_text()
+
+
 def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):
     root, _ = sweep
     (root / "0" / "results.json").write_text("{not json")

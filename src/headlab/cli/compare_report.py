@@ -168,6 +168,23 @@ def _verdicts(design: Design) -> str:
     )
 
 
+def packing(runs: list[dict]) -> str | None:
+    """A line saying that train tokens/s does not compare the runs' speed, where they trained in packs of different
+    sizes (a member's rate is its share of its pack's); None where all trained alike (alone counts as a pack of 1)."""
+    sizes: dict[int, int] = {}
+    for r in runs:
+        if (r.get("throughput") or {}).get("train_tokens_per_s"):
+            size = (r.get("pack") or {}).get("size") or 1
+            sizes[size] = sizes.get(size, 0) + 1
+    if len(sizes) < 2:
+        return None
+    said = ", ".join(f"{size} ({n} run{'s' if n > 1 else ''})" for size, n in sorted(sizes.items()))
+    return (
+        f"Speed: these runs trained in packs of {said}, and a run's train tokens/s is its share of its pack's rate: "
+        "the column does not compare the arms' speed (headlab-bench does)."
+    )
+
+
 def provenance(runs: list[dict], command: list[str], design: Design) -> list[str]:
     """Markdown lines saying how the table was made: the command, headlab's commit now, the commits and hardware
     the runs record, and which statistics made each interval, p-value and verdict."""
@@ -193,6 +210,7 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
             else []
         ),
         *([_CROSS_VALIDATED] if any(r["config"].get("data.cv.fold") is not None for r in runs) else []),
+        *([speed] if (speed := packing(runs)) else []),
         *(
             [
                 "**Mixed data**: runs of one data config read different files, so these numbers are not of one "
