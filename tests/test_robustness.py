@@ -99,6 +99,11 @@ def test_a_signal_at_any_moment_then_resume_ends_like_the_run_left_alone(
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got, expected = (json.loads((d / "results.json").read_text()) for d in (run, left_alone))
     assert got["status"] == "completed" and got["global_step"] == expected["global_step"] == 96
+    (signalled,) = got["attempts"]  # the attempt the signal stopped counts in the run's time (killed: to its last word)
+    assert signalled["status"] == {"interrupted": "interrupted", "running": "ended without a word"}[status]
+    assert signalled["duration_s"] >= 0
+    total = got["duration_s"] + signalled["duration_s"]
+    assert f"{run}: completed in {total:.0f} s over 2 attempts" in resumed.stdout
     # the real training tokens each validation had seen: counted on across the signal, none twice
     assert [(p["step"], p["tokens"]) for p in got["curve"]] == [(p["step"], p["tokens"]) for p in expected["curve"]]
     # train/acc and train/loss_epoch of a resumed epoch average over the steps after the resume only, and a run

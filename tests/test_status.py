@@ -11,7 +11,9 @@ import time
 import pytest
 
 from conftest import TINY, cli_env, cli_here, session_processes, train_here
+from headlab.cli.rundir import earlier_attempts
 from headlab.cli.status import duration, job_ranges
+from headlab.training.results import total_seconds
 
 
 def progress(run_dir) -> dict:
@@ -23,6 +25,26 @@ def test_job_folders_read_as_ranges_and_durations_in_words():
     assert job_ranges(["3", "1", "2", "5"]) == "1-3, 5"
     assert job_ranges([str(n) for n in range(0, 20, 2)], shown=3) == "0, 2, 4 and 7 more"
     assert [duration(s) for s in (12, 600, 7380, 7199)] == ["12 s", "10 min", "2 h 3 min", "2 h 0 min"]
+
+
+def test_a_continued_runs_time_counts_its_earlier_attempts_and_status_says_so(tmp_path):
+    """A run continued twice: killed without a word after 299.75 s (to its last word in progress.json), then stopped
+    by SIGTERM after 200 s, then 100 s to its end. A member still queued when its sweep stopped never trained."""
+    run = tmp_path / "sweep" / "0"
+    run.mkdir(parents=True)
+    (run / "progress.json").write_text(json.dumps({"updated_at": "2026-01-01T10:05:00+00:00"}))
+    killed = {"status": "running", "started_at": "2026-01-01T10:00:00.250000+00:00"}
+    first = earlier_attempts(run, killed)
+    assert first == [{"started_at": killed["started_at"], "status": "ended without a word", "duration_s": 299.75}]
+    stopped = {"status": "interrupted", "started_at": "2026-01-01T11:00:00+00:00", "duration_s": 200.0}
+    both = earlier_attempts(run, {**stopped, "attempts": first})
+    assert [a["duration_s"] for a in both] == [299.75, 200.0]
+    assert earlier_attempts(run, {"status": "queued", "started_at": "2026-01-01T12:00:00+00:00"}) == []
+    record = {"status": "completed", "started_at": "2026-01-01T12:00:00+00:00", "duration_s": 100.0, "attempts": both}
+    (run / "results.json").write_text(json.dumps(record))
+    assert total_seconds(record) == 599.75
+    status = cli_here("status", "sweep", cwd=tmp_path)
+    assert status.returncode == 0 and status.stdout.splitlines()[1] == "  completed: 1 (0), each in 10 min"
 
 
 @pytest.mark.e2e

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from headlab.training.results import total_seconds
+
 QUIET = ("lightning", "py.warnings", "torch", "wandb")  # loggers whose notes are for the log file
 
 
@@ -60,8 +62,9 @@ def piped(main):
 def outcome(run_dir, record: dict) -> str:
     """One line for a finished run: where, its status and time, and its numbers (best validation, test)."""
     metrics = record.get("metrics") or {}
-    seconds = record.get("duration_s")
+    seconds, attempts = total_seconds(record), len(record.get("attempts") or []) + 1
     shown = [f"{k} {metrics[k]:.4f}" for k in ("val/acc_best", "test/acc", "test/loss") if k in metrics]
     status = record.get("status", "?")
     said = f"{run_dir}: {status}" + (f" in {seconds:.0f} s" if seconds is not None else "")
+    said += f" over {attempts} attempts" if attempts > 1 and seconds is not None else ""
     return said + (": " + ", ".join(shown) if shown and status == "completed" else "")

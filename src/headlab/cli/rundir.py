@@ -9,10 +9,13 @@ the refusal in the sweep's journal of refusals (REFUSED), which the sweep's summ
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
+from datetime import datetime
 from pathlib import Path
 
+from headlab.conventions import PROGRESS
 from headlab.errors import UsageError
 from headlab.training.results import read_record, recorded_config, same_run
 
@@ -79,6 +82,24 @@ def continues(run_dir: Path, flat_config: dict) -> bool:
     incomplete = record.get("status") != "completed"
     last = (run_dir / "checkpoints" / "last.ckpt").is_file()
     return incomplete and last and same_run(recorded_config(run_dir), flat_config)
+
+
+def earlier_attempts(run_dir: Path, before: dict) -> list[dict]:
+    """The attempts a run continued now made before, from the record it had (before): each its `started_at`,
+    `status` and `duration_s`; one killed without a word ("running") is counted until its last word in progress.json
+    (status "ended without a word"). A member still queued when its sweep stopped never trained: not an attempt."""
+    attempts = list(before.get("attempts") or [])
+    status, seconds = before.get("status"), before.get("duration_s")
+    if status == "queued" or not before.get("started_at"):
+        return attempts
+    if status == "running":
+        status, seconds = "ended without a word", None
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            last = datetime.fromisoformat(json.loads((run_dir / PROGRESS).read_text())["updated_at"])
+            seconds = (last - datetime.fromisoformat(before["started_at"])).total_seconds()
+            seconds = round(max(seconds, 0), 3) if seconds > -1 else None  # words are to the second; one from
+            # an earlier attempt says nothing of this one's time
+    return [*attempts, {"started_at": before["started_at"], "status": status, "duration_s": seconds}]
 
 
 def remove_fresh(run_dir: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from headlab.cli.console import piped
 from headlab.conventions import PROGRESS
-from headlab.training.results import read_record
+from headlab.training.results import read_record, total_seconds
 
 ORDER = ("completed", "running", "queued", "interrupted", "failed")  # the statuses, in the order they are told
 SHOWN = 12  # lines of packs or runs in training per sweep; the rest are counted
@@ -87,8 +87,9 @@ def describe(folder: Path, jobs: dict[str, dict], stale_s: float, now: datetime)
 
 
 def _completed_line(jobs: dict[str, dict], names: list[str]) -> list[str]:
-    """The completed jobs and how long each took (a pack's members: their pack's time): what those to come may."""
-    took = [jobs[n]["duration_s"] for n in names if jobs[n].get("duration_s")]
+    """The completed jobs and how long each took over all its attempts (a pack's members: their pack's time): what
+    those to come may."""
+    took = [t for n in names if (t := total_seconds(jobs[n]))]
     if not took:
         return []
     shortest, longest = duration(min(took)), duration(max(took))

@@ -29,7 +29,7 @@ from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, Usag
 from headlab.files import write_atomic, write_json_atomic
 from headlab.training import sweep, trust
 from headlab.training.config_check import check_config, check_launch, check_resume
-from headlab.training.results import flat_config, git_sha, recorded_config, versions
+from headlab.training.results import flat_config, git_sha, read_record, recorded_config, versions
 
 runtime.configure()
 
@@ -101,6 +101,7 @@ def open_job(cfg: DictConfig) -> Job:
             cfg.resume = str(run_dir)
     if cfg.resume and (run_dir / "results.json").is_file():
         job.previous = (run_dir / "results.json").read_text(errors="replace")
+        record["attempts"] = rundir.earlier_attempts(run_dir, read_record(run_dir) or {})
         before = recorded_config(run_dir) or {}  # composed from the run's saved config, the choice of each group
         record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}  # is known
         # from its record only

@@ -44,6 +44,13 @@ def read_record(run_dir: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def total_seconds(record: dict) -> float | None:
+    """A run's time over all its attempts (duration_s is its last one's); None before its first ends."""
+    if record.get("duration_s") is None:
+        return None
+    return record["duration_s"] + sum(a.get("duration_s") or 0 for a in record.get("attempts") or [])
+
+
 def recorded_config(run_dir: Path) -> dict | None:
     """The flat config a run was started with: its results.json's, or, where that cannot be read, its
     .hydra/config.yaml's (without the choices of config groups, which only results.json knows); None without
