@@ -233,3 +233,16 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
     table = (root / "compare.md").read_text()
     assert "| trainer.max_epochs=10 **(chosen)** |" in table and "not run" in table
     assert "Settings across the values of data (k = 3)" in capsys.readouterr().out
+    assert "target" not in table
+
+    # a target: within 0.015 of each dataset's best (met: the gap's interval ends at most 0.015 above 0)
+    main([str(root), "--across", "data", "--metric", "val/acc_best", "--effect", "0.015", "--no-plots"])
+    rows = list(csv.DictReader((root / "compare_across.csv").open()))
+    for r in rows:
+        gap, high, best = float(r["gap"]), float(r["gap_high"]), r["gap_low"] == "nan" and float(r["gap"]) == 0
+        assert r["target"] == ("missed" if gap > 0.015 else "met" if best or high <= 0.015 else "inconclusive")
+    assert {r["target"] for r in rows} == {"met", "missed", "inconclusive"}
+    five = {r["data"]: r["target"] for r in rows if r[EPOCHS] == "5"}
+    assert five == {"mr": "missed", "subj": "missed", "sst2": "met"}  # 0.05 and 0.04 below; sst2's best
+    assert "| trainer.max_epochs=5 | " in (table := (root / "compare.md").read_text())
+    assert "target (gap ≤ 0.015)" in table and "met on 1 of 3; missed: mr, subj" in table

@@ -54,17 +54,26 @@ def _best_on(settings: list[dict], metric: str, dataset) -> dict | None:
     return max(run, key=lambda s: sign * s[metric]["means"][dataset], default=None)
 
 
+def target(gap: float, high: float, effect: float) -> str:
+    """Whether a setting is within effect of a dataset's best: "met" where the gap's 95% interval ends at most
+    effect above 0 (high: its upper end, 0 for the best itself), "missed" where the gap itself exceeds effect,
+    "inconclusive" between (and where the gap has no interval)."""
+    if gap > effect:
+        return "missed"
+    return "met" if high <= effect else "inconclusive"  # nan compares False: no interval, no verdict
+
+
 def across(rows: list[dict], keys: list[str], design: Design) -> dict:
     """Every setting (the keys that vary within a dataset) ranked across the values of design.across (the
     datasets). A dataset's best setting is the one best on the first metric (a validation metric). Per metric and
     dataset: each setting's mean and its gap to that best setting's mean of the same metric (best - mean: 0 for
     the best; for a loss, where lower is better, mean - best; below 0 on test where a setting beats the one chosen
     on validation), with the 95% t interval of the gap (contrasts.contrast_effect: corrected over folds, paired
-    over shared seeds with --paired, else Welch's); per setting its worst gap and its mean rank (1: a dataset's
-    best mean) over the datasets it was run on. The choice is made on the first metric: the setting, run on every
-    dataset, with the smallest worst gap (ties: the better mean rank). {"datasets", "settings": [{"setting",
-    metric: {"means", "gaps", "gap_intervals", "intervals", "summaries", "worst", "rank"}}], "chosen": index or
-    None, "metric"}."""
+    over shared seeds with --paired, else Welch's), and with design.effect whether it is within that of the best
+    (target); per setting its worst gap and its mean rank (1: a dataset's best mean) over the datasets it was run
+    on. The choice is made on the first metric: the setting, run on every dataset, with the smallest worst gap
+    (ties: the better mean rank). {"datasets", "settings": [{"setting", metric: {"means", "gaps", "gap_intervals",
+    "targets", "intervals", "summaries", "worst", "rank"}}], "chosen": index or None, "metric"}."""
     names = setting_keys(rows, keys, design.across, design)
     datasets = sorted({r[design.across] for r in rows}, key=str)
     found: dict[tuple, dict] = {}
@@ -93,6 +102,9 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
                     ends = (s[metric]["summaries"][d], reference)[:: 1 if lower_is_better else -1]
                     gap = (math.nan,) * 2 if s is best[d] else t_interval(*contrast_effect(*ends, design))
                     s[metric].setdefault("gap_intervals", {})[d] = gap
+                    if design.effect is not None:
+                        reached = target(s[metric]["gaps"][d], 0.0 if s is best[d] else gap[1], design.effect)
+                        s[metric].setdefault("targets", {})[d] = reached
         for s in settings:
             entry = s.get(metric, {})
             complete = len(entry.get("gaps", {})) == len(datasets)

@@ -96,8 +96,10 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
     select = (args.select, args.select_on) if args.select else None
     if args.within and not baseline:
         parser.error("--within needs --baseline")
-    if (args.power or args.effect is not None) and not baseline:
-        parser.error("--power and --effect need --baseline (power is a contrast's)")
+    if args.power and not baseline:
+        parser.error("--power needs --baseline (power is a contrast's)")
+    if args.effect is not None and not (baseline or args.across):
+        parser.error("--effect needs --baseline (the difference that matters) or --across (the gap that does not)")
     if args.meta and not baseline:
         parser.error("--meta needs --baseline (it pools each arm's contrast with its baseline)")
     metrics = args.metric or list(METRICS[:2])
@@ -172,7 +174,11 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log", metavar="METRIC", action="append", help="analyse METRIC on the log scale")
     parser.add_argument(
-        "--effect", type=float, metavar="X", help="with --baseline: the smallest difference that matters, for power"
+        "--effect",
+        type=float,
+        metavar="X",
+        help="with --baseline: the smallest difference that matters (power, equivalence); with --across: the "
+        "largest gap to a dataset's best that does not (the target)",
     )
     parser.add_argument(
         "--power", action="store_true", help="with --baseline: the seeds each contrast needs for 80%% power"

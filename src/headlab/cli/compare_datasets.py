@@ -100,13 +100,20 @@ def across_table(ranked: dict, design: Design) -> list[str]:
         f"{'paired over shared seeds' if design.over_shared_seeds else 'Welch'}); "
         f"worst: the largest gap; rank: the mean rank (1: the best mean). Chosen on {first}: the setting, run on every "
         "value, with the smallest worst gap (ties: the better rank); the other metrics are read at it. Choose on "
-        "validation and read test: gaps on the metric a best was chosen on flatter it.",
+        "validation and read test: gaps on the metric a best was chosen on flatter it."
+        + (
+            f" Target: within {design.effect} of a dataset's best, met where the gap's interval ends at most "
+            f"{design.effect} above 0, missed where the gap exceeds {design.effect}, inconclusive between."
+            if design.effect is not None
+            else ""
+        ),
         "",
     ]
+    reach = [f"target (gap ≤ {design.effect})"] if design.effect is not None else []
     for metric in design.metrics:
         lines += [
-            f"| setting ({metric}) | worst gap | mean rank | " + " | ".join(map(str, datasets)) + " |",
-            "|" + "---|" * (3 + len(datasets)),
+            f"| setting ({metric}) | worst gap | mean rank | " + " | ".join([*reach, *map(str, datasets)]) + " |",
+            "|" + "---|" * (3 + len(reach) + len(datasets)),
         ]
         for index, s in enumerate(ranked["settings"]):
             entry = s.get(metric)
@@ -115,6 +122,8 @@ def across_table(ranked: dict, design: Design) -> list[str]:
             name = ", ".join(f"{k}={v}" for k, v in s["setting"].items()) or "all"
             mark = " **(chosen)**" if index == chosen else ""
             cells = [f"{name}{mark}", _number(entry["worst"]), _number(entry["rank"], ".2f")]
+            if reach:
+                cells.append(_targets(entry.get("targets", {}), len(datasets)))
             for d in datasets:
                 if d not in entry["means"]:
                     cells.append("not run")
@@ -131,6 +140,15 @@ def across_table(ranked: dict, design: Design) -> list[str]:
     return lines
 
 
+def _targets(targets: dict, k: int) -> str:
+    """A setting's target over the datasets: met on how many, and which it missed or left inconclusive."""
+    said = [f"met on {sum(t == 'met' for t in targets.values())} of {k}"]
+    for verdict in ("missed", "inconclusive"):
+        if names := [str(d) for d, t in targets.items() if t == verdict]:
+            said.append(f"{verdict}: {', '.join(names)}")
+    return "; ".join(said)
+
+
 def write_across(out: Path, ranked: dict, design: Design) -> Path:
     """The ranking appended to compare.md, and compare_across.csv (one row per setting, metric and dataset)."""
     with (out / "compare.md").open("a") as f:
@@ -138,14 +156,14 @@ def write_across(out: Path, ranked: dict, design: Design) -> Path:
     with (out / "compare_across.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
-        head = ["mean", "low", "high", "gap", "gap_low", "gap_high", "worst", "rank", "chosen"]
+        head = ["mean", "low", "high", "gap", "gap_low", "gap_high", "target", "worst", "rank", "chosen"]
         writer.writerow([*names, "metric", design.across, *head])
         for index, s in enumerate(ranked["settings"]):
             for metric in design.metrics:
                 entry = s.get(metric) or {"means": {}}
                 for d, mean in entry["means"].items():
                     low, high = entry["intervals"][d]
-                    gap = [entry["gaps"][d], *entry["gap_intervals"][d]]
+                    gap = [entry["gaps"][d], *entry["gap_intervals"][d], entry.get("targets", {}).get(d, "")]
                     row = [mean, low, high, *gap, entry["worst"], entry["rank"], index == ranked["chosen"]]
                     writer.writerow([*s["setting"].values(), metric, d, *row])
     return out / "compare_across.csv"
