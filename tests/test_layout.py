@@ -4,11 +4,13 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.data.text_pipeline import TOKENIZERS
@@ -18,6 +20,7 @@ from headlab.model import rules
 ROOT = Path(__file__).parents[1]
 SRC = ROOT / "src" / "headlab"
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 CHOICES = {  # every key that is a choice among names: the model or the data raises with these, the docs list them
     "model.norm": rules.NORMS,
     "model.positional": rules.POSITIONALS,
@@ -149,5 +152,23 @@ def test_every_python_default_agrees_with_the_configs():
 
 
 def test_docs_and_code_refer_to_nothing_outside_the_repository():
-    texts = [p.read_text() for p in [*SRC.rglob("*.py"), *DOCS.glob("*.md"), Path(__file__).parents[1] / "README.md"]]
+    texts = [p.read_text() for p in [*SRC.rglob("*.py"), *DOCS.glob("*.md"), README]]
     assert not [t for t in texts if "DESIGN.md" in t]
+
+
+def test_the_readmes_python_example_runs_as_written_and_says_its_shapes_right():
+    example = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    (b, n, d), h = scope["x"].shape, scope["mha"].n_heads
+    assert scope["out"].shape == (b, n, d)
+    assert scope["weights"].shape == (b, h, n, n)
+    assert torch.allclose(scope["weights"].sum(-1), torch.ones(b, h, n))  # after softmax
+    formatted = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--config", str(ROOT / "pyproject.toml"), "-"],
+        input=example,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert formatted == example
