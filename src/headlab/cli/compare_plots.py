@@ -1,4 +1,5 @@
-"""headlab-compare's figures: each metric against the first numeric varying key, and the learning curves per group."""
+"""headlab-compare's figures: each metric against a numeric varying key, and the learning curves per group; one
+panel per dataset (the --across or --meta key), each with its own axis and chance line, one legend below."""
 
 import math
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 from headlab.analysis.comparison import group_runs
 
 MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a few examples do not fill a plot
+PANEL_COLUMNS = 3
 
 
 def frame_accuracy(ax, rows: list[dict]) -> None:
@@ -26,82 +28,151 @@ def frame_accuracy(ax, rows: list[dict]) -> None:
     ax.set_ylim(max(0.0, low - 0.01), min(1.0, high + 0.01) if high <= 1 else high)
 
 
-def plot_curves(out: Path, keys: list[str], rows: list[dict]) -> list[Path]:
-    """compare_curves.png: validation accuracy at each validation, every run thin and each group's mean thick."""
-    if not any(row["curves"] for row in rows):
-        return []
+def panels(keys: list[str], rows: list[dict], facet: str | None) -> tuple[list[tuple[str, list[dict]]], list[str]]:
+    """(title, rows) per value of facet, or one untitled panel; and the keys that vary within some panel. A key that
+    each panel holds at one value (a dataset's own file, folds or text column) follows the facet: not a series."""
+    if facet not in keys:
+        return [("", rows)], keys
+    layout = [(f"{facet}={v}", [r for r in rows if r[facet] == v]) for v in sorted({r[facet] for r in rows}, key=str)]
+    varying = [k for k in keys if k != facet and any(len({repr(r[k]) for r in ms}) > 1 for _, ms in layout)]
+    return layout, varying
+
+
+def series_label(row: dict, keys: list[str]) -> str:
+    """The short name of a series: each key's last part and its value (dropout=0.3, lr=0.01)."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys)
+
+
+def grid(n_panels: int, n_labels: int, width: float = 4.2, height: float = 3.2):
+    """A figure of n_panels axes, PANEL_COLUMNS a row, with room below for a legend of n_labels entries."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.subplots()
-    for row in rows:
-        if not row["curves"]:
-            continue
-        length = min(len(c) for c in row["curves"])
-        steps = [p["step"] for p in row["curves"][0][:length]]
-        for curve in row["curves"]:
-            ax.plot([p["step"] for p in curve], [p["val/acc"] for p in curve], lw=0.5, alpha=0.25, color="0.5")
-        mean = [sum(c[i]["val/acc"] for c in row["curves"]) / len(row["curves"]) for i in range(length)]
-        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys) or "all runs"
-        ax.plot(steps, mean, lw=2, marker="o", ms=3, label=f"{label} ({len(row['curves'])} runs)")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("val/acc (each run; mean per group)")
-    frame_accuracy(ax, rows)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    path = out / "compare_curves.png"
-    fig.savefig(path, dpi=120)
-    return [path]
+    columns = min(n_panels, PANEL_COLUMNS)
+    rows = -(-n_panels // columns)
+    legend = 0.22 * -(-n_labels // 3)
+    fig = Figure(figsize=(max(6.0, width * columns), height * rows + legend), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    return fig, axes[:n_panels]
 
 
-def plot(out: Path, keys: list[str], rows: list[dict], metrics: list[str]) -> list[Path]:
-    """Each metric against the first numeric varying key, one line per combination of the others, 95% CI bars."""
+def legend_below(fig, axes) -> None:
+    """One legend of the series for every panel, below them, each label once (a series has one colour in every
+    panel); a panel's chance line is named in the panel."""
+    entries = {}
+    for ax in axes:
+        chance = [(h, label) for h, label in zip(*ax.get_legend_handles_labels(), strict=True) if "chance" in label]
+        if chance:
+            ax.legend(*zip(*chance, strict=True), fontsize=7, loc="lower right")
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if "chance" not in label:
+                entries.setdefault(label, handle)
+    if entries:
+        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=3, fontsize=7)
+
+
+def palette(labels: set[str]) -> dict:
+    """A colour per series label, the same in every panel: tab10, or tab20 for more than ten series."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: cmap(i % cmap.N) for i, label in enumerate(sorted(labels))}
+
+
+def x_key_of(keys: list[str], rows: list[dict]) -> str | None:
+    """The numeric varying key of most values (the first on ties), or None."""
     numeric = [k for k in keys if all(isinstance(r[k], int | float) and not isinstance(r[k], bool) for r in rows)]
-    if not numeric:
-        return []
-    from matplotlib.figure import Figure
+    return max(numeric, key=lambda k: len({r[k] for r in rows}), default=None)
 
-    x_key = numeric[0]
-    series_keys = [k for k in keys if k != x_key]
-    written = []
-    for metric in metrics:
-        if not any(metric in r for r in rows):
-            continue
-        fig = Figure(figsize=(6, 4), layout="constrained")
-        ax = fig.subplots()
-        for label, members in group_runs([{"config": r, **r} for r in rows], series_keys).items():
+
+def metric_figure(
+    keys: list[str], rows: list[dict], metric: str, facet: str | None = None, selected: str | None = None
+):
+    """metric against the numeric varying key of most values, one line per combination of the other keys, 95% CI
+    bars and every seed a dot; a panel per facet value. A key chosen per arm (--select) is written at each point,
+    not a line of its own. None when no numeric key varies or no row has metric."""
+    layout, varying = panels(keys, rows, facet)
+    selected = selected if selected in keys else None  # one value in every run: nothing to write
+    x_key = x_key_of([k for k in varying if k != selected], rows)
+    if x_key is None or not any(metric in r for r in rows):
+        return None
+    series_keys = [k for k in varying if k not in (x_key, selected)]
+    colours = palette({series_label(r, series_keys) for r in rows})
+    fig, axes = grid(len(layout), len(colours) + 1)
+    for ax, (title, panel_rows) in zip(axes, layout, strict=True):
+        for members in group_runs([{"config": r, **r} for r in panel_rows], series_keys).values():
             members = sorted((m for m in members if metric in m), key=lambda m: m[x_key])
-            xs = [m[x_key] for m in members]
-            means = [m[metric]["mean"] for m in members]
+            if not members:
+                continue
+            label = series_label(members[0], series_keys)
+            xs, means = [m[x_key] for m in members], [m[metric]["mean"] for m in members]
             below = [0 if math.isnan(m[metric]["low"]) else m[metric]["mean"] - m[metric]["low"] for m in members]
             above = [0 if math.isnan(m[metric]["high"]) else m[metric]["high"] - m[metric]["mean"] for m in members]
-            line = ax.errorbar(
-                xs,
-                means,
-                yerr=[below, above],
-                marker="o",
-                capsize=3,
-                label=", ".join(f"{k}={v}" for k, v in zip(series_keys, label, strict=True)) or None,
-            )
+            c = colours[label]
+            ax.errorbar(xs, means, yerr=[below, above], marker="o", capsize=3, color=c, label=label or None)
             for m in members:  # every seed, so that a bimodal outcome shows as such
-                ax.scatter(
-                    [m[x_key]] * len(m[metric]["values"]),
-                    m[metric]["values"],
-                    s=10,
-                    alpha=0.5,
-                    color=line.lines[0].get_color(),
-                )
-        if all(r[x_key] > 0 for r in rows) and max(r[x_key] for r in rows) / min(r[x_key] for r in rows) >= 8:
+                ax.scatter([m[x_key]] * len(m[metric]["values"]), m[metric]["values"], s=10, alpha=0.5, color=c)
+                if selected:
+                    at = (m[x_key], m[metric]["mean"])
+                    ax.annotate(series_label(m, [selected]), at, xytext=(4, 4), textcoords="offset points", fontsize=6)
+        values = sorted({r[x_key] for r in panel_rows})
+        if values[0] > 0 and values[-1] / values[0] >= 8:
             ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r[x_key] for r in rows}), [str(v) for v in sorted({r[x_key] for r in rows})])
+        ax.set_xticks(values, [str(v) for v in values])
         ax.set_xlabel(x_key)
         ax.set_ylabel(f"{metric} (mean, 95% CI)")
+        ax.set_title(title, fontsize=9)
         if "acc" in metric.rsplit("/", 1)[-1]:
-            frame_accuracy(ax, rows)
+            frame_accuracy(ax, panel_rows)
         ax.grid(alpha=0.3)
-        if series_keys or ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        path = out / f"compare_{metric.replace('/', '_')}.png"
-        fig.savefig(path, dpi=120)
-        written.append(path)
+    legend_below(fig, axes)
+    return fig
+
+
+def curves_figure(keys: list[str], rows: list[dict], facet: str | None = None):
+    """Validation accuracy at each validation, every run thin and each group's mean thick; a panel per facet
+    value. None when no run recorded a curve."""
+    if not any(row["curves"] for row in rows):
+        return None
+    layout, varying = panels(keys, rows, facet)
+    colours = palette({series_label(r, varying) for r in rows})
+    fig, axes = grid(len(layout), len(colours) + 1)
+    for ax, (title, members) in zip(axes, layout, strict=True):
+        for row in members:
+            if not row["curves"]:
+                continue
+            length = min(len(c) for c in row["curves"])
+            steps = [p["step"] for p in row["curves"][0][:length]]
+            for curve in row["curves"]:
+                ax.plot([p["step"] for p in curve], [p["val/acc"] for p in curve], lw=0.5, alpha=0.25, color="0.5")
+            mean = [sum(c[i]["val/acc"] for c in row["curves"]) / len(row["curves"]) for i in range(length)]
+            label = series_label(row, varying)
+            ax.plot(steps, mean, lw=2, marker="o", ms=3, color=colours[label], label=label or "all runs")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("val/acc (each run; mean per group)")
+        ax.set_title(title, fontsize=9)
+        frame_accuracy(ax, members)
+        ax.grid(alpha=0.3)
+    legend_below(fig, axes)
+    return fig
+
+
+def plot(
+    out: Path, keys: list[str], rows: list[dict], metrics: list[str], facet: str | None = None, selected=None
+) -> list[Path]:
+    """compare_<metric>.png for each metric that metric_figure can draw."""
+    written = []
+    for metric in metrics:
+        if (fig := metric_figure(keys, rows, metric, facet, selected)) is not None:
+            fig.savefig(path := out / f"compare_{metric.replace('/', '_')}.png", dpi=120)
+            written.append(path)
     return written
+
+
+def plot_curves(out: Path, keys: list[str], rows: list[dict], facet: str | None = None) -> list[Path]:
+    """compare_curves.png, where the runs recorded curves."""
+    if (fig := curves_figure(keys, rows, facet)) is None:
+        return []
+    fig.savefig(path := out / "compare_curves.png", dpi=120)
+    return [path]

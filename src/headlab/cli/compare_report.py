@@ -249,7 +249,10 @@ def write_outputs(
                 [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
-    figures = [*plot(out, keys, rows, design.metrics), *plot_curves(out, keys, rows)] if plots else []
+    figures = []
+    if plots:
+        facet, selected = design.across or design.meta, design.select and design.select[0]  # a panel per dataset
+        figures = [*plot(out, keys, rows, design.metrics, facet, selected), *plot_curves(out, keys, rows, facet)]
     return [out / "compare.md", out / "compare.csv", *figures]
 
 

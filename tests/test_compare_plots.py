@@ -1,0 +1,88 @@
+"""headlab-compare's figures over several datasets: a panel per dataset, series named by what varies within it."""
+
+import json
+
+import pytest
+
+from headlab.analysis.comparison import compare
+from headlab.analysis.contrasts import Design
+from headlab.analysis.runs import load_dirs
+from headlab.cli.compare import main
+from headlab.cli.compare_plots import curves_figure, metric_figure
+
+HEADS = "model.attention.n_heads"
+CHANCE = {"cr": 0.64, "subj": 0.5}
+
+
+def write(root, i, config, acc, chance):
+    run = root / str(i)
+    run.mkdir(parents=True)
+    curve = [{"epoch": e, "step": 10 * (e + 1), "val/acc": acc - 0.1 / (e + 1)} for e in range(3)]
+    record = {"status": "completed", "config": config, "metrics": {"test/acc": acc, "val/acc_best": acc}}
+    (run / "results.json").write_text(json.dumps({**record, "curve": curve, "data": {"chance": chance}}))
+
+
+@pytest.fixture
+def search(tmp_path):
+    """Two datasets, each with its own file (a key that follows the dataset), h in {1, 4}, dropout 0.1 and 0.3,
+    2 seeds; cr's h = 4 chose lr 0.01, every other arm lr 0.003."""
+    root, i = tmp_path / "runs", 0
+    for name in ("cr", "subj"):
+        for h in (1, 4):
+            for dropout in (0.1, 0.3):
+                for seed in range(2):
+                    lr = 0.01 if (name, h) == ("cr", 4) else 0.003
+                    config = {"data": name, "data.files.train": f"/data/{name}.all", HEADS: h, "model.dropout": dropout}
+                    config |= {"optim.lr": lr, "seed": seed}
+                    acc = CHANCE[name] + 0.1 + 0.02 * h + 0.01 * seed - dropout / 10
+                    write(root, i, config, acc, CHANCE[name])
+                    i += 1
+    return root
+
+
+def rows_of(root, design):
+    return compare(load_dirs([root]).completed, design)
+
+
+def test_each_dataset_is_its_own_panel_with_its_chance_and_the_keys_that_follow_it_are_not_series(search):
+    keys, rows = rows_of(search, Design(metrics=["test/acc"], across="data"))
+    assert "data.files.train" in keys  # it varies over the runs, but only with the dataset
+    fig = metric_figure(keys, rows, "test/acc", facet="data")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["data=cr", "data=subj"]
+    assert {ax.get_xlabel() for ax in axes} == {HEADS}  # the numeric key of most values... ties: the first
+    (legend,) = fig.legends  # the same names in both panels, without the file that follows the dataset
+    series = [f"dropout={d}, lr={lr}" for d in (0.1, 0.3) for lr in (0.003, 0.01)]
+    assert sorted(t.get_text() for t in legend.get_texts()) == series
+    for ax, name in zip(axes, ("cr", "subj"), strict=True):
+        (chance,) = [t.get_text() for t in ax.get_legend().get_texts()]  # the panel names its own chance line
+        assert chance == f"chance ({CHANCE[name]:.3g})"
+    subj = {c.get_label(): list(c.lines[0].get_ydata()) for c in axes[1].containers}  # lr 0.003 throughout
+    for d in (0.1, 0.3):  # h = 1 and 4, the mean over both seeds
+        expected = [CHANCE["subj"] + 0.1 + 0.02 * h + 0.005 - d / 10 for h in (1, 4)]
+        assert subj[f"dropout={d}, lr=0.003"] == pytest.approx(expected)
+    colours = [{c.get_label(): c.lines[0].get_color() for c in ax.containers} for ax in axes]
+    first, other = series[0], series[2]
+    assert colours[0][first] == colours[1][first] != colours[1][other]  # one series, one colour in every panel
+
+
+def test_a_key_chosen_per_arm_is_written_at_each_point_not_a_series_of_its_own(search):
+    keys, rows = rows_of(search, Design(metrics=["test/acc"], meta="data"))
+    fig = metric_figure(keys, rows, "test/acc", facet="data", selected="optim.lr")
+    cr = fig.axes[0]
+    assert sorted(t.get_text() for t in cr.texts) == ["lr=0.003", "lr=0.003", "lr=0.01", "lr=0.01"]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["dropout=0.1", "dropout=0.3"]
+    unselected = metric_figure(keys, rows, "test/acc", facet="data")  # without it, lr splits cr's lines
+    assert "dropout=0.1, lr=0.01" in [t.get_text() for t in unselected.legends[0].get_texts()]
+
+
+def test_curves_are_drawn_per_dataset_and_the_cli_writes_the_panelled_figures(search, tmp_path):
+    keys, rows = rows_of(search, Design(metrics=["test/acc"], across="data"))
+    fig = curves_figure(keys, rows, facet="data")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["data=cr", "data=subj"]
+    labels = sorted(t.get_text() for t in fig.legends[0].get_texts())
+    assert labels[0] == "n_heads=1, dropout=0.1, lr=0.003" and "n_heads=4, dropout=0.1, lr=0.01" in labels
+    main([str(search), "--across", "data", "--metric", "val/acc_best", "--out", str(tmp_path / "out")])
+    for name in ("compare_val_acc_best.png", "compare_curves.png"):
+        assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
