@@ -1,4 +1,5 @@
-"""headlab-compare's figures over several datasets: a panel per dataset, series named by what varies within it."""
+"""headlab-compare over several datasets as a person sees it: figures of a panel per dataset with series named by
+what varies within it, and a terminal table without the keys that only follow the dataset."""
 
 import json
 
@@ -45,9 +46,10 @@ def rows_of(root, design):
 
 
 def test_each_dataset_is_its_own_panel_with_its_chance_and_the_keys_that_follow_it_are_not_series(search):
-    keys, rows = rows_of(search, Design(metrics=["test/acc"], across="data"))
+    design = Design(metrics=["test/acc"], across="data")
+    keys, rows = rows_of(search, design)
     assert "data.files.train" in keys  # it varies over the runs, but only with the dataset
-    fig = metric_figure(keys, rows, "test/acc", facet="data")
+    fig = metric_figure(keys, rows, "test/acc", design)
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == ["data=cr", "data=subj"]
     assert {ax.get_xlabel() for ax in axes} == {HEADS}  # the numeric key of most values... ties: the first
@@ -67,18 +69,20 @@ def test_each_dataset_is_its_own_panel_with_its_chance_and_the_keys_that_follow_
 
 
 def test_a_key_chosen_per_arm_is_written_at_each_point_not_a_series_of_its_own(search):
-    keys, rows = rows_of(search, Design(metrics=["test/acc"], meta="data"))
-    fig = metric_figure(keys, rows, "test/acc", facet="data", selected="optim.lr")
+    design = Design(metrics=["test/acc"], meta="data", select=("optim.lr", "val/acc_best"))
+    keys, rows = rows_of(search, design)
+    fig = metric_figure(keys, rows, "test/acc", design)
     cr = fig.axes[0]
     assert sorted(t.get_text() for t in cr.texts) == ["lr=0.003", "lr=0.003", "lr=0.01", "lr=0.01"]
     assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["dropout=0.1", "dropout=0.3"]
-    unselected = metric_figure(keys, rows, "test/acc", facet="data")  # without it, lr splits cr's lines
+    unselected = metric_figure(keys, rows, "test/acc", Design(metrics=["test/acc"], meta="data"))  # lr splits cr
     assert "dropout=0.1, lr=0.01" in [t.get_text() for t in unselected.legends[0].get_texts()]
 
 
 def test_curves_are_drawn_per_dataset_and_the_cli_writes_the_panelled_figures(search, tmp_path):
-    keys, rows = rows_of(search, Design(metrics=["test/acc"], across="data"))
-    fig = curves_figure(keys, rows, facet="data")
+    design = Design(metrics=["test/acc"], across="data")
+    keys, rows = rows_of(search, design)
+    fig = curves_figure(keys, rows, design)
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == ["data=cr", "data=subj"]
     labels = sorted(t.get_text() for t in fig.legends[0].get_texts())
@@ -86,3 +90,13 @@ def test_curves_are_drawn_per_dataset_and_the_cli_writes_the_panelled_figures(se
     main([str(search), "--across", "data", "--metric", "val/acc_best", "--out", str(tmp_path / "out")])
     for name in ("compare_val_acc_best.png", "compare_curves.png"):
         assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_terminal_table_leaves_the_keys_that_follow_the_dataset_to_compare_md(search, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    main([str(search), "--across", "data", "--metric", "val/acc_best", "--no-plots"])
+    shown = capsys.readouterr().out
+    title = shown[shown.index("runs, grouped by") :].split("\n")[0]
+    assert "grouped by data, model.attention.n_heads, model.dropout, optim.lr" in title
+    assert "/data/cr.all" not in shown and "┃ n_heads" in shown
+    assert "/data/cr.all" in (search / "compare.md").read_text()  # the file read stays in the record

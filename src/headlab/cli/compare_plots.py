@@ -4,7 +4,9 @@ panel per dataset (the --across or --meta key), each with its own axis and chanc
 import math
 from pathlib import Path
 
-from headlab.analysis.comparison import group_runs
+from headlab.analysis.comparison import group_runs, hashable
+from headlab.analysis.contrasts import Design
+from headlab.analysis.datasets import setting_keys
 
 MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a few examples do not fill a plot
 PANEL_COLUMNS = 3
@@ -28,14 +30,15 @@ def frame_accuracy(ax, rows: list[dict]) -> None:
     ax.set_ylim(max(0.0, low - 0.01), min(1.0, high + 0.01) if high <= 1 else high)
 
 
-def panels(keys: list[str], rows: list[dict], facet: str | None) -> tuple[list[tuple[str, list[dict]]], list[str]]:
-    """(title, rows) per value of facet, or one untitled panel; and the keys that vary within some panel. A key that
-    each panel holds at one value (a dataset's own file, folds or text column) follows the facet: not a series."""
+def panels(keys: list[str], rows: list[dict], design: Design) -> tuple[list[tuple[str, list[dict]]], list[str]]:
+    """(title, rows) per dataset (the --across or --meta key), or one untitled panel; and the keys that name a
+    series: those that vary within a dataset (its own files or folds do not), the --select key aside."""
+    facet = design.across or design.meta
     if facet not in keys:
-        return [("", rows)], keys
-    layout = [(f"{facet}={v}", [r for r in rows if r[facet] == v]) for v in sorted({r[facet] for r in rows}, key=str)]
-    varying = [k for k in keys if k != facet and any(len({repr(r[k]) for r in ms}) > 1 for _, ms in layout)]
-    return layout, varying
+        return [("", rows)], [k for k in keys if not design.select or k != design.select[0]]
+    values = sorted({hashable(r[facet]) for r in rows}, key=str)
+    layout = [(f"{facet}={v}", [r for r in rows if hashable(r[facet]) == v]) for v in values]
+    return layout, setting_keys(rows, keys, facet, design)
 
 
 def series_label(row: dict, keys: list[str]) -> str:
@@ -86,18 +89,16 @@ def x_key_of(keys: list[str], rows: list[dict]) -> str | None:
     return max(numeric, key=lambda k: len({r[k] for r in rows}), default=None)
 
 
-def metric_figure(
-    keys: list[str], rows: list[dict], metric: str, facet: str | None = None, selected: str | None = None
-):
+def metric_figure(keys: list[str], rows: list[dict], metric: str, design: Design):
     """metric against the numeric varying key of most values, one line per combination of the other keys, 95% CI
-    bars and every seed a dot; a panel per facet value. A key chosen per arm (--select) is written at each point,
-    not a line of its own. None when no numeric key varies or no row has metric."""
-    layout, varying = panels(keys, rows, facet)
-    selected = selected if selected in keys else None  # one value in every run: nothing to write
-    x_key = x_key_of([k for k in varying if k != selected], rows)
+    bars and every seed a dot; a panel per dataset. A key chosen per arm (--select) is written at each point, not
+    a line of its own. None when no numeric key varies or no row has metric."""
+    layout, varying = panels(keys, rows, design)
+    selected = design.select[0] if design.select and design.select[0] in keys else None
+    x_key = x_key_of(varying, rows)
     if x_key is None or not any(metric in r for r in rows):
         return None
-    series_keys = [k for k in varying if k not in (x_key, selected)]
+    series_keys = [k for k in varying if k != x_key]
     colours = palette({series_label(r, series_keys) for r in rows})
     fig, axes = grid(len(layout), len(colours) + 1)
     for ax, (title, panel_rows) in zip(axes, layout, strict=True):
@@ -130,12 +131,12 @@ def metric_figure(
     return fig
 
 
-def curves_figure(keys: list[str], rows: list[dict], facet: str | None = None):
-    """Validation accuracy at each validation, every run thin and each group's mean thick; a panel per facet
-    value. None when no run recorded a curve."""
+def curves_figure(keys: list[str], rows: list[dict], design: Design):
+    """Validation accuracy at each validation, every run thin and each group's mean thick; a panel per dataset.
+    None when no run recorded a curve."""
     if not any(row["curves"] for row in rows):
         return None
-    layout, varying = panels(keys, rows, facet)
+    layout, varying = panels(keys, rows, design)
     colours = palette({series_label(r, varying) for r in rows})
     fig, axes = grid(len(layout), len(colours) + 1)
     for ax, (title, members) in zip(axes, layout, strict=True):
@@ -158,21 +159,19 @@ def curves_figure(keys: list[str], rows: list[dict], facet: str | None = None):
     return fig
 
 
-def plot(
-    out: Path, keys: list[str], rows: list[dict], metrics: list[str], facet: str | None = None, selected=None
-) -> list[Path]:
+def plot(out: Path, keys: list[str], rows: list[dict], design: Design) -> list[Path]:
     """compare_<metric>.png for each metric that metric_figure can draw."""
     written = []
-    for metric in metrics:
-        if (fig := metric_figure(keys, rows, metric, facet, selected)) is not None:
+    for metric in design.metrics:
+        if (fig := metric_figure(keys, rows, metric, design)) is not None:
             fig.savefig(path := out / f"compare_{metric.replace('/', '_')}.png", dpi=120)
             written.append(path)
     return written
 
 
-def plot_curves(out: Path, keys: list[str], rows: list[dict], facet: str | None = None) -> list[Path]:
+def plot_curves(out: Path, keys: list[str], rows: list[dict], design: Design) -> list[Path]:
     """compare_curves.png, where the runs recorded curves."""
-    if (fig := curves_figure(keys, rows, facet)) is None:
+    if (fig := curves_figure(keys, rows, design)) is None:
         return []
     fig.savefig(path := out / "compare_curves.png", dpi=120)
     return [path]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from headlab.analysis.comparison import IMPROVING_MARGIN
 from headlab.analysis.contrasts import Design
+from headlab.analysis.datasets import setting_keys
 from headlab.analysis.runs import Runs, mixed_data
 from headlab.cli.compare_plots import plot, plot_curves
 from headlab.training.results import git_sha
@@ -113,11 +114,18 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
 
 def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
     """The table on the terminal, as compare.md has it but fitted to the screen: keys by their last part (n_heads),
-    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut."""
+    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut. Over
+    datasets, the keys that only follow the dataset (its files, its folds) are compare.md's alone."""
     from rich.console import Console
     from rich.table import Table
 
     header, body = table_rows(keys, rows, design)
+    dataset = design.across or design.meta
+    if dataset in keys:
+        named = {dataset, *setting_keys(rows, keys, dataset, design), *(design.select or ())[:1]}
+        shown = [i for i, column in enumerate(header) if i >= len(keys) or keys[i] in named]
+        keys = [k for k in keys if k in named]
+        header, body = [header[i] for i in shown], [[row[i] for i in shown] for row in body]
     title = f"{n_runs} runs, grouped by {', '.join(keys) or 'nothing (all alike)'} (compare.md: the legend)"
     table = Table(title=title, expand=True)
     for i, column in enumerate(header):
@@ -249,10 +257,7 @@ def write_outputs(
                 [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
-    figures = []
-    if plots:
-        facet, selected = design.across or design.meta, design.select and design.select[0]  # a panel per dataset
-        figures = [*plot(out, keys, rows, design.metrics, facet, selected), *plot_curves(out, keys, rows, facet)]
+    figures = [*plot(out, keys, rows, design), *plot_curves(out, keys, rows, design)] if plots else []
     return [out / "compare.md", out / "compare.csv", *figures]
 
 
