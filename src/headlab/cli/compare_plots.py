@@ -75,12 +75,14 @@ def legend_below(fig, axes) -> None:
         fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=3, fontsize=7)
 
 
-def palette(labels: set[str]) -> dict:
-    """A colour per series label, the same in every panel: tab10, or tab20 for more than ten series."""
+def palette(rows: list[dict], keys: list[str]) -> dict:
+    """A colour per series label, the same in every panel, in the rows' order (n_heads=2 before n_heads=16):
+    tab10, or tab20 for more than ten series."""
     from matplotlib import colormaps
 
+    labels = list(dict.fromkeys(series_label(r, keys) for r in rows))
     cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {label: cmap(i % cmap.N) for i, label in enumerate(sorted(labels))}
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
 def x_key_of(keys: list[str], rows: list[dict]) -> str | None:
@@ -99,7 +101,7 @@ def metric_figure(keys: list[str], rows: list[dict], metric: str, design: Design
     if x_key is None or not any(metric in r for r in rows):
         return None
     series_keys = [k for k in varying if k != x_key]
-    colours = palette({series_label(r, series_keys) for r in rows})
+    colours = palette(rows, series_keys)
     fig, axes = grid(len(layout), len(colours) + 1)
     for ax, (title, panel_rows) in zip(axes, layout, strict=True):
         for members in group_runs([{"config": r, **r} for r in panel_rows], series_keys).values():
@@ -137,7 +139,7 @@ def curves_figure(keys: list[str], rows: list[dict], design: Design):
     if not any(row["curves"] for row in rows):
         return None
     layout, varying = panels(keys, rows, design)
-    colours = palette({series_label(r, varying) for r in rows})
+    colours = palette(rows, varying)
     fig, axes = grid(len(layout), len(colours) + 1)
     for ax, (title, members) in zip(axes, layout, strict=True):
         for row in members:
