@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach W&B's servers (CI sets this too)
+os.environ["HEADLAB_NEIGHBOURS"] = "ignore"  # a sweep training beside the suite changes no run's output in it
 if "HEADLAB_CACHE" not in os.environ:  # the suite prepares data in a cache of its own (xdist's workers inherit it)
     os.environ["HEADLAB_CACHE"] = tempfile.mkdtemp(prefix="headlab-tests-cache-")
     atexit.register(shutil.rmtree, os.environ["HEADLAB_CACHE"], True)

@@ -41,12 +41,20 @@ def fake_trainer(tmp_path):
         process.wait()
 
 
-def test_a_run_on_the_same_cores_is_found_with_the_cores_it_shares(fake_trainer):
+@pytest.fixture
+def said(monkeypatch):
+    """headlab-train says it (the suite sets HEADLAB_NEIGHBOURS=ignore for every other test)."""
+    monkeypatch.delenv("HEADLAB_NEIGHBOURS")
+
+
+def test_a_run_on_the_same_cores_is_found_with_the_cores_it_shares(fake_trainer, said, monkeypatch):
     other = fake_trainer()
     cores = sorted(os.sched_getaffinity(0))
     assert (other.pid, cores) in neighbours.sharing_cores()
     line = neighbours.warning()
     assert f"{other.pid}" in line and "taskset -c" in line
+    monkeypatch.setenv("HEADLAB_NEIGHBOURS", "ignore")
+    assert neighbours.warning() is None
 
 
 def test_a_run_on_other_cores_is_not_a_neighbour(fake_trainer):
@@ -69,7 +77,7 @@ def test_a_runs_own_processes_are_not_its_neighbours(fake_trainer):
     assert str(parent.pid) not in found, found
 
 
-def test_headlab_train_says_it_starts_beside_another_run(fake_trainer, tmp_path):
+def test_headlab_train_says_it_starts_beside_another_run(fake_trainer, said, tmp_path):
     other = fake_trainer()
     result = headlab_train("model.attention.n_heads=0", cwd=tmp_path)
     assert result.returncode == 2

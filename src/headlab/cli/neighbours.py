@@ -49,8 +49,9 @@ def sharing_cores() -> list[tuple[int, list[int]]]:
 
 
 def warning() -> str | None:
-    """One line for the console when other headlab-train runs share this one's cores, else None."""
-    if not (others := sharing_cores()):
+    """One line for the console when other headlab-train runs share this one's cores, else None (always None with
+    HEADLAB_NEIGHBOURS=ignore)."""
+    if os.environ.get("HEADLAB_NEIGHBOURS") == "ignore" or not (others := sharing_cores()):
         return None
     pids = ", ".join(str(pid) for pid, _ in others)
     cores = _ranges(sorted({core for _, overlap in others for core in overlap}))
