@@ -172,3 +172,14 @@ def test_the_readmes_python_example_runs_as_written_and_says_its_shapes_right():
         check=True,
     ).stdout
     assert formatted == example
+
+
+def test_the_repository_root_holds_the_projects_files_only():
+    """Outputs (a compare table, figures, runs) belong under experiments/results or outputs/, never at the root."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {line.split("/", 1)[0] for line in tracked.splitlines()}
+    project = {".ci", ".gitignore", "BENCHMARKS.md", "Makefile", "README.md", "pyproject.toml"}
+    project |= {"conf", "docs", "experiments", "src", "sweeps", "tests"}
+    assert top - project == set()
