@@ -67,6 +67,11 @@ class Design:
     across: str | None = None  # a key (the dataset) across whose values settings are ranked by their gap to the best
 
     @property
+    def dataset(self) -> str | None:
+        """The key whose values are datasets (--across or --meta), or None."""
+        return self.across or self.meta
+
+    @property
     def over_shared_seeds(self) -> bool:
         """Whether contrasts pair runs by seed (--paired, or --test paired)."""
         return self.paired or self.test == "paired"

@@ -33,7 +33,7 @@ def frame_accuracy(ax, rows: list[dict]) -> None:
 def panels(keys: list[str], rows: list[dict], design: Design) -> tuple[list[tuple[str, list[dict]]], list[str]]:
     """(title, rows) per dataset (the --across or --meta key), or one untitled panel; and the keys that name a
     series: those that vary within a dataset (its own files or folds do not), the --select key aside."""
-    facet = design.across or design.meta
+    facet = design.dataset
     if facet not in keys:
         return [("", rows)], [k for k in keys if not design.select or k != design.select[0]]
     values = sorted({hashable(r[facet]) for r in rows}, key=str)

@@ -120,7 +120,7 @@ def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) 
     from rich.table import Table
 
     header, body = table_rows(keys, rows, design)
-    dataset = design.across or design.meta
+    dataset = design.dataset
     if dataset in keys:
         named = {dataset, *setting_keys(rows, keys, dataset, design), *(design.select or ())[:1]}
         shown = [i for i, column in enumerate(header) if i >= len(keys) or keys[i] in named]
