@@ -1,5 +1,5 @@
 """headlab-compare over several datasets as a person sees it: figures of a panel per dataset with series named by
-what varies within it, and a terminal table without the keys that only follow the dataset."""
+what varies within it, and tables without columns for the keys that only follow the dataset."""
 
 import json
 
@@ -92,11 +92,16 @@ def test_curves_are_drawn_per_dataset_and_the_cli_writes_the_panelled_figures(se
         assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_terminal_table_leaves_the_keys_that_follow_the_dataset_to_compare_md(search, capsys, monkeypatch):
+def test_the_tables_list_the_keys_that_follow_the_dataset_once_not_as_columns(search, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     main([str(search), "--across", "data", "--metric", "val/acc_best", "--no-plots"])
     shown = capsys.readouterr().out
     title = shown[shown.index("runs, grouped by") :].split("\n")[0]
     assert "grouped by data, model.attention.n_heads, model.dropout, optim.lr" in title
     assert "/data/cr.all" not in shown and "┃ n_heads" in shown
-    assert "/data/cr.all" in (search / "compare.md").read_text()  # the file read stays in the record
+    record = (search / "compare.md").read_text()
+    (header,) = [line for line in record.splitlines() if line.startswith("| data |")]
+    assert "data.files.train" not in header and "model.dropout" in header
+    assert "Keys that follow data" in record  # the file read stays in the record, a line per dataset
+    assert "- cr: data.files.train=/data/cr.all\n" in record and "- subj: data.files.train=/data/subj.all\n" in record
+    assert "data.files.train" in (search / "compare.csv").read_text().splitlines()[0]

@@ -112,20 +112,38 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     return [header[i] for i in shown], [[cells[i] for i in shown] for cells in body]
 
 
+def dataset_keys(keys: list[str], rows: list[dict], design: Design) -> tuple[list[str], dict]:
+    """Over datasets (--across or --meta): the keys that name a group (the dataset, what varies within it, a key
+    chosen per arm by --select) and {dataset: {key: value}} of the keys that only follow it (its files, folds, text
+    column; None left out). Otherwise all keys and {}."""
+    dataset = design.dataset
+    if dataset not in keys:
+        return keys, {}
+    named = {dataset, *setting_keys(rows, keys, dataset, design), *(design.select or ())[:1]}
+    follows = {}
+    for row in rows:
+        values = {k: row[k] for k in keys if k not in named and row[k] is not None}
+        follows.setdefault(str(row[dataset]), values)
+    return [k for k in keys if k in named], follows
+
+
+def follows_lines(follows: dict, design: Design) -> list[str]:
+    """compare.md's legend of the keys that only follow the dataset: a line per dataset."""
+    if not follows:
+        return []
+    head = f"Keys that follow {design.dataset} (one value per dataset; compare.csv has them as columns):"
+    items = (", ".join(f"{k}={v}" for k, v in values.items()) or "none" for values in follows.values())
+    return [head, *(f"- {name}: {item}" for name, item in zip(follows, items, strict=True)), ""]
+
+
 def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
     """The table on the terminal, as compare.md has it but fitted to the screen: keys by their last part (n_heads),
-    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut. Over
-    datasets, the keys that only follow the dataset (its files, its folds) are compare.md's alone."""
+    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut."""
     from rich.console import Console
     from rich.table import Table
 
+    keys, _ = dataset_keys(keys, rows, design)
     header, body = table_rows(keys, rows, design)
-    dataset = design.dataset
-    if dataset in keys:
-        named = {dataset, *setting_keys(rows, keys, dataset, design), *(design.select or ())[:1]}
-        shown = [i for i, column in enumerate(header) if i >= len(keys) or keys[i] in named]
-        keys = [k for k in keys if k in named]
-        header, body = [header[i] for i in shown], [[row[i] for i in shown] for row in body]
     title = f"{n_runs} runs, grouped by {', '.join(keys) or 'nothing (all alike)'} (compare.md: the legend)"
     table = Table(title=title, expand=True)
     for i, column in enumerate(header):
@@ -234,8 +252,9 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
 def write_outputs(
     out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command, plots: bool = True
 ) -> list[Path]:
-    header, body = table_rows(keys, rows, design)
-    lines = provenance(runs.completed, command, design)
+    shown, follows = dataset_keys(keys, rows, design)
+    header, body = table_rows(shown, rows, design)
+    lines = provenance(runs.completed, command, design) + follows_lines(follows, design)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     if runs.failed or runs.unreadable:
