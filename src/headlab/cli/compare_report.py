@@ -128,8 +128,8 @@ def dataset_keys(keys: list[str], rows: list[dict], design: Design) -> tuple[lis
 
 
 def follows_lines(follows: dict, design: Design) -> list[str]:
-    """compare.md's legend of the keys that only follow the dataset: a line per dataset."""
-    if not follows:
+    """compare.md's legend of the keys that only follow the dataset: a line per dataset (none where no key does)."""
+    if not any(follows.values()):
         return []
     head = f"Keys that follow {design.dataset} (one value per dataset; compare.csv has them as columns):"
     items = (", ".join(f"{k}={v}" for k, v in values.items()) or "none" for values in follows.values())
