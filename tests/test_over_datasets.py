@@ -232,6 +232,17 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
     assert rank == 2  # second everywhere: behind 20 epochs on mr and subj, behind 5 on sst2
     table = (root / "compare.md").read_text()
     assert "| trainer.max_epochs=10 **(chosen)** |" in table and "not run" in table
+    # subj's 10 epochs beat its best on validation (20) on test beyond doubt: said once, under test/acc only
+    beat = on_test["subj", 20][0] - on_test["subj", 10][0]
+    ten = next(r for r in rows if r["metric"] == "test/acc" and (r["data"], r[EPOCHS]) == ("subj", "10"))
+    said = [line for line in table.splitlines() if "beats the setting best on val/acc_best" in line]
+    assert said == [
+        f"- subj: trainer.max_epochs=10 beats the setting best on val/acc_best by {-beat:.4f} "
+        f"[{-float(ten['gap_high']):.4f}, {-float(ten['gap_low']):.4f}]: on subj the gaps measure against a setting "
+        "that is not the best on test/acc."
+    ]
+    assert table.index(said[0]) > table.index("| setting (test/acc)") and "val/acc_best and test/acc disagree" in table
+    assert "val/acc_best and test/loss disagree" not in table  # the loss follows validation here
     assert "Settings across the values of data (k = 3)" in capsys.readouterr().out
     assert "target" not in table
 
@@ -246,3 +257,18 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
     assert five == {"mr": "missed", "subj": "missed", "sst2": "met"}  # 0.05 and 0.04 below; sst2's best
     assert "| trainer.max_epochs=5 | " in (table := (root / "compare.md").read_text())
     assert "target (gap ≤ 0.015)" in table and "met on 1 of 3; missed: mr, subj" in table
+    main(
+        [
+            str(root),
+            "--across",
+            "data",
+            "--metric",
+            "val/acc_best",
+            "--metric",
+            "test/acc",
+            "--effect",
+            "0.015",
+            "--no-plots",
+        ]
+    )
+    assert "on test/acc, and a target met there is met against it." in (root / "compare.md").read_text()
