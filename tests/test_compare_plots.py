@@ -105,3 +105,16 @@ def test_the_tables_list_the_keys_that_follow_the_dataset_once_not_as_columns(se
     assert "Keys that follow data" in record  # the file read stays in the record, a line per dataset
     assert "- cr: data.files.train=/data/cr.all\n" in record and "- subj: data.files.train=/data/subj.all\n" in record
     assert "data.files.train" in (search / "compare.csv").read_text().splitlines()[0]
+
+
+def test_cross_validated_arms_draw_chance_as_the_mean_of_their_folds_majority_rates(tmp_path):
+    """Each fold has its own test split and majority rate: the chance line of an arm's mean is their mean."""
+    folds = [0.62, 0.64, 0.66]  # three folds' majority rates
+    for i, (h, fold) in enumerate((h, f) for h in (1, 4) for f in range(3)):
+        config = {HEADS: h, "data.cv.fold": fold, "seed": 0}
+        write(tmp_path / "runs", i, config, 0.7 + 0.01 * h, folds[fold])
+    keys, rows = rows_of(tmp_path / "runs", Design(metrics=["test/acc"]))
+    assert [r["chance"] for r in rows] == [pytest.approx(0.64)] * 2 and all(r["chance_varies"] for r in rows)
+    ax = metric_figure(keys, rows, "test/acc", Design(metrics=["test/acc"])).axes[0]
+    (line,) = [line for line in ax.get_lines() if "chance" in line.get_label()]
+    assert line.get_label() == "chance (0.64, mean over runs)" and list(line.get_ydata()) == [pytest.approx(0.64)] * 2

@@ -165,8 +165,7 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
         flops = {r.get("flops_per_token") for r in runs if r.get("flops_per_token")}
         row["flops_per_token"] = flops.pop() if len(flops) == 1 else None
         row["train_flops"] = budget.mean_flops(runs)
-        chances = {round(_chance(r), 6) if _chance(r) else None for r in runs}
-        row["chance"] = chances.pop() if len(chances) == 1 else None
+        row["chance"], row["chance_varies"] = chance(runs)
         row["tokens_per_s"] = sum(speed) / len(speed) if speed else None
         if design.select:
             row["select_grid"] = edges.get(tuple(row[k] for k in keys if k != design.select[0]))
@@ -187,6 +186,15 @@ def summarise_metric(values: list[float], seeds: list, log: bool, metric: str) -
     summary = summarise(logs)
     back = {k: math.exp(summary[k]) if not math.isnan(summary[k]) else math.nan for k in ("mean", "low", "high")}
     return {**summary, **back, "values": logs, "seeds": seeds, "log": True}
+
+
+def chance(runs: list[dict]) -> tuple[float | None, bool]:
+    """The chance accuracy of an arm's mean: the mean of its runs' chance (cross-validation folds each have their
+    own majority rate), and whether the runs' values differ; None where a run has none."""
+    chances = [_chance(r) for r in runs]
+    if not chances or None in chances:
+        return None, False
+    return round(sum(chances) / len(chances), 6), len({round(c, 6) for c in chances}) > 1
 
 
 def _chance(record: dict) -> float | None:

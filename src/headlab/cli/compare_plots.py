@@ -13,17 +13,19 @@ PANEL_COLUMNS = 3
 
 
 def frame_accuracy(ax, rows: list[dict]) -> None:
-    """An accuracy axis that shows chance (a dashed line at the most common label's rate, where the runs agree on
-    it) and spans at least MIN_SPAN, so that runs at chance do not look apart; where chance lies more than MIN_SPAN
-    below the runs, the legend says so instead, and the axis stays on the runs' differences."""
+    """An accuracy axis that shows chance (a dashed line at the most common label's rate, where the arms agree on
+    it; the mean over runs where folds differ) and spans at least MIN_SPAN, so that runs at chance do not look apart;
+    where chance lies more than MIN_SPAN below the runs, the legend says so instead, and the axis stays on the runs'
+    differences."""
     chances = {r.get("chance") for r in rows}
     low, high = ax.get_ylim()
     if len(chances) == 1 and (chance := chances.pop()) is not None:
+        label = f"chance ({chance:.3g}{', mean over runs' if any(r.get('chance_varies') for r in rows) else ''})"
         if chance >= low - MIN_SPAN:
-            ax.axhline(chance, color="0.4", linestyle="--", linewidth=1, label=f"chance ({chance:.3g})")
+            ax.axhline(chance, color="0.4", linestyle="--", linewidth=1, label=label)
             low, high = min(low, chance), max(high, chance)
         else:
-            ax.plot([], [], " ", label=f"chance ({chance:.3g}): below the axis")
+            ax.plot([], [], " ", label=f"{label}: below the axis")
     if high - low < MIN_SPAN:
         middle = (low + high) / 2
         low, high = middle - MIN_SPAN / 2, middle + MIN_SPAN / 2
