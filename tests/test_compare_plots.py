@@ -9,7 +9,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
-from headlab.cli.compare_plots import curves_figure, metric_figure
+from headlab.cli.compare_plots import curves_figure, grid, legend_below, legend_layout, metric_figure
 
 HEADS = "model.attention.n_heads"
 CHANCE = {"cr": 0.64, "subj": 0.5}
@@ -118,3 +118,31 @@ def test_cross_validated_arms_draw_chance_as_the_mean_of_their_folds_majority_ra
     ax = metric_figure(keys, rows, "test/acc", Design(metrics=["test/acc"])).axes[0]
     (line,) = [line for line in ax.get_lines() if "chance" in line.get_label()]
     assert line.get_label() == "chance (0.64, mean over runs)" and list(line.get_ydata()) == [pytest.approx(0.64)] * 2
+
+
+LONG_NAMES = {
+    "sst2_scoring's": [f"scale=True, scoring={name}, scoring={name}" for name in ("dot_unscaled", "additive", "dot")],
+    "files'": [f"train=/work/shared/data/{d}/{d}.train, val=/work/shared/data/{d}/{d}.dev, epochs=10" for d in "ab"],
+}
+
+
+@pytest.mark.parametrize("names", LONG_NAMES.values(), ids=LONG_NAMES)
+def test_a_legend_of_long_series_names_fits_in_the_figure(names):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig, (ax,) = grid(1)
+    for name in names:
+        ax.plot([8, 64], [0.81, 0.82], label=name)
+    legend_below(fig, [ax])
+    FigureCanvasAgg(fig).draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.width  # every name whole, none cut at the edges
+    assert [t.get_text().replace("\n", " ") for t in legend.get_texts()] == names
+
+
+def test_short_series_names_share_a_row_and_long_ones_wrap():
+    assert legend_layout(["dropout=0.1", "dropout=0.3"], 6.0) == (3, ["dropout=0.1", "dropout=0.3"])
+    path = "train=/work/shared/data/sst5/stsa.fine.train, val=/work/shared/data/sst5/stsa.fine.dev, max_epochs=10"
+    columns, (wrapped,) = legend_layout([path], 6.0)  # longer than the figure is wide: one column, wrapped
+    assert columns == 1 and "\n" in wrapped and wrapped.replace("\n", " ") == path

@@ -2,6 +2,7 @@
 panel per dataset (the --across or --meta key), each with its own axis and chance line, one legend below."""
 
 import math
+import textwrap
 from pathlib import Path
 
 from headlab.analysis.comparison import group_runs, hashable
@@ -48,14 +49,13 @@ def series_label(row: dict, keys: list[str]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys)
 
 
-def grid(n_panels: int, n_labels: int, width: float = 4.2, height: float = 3.2):
-    """A figure of n_panels axes, PANEL_COLUMNS a row, with room below for a legend of n_labels entries."""
+def grid(n_panels: int, width: float = 4.2, height: float = 3.2):
+    """A figure of n_panels axes, PANEL_COLUMNS a row (legend_below makes the room for its legend)."""
     from matplotlib.figure import Figure
 
     columns = min(n_panels, PANEL_COLUMNS)
     rows = -(-n_panels // columns)
-    legend = 0.22 * -(-n_labels // 3)
-    fig = Figure(figsize=(max(6.0, width * columns), height * rows + legend), layout="constrained")
+    fig = Figure(figsize=(max(6.0, width * columns), height * rows), layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     for ax in axes[n_panels:]:
         ax.set_visible(False)
@@ -64,7 +64,7 @@ def grid(n_panels: int, n_labels: int, width: float = 4.2, height: float = 3.2):
 
 def legend_below(fig, axes) -> None:
     """One legend of the series for every panel, below them, each label once (a series has one colour in every
-    panel); a panel's chance line is named in the panel."""
+    panel), the figure taller by its rows; a panel's chance line is named in the panel."""
     entries = {}
     for ax in axes:
         chance = [(h, label) for h, label in zip(*ax.get_legend_handles_labels(), strict=True) if "chance" in label]
@@ -74,7 +74,20 @@ def legend_below(fig, axes) -> None:
             if "chance" not in label:
                 entries.setdefault(label, handle)
     if entries:
-        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=3, fontsize=7)
+        columns, labels = legend_layout(list(entries), fig.get_figwidth())
+        lines = -(-len(labels) // columns) if columns > 1 else sum(label.count("\n") + 1 for label in labels)
+        fig.set_figheight(fig.get_figheight() + 0.22 * lines)
+        fig.legend(entries.values(), labels, loc="outside lower center", ncols=columns, fontsize=7)
+
+
+def legend_layout(labels: list[str], width: float, fontsize: float = 7) -> tuple[int, list[str]]:
+    """As many legend columns, up to 3, as the longest label allows in a figure `width` inches wide, and the labels,
+    wrapped where even one column is too narrow: long series names whole, never cut at the figure's edges."""
+    char = 0.6 * fontsize / 72  # inches: a character at about 0.6 em; 0.6 inch more for the marker and padding
+    columns = max(1, min(3, int(width // (char * max(map(len, labels)) + 0.6))))
+    if columns == 1:
+        labels = [textwrap.fill(label, int((width - 0.6) / char), break_on_hyphens=False) for label in labels]
+    return columns, labels
 
 
 def palette(rows: list[dict], keys: list[str]) -> dict:
@@ -104,7 +117,7 @@ def metric_figure(keys: list[str], rows: list[dict], metric: str, design: Design
         return None
     series_keys = [k for k in varying if k != x_key]
     colours = palette(rows, series_keys)
-    fig, axes = grid(len(layout), len(colours) + 1)
+    fig, axes = grid(len(layout))
     for ax, (title, panel_rows) in zip(axes, layout, strict=True):
         for members in group_runs([{"config": r, **r} for r in panel_rows], series_keys).values():
             members = sorted((m for m in members if metric in m), key=lambda m: m[x_key])
@@ -142,7 +155,7 @@ def curves_figure(keys: list[str], rows: list[dict], design: Design):
         return None
     layout, varying = panels(keys, rows, design)
     colours = palette(rows, varying)
-    fig, axes = grid(len(layout), len(colours) + 1)
+    fig, axes = grid(len(layout))
     for ax, (title, members) in zip(axes, layout, strict=True):
         for row in members:
             if not row["curves"]:
