@@ -75,7 +75,7 @@ def legend_below(fig, axes) -> None:
                 entries.setdefault(label, handle)
     if entries:
         columns, labels = legend_layout(list(entries), fig.get_figwidth())
-        lines = -(-len(labels) // columns) if columns > 1 else sum(label.count("\n") + 1 for label in labels)
+        lines = -(-sum(label.count("\n") + 1 for label in labels) // columns)  # only a single column wraps
         fig.set_figheight(fig.get_figheight() + 0.22 * lines)
         fig.legend(entries.values(), labels, loc="outside lower center", ncols=columns, fontsize=7)
 
