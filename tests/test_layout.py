@@ -25,7 +25,10 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
     "model.norm": rules.NORMS,
     "model.positional": rules.POSITIONALS,
     "model.readout": (None, *rules.READOUTS),
-    "model.attention.scoring": tuple(rules.scoring_names()),
+    "model.attention.scoring": tuple(rules.stage_names("scoring")),
+    "model.attention.normalizer": tuple(rules.stage_names("normalizer")),
+    "model.attention.gate": tuple(rules.stage_names("gate")),
+    "model.attention.talking_heads": rules.TALKING_HEADS,
     "data.tokenizer.kind": TOKENIZERS,
 }
 LAYERS = {"conventions": 0, "errors": 0, "files": 0, "model": 1, "analysis": 1, "data": 2, "training": 3, "cli": 4}

@@ -17,6 +17,16 @@ PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_f
 # config groups that say where a run reports (csv, W&B, TensorBoard), not what it computes: a run recorded with one
 # logger is the same run under another
 REPORTING_GROUPS = ("logger",)
+# keys added to the config after runs were recorded without them, with the value those runs had: a record without
+# one reads as that value (a resume, a sweep's completed jobs, compare's grouping)
+ADDED_KEYS = {
+    "model.attention.normalizer": "softmax",
+    "model.attention.gate": "none",
+    "model.attention.talking_heads": "none",
+    "model.attention.differential": False,
+    "model.attention.qk_norm": False,
+    "model.attention.latent_kv": None,
+}
 PROGRESS = "progress.json"  # in a run directory while it trains: where it stands (training.progress_record)
 
 
@@ -24,3 +34,11 @@ def cache_root() -> Path:
     """Where headlab keeps what it can rebuild (prepared datasets, compiled kernels): $HEADLAB_CACHE, or
     ~/.cache/headlab."""
     return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
+
+
+def as_now(flat: dict) -> dict:
+    """A recorded flat config with the keys added since (ADDED_KEYS) at the value it ran with, where it has a
+    model and lacks them."""
+    if "model.attention.n_heads" not in flat:
+        return flat
+    return {**{k: v for k, v in ADDED_KEYS.items() if k not in flat}, **flat}

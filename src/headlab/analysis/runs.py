@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headlab.analysis import archive
+from headlab.conventions import as_now
 
 HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
 
@@ -57,6 +58,7 @@ def _add_run(runs: Runs, where: str, read) -> None:
     if status == "completed" and missing:
         runs.unreadable.append((f"{where}/results.json", f"a completed record without {' or '.join(missing)}"))
     elif status == "completed":
+        record["config"] = as_now(record["config"])
         not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not _is_number(v)}
         for key, value in not_numbers.items():
             runs.unreadable.append((f"{where}/results.json", f"metric {key} is {value!r}, not a number: left out"))

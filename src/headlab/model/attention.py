@@ -1,12 +1,21 @@
-"""Multi-head attention whose head split is fully configurable.
+"""Multi-head attention whose head split and head design are fully configurable.
 
 Notation (used in every shape comment): B batch, n sequence length, H query heads,
 G key/value heads (H % G == 0; G = H is ordinary multi-head attention, G = 1 multi-query),
-d_k per-head query/key size, d_v per-head value size.
+d_k per-head query/key size, d_v per-head value size, c attention maps per head (2 differential, else 1).
 
-A scoring function (headlab.model.scoring: dot, additive, or one a package registers) gives the attention logits
-of head h for query i and key j; a softmax over the real (non-padded) keys follows. forward() is the definition;
-where the scoring function has a faster equivalent path (fused SDPA, fused additive attention), it takes it.
+forward() is the definition, one stage after another:
+    projections   q, k, v from x; keys and values from a shared latent of rank r (latent_kv); QK-norm (qk_norm)
+    score         a scoring function (headlab.model.scoring: dot, additive, or a package's) gives the logits
+    logit mixing  talking heads before the normaliser (talking_heads: pre, both)
+    normaliser    softmax, sigmoid, softmax1, sink (headlab.model.normalizers), padded keys exactly 0
+    differential  two maps a head, the second subtracted with weight lambda (differential)
+    weight mixing talking heads after the normaliser (talking_heads: post, both)
+    values        weights @ v, then a differential head's own normalisation
+    output gate   none, headwise, elementwise (headlab.model.gates)
+    merge         head mask, concatenation, output projection
+Where a stage has a faster equivalent path (fused SDPA, fused additive attention), it takes it. Each stage's
+tensors pass a hook point (headlab.model.hooks) named as TransformerLens names them.
 """
 
 import math
@@ -17,6 +26,7 @@ from torch import nn
 from headlab.errors import InvalidSetting
 from headlab.model import rules
 from headlab.model.dropout import dropout
+from headlab.model.hooks import HookPoint
 
 
 class MultiHeadAttention(nn.Module):
@@ -25,8 +35,11 @@ class MultiHeadAttention(nn.Module):
     forward(x, key_padding_mask, need_weights, head_mask) -> (out, weights):
       x (B, n, d_model); key_padding_mask (B, n) bool, True = padding;
       head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019);
-      out (B, n, d_model); weights (B, H, n, n) after softmax, exactly 0 on padded keys, or None.
+      out (B, n, d_model); weights (B, H, n, n) after the normaliser (and mixing), exactly 0 on padded keys, or
+      None. Rows sum to 1 with softmax only; a differential head's weights are signed.
     Without weights asked for, fused paths that never store the (B, H, n, n) weights may run (dispatch).
+    The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv; `layer`, the
+    block's index from 0, sets a differential head's lambda_init.
     """
 
     def __init__(
@@ -39,19 +52,50 @@ class MultiHeadAttention(nn.Module):
         scoring: str = "dot",
         scale: bool = True,
         dropout: float = 0.0,
+        gate: str = "none",
+        talking_heads: str = "none",
+        differential: bool = False,
+        normalizer: str = "softmax",
+        qk_norm: bool = False,
+        latent_kv: int | None = None,
+        layer: int = 0,
     ):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise InvalidSetting("dropout", dropout, "a number in [0, 1)")
-        self.d_k, self.d_v, self.n_kv_heads = rules.head_sizes(d_model, n_heads, d_k, d_v, n_kv_heads)
-        self.scoring_fn = rules.load_scoring(scoring)  # a class of headlab.model.scoring (or a package's)
-        self.n_heads, self.scoring, self.dropout = n_heads, scoring, dropout
+        sizes = rules.head_sizes(d_model, n_heads, d_k, d_v, n_kv_heads, differential=differential)
+        self.d_k, self.d_v, self.n_kv_heads = sizes
+        rules.designs(differential, talking_heads, normalizer, gate, latent_kv)
+        self.d_model, self.n_heads, self.scoring, self.dropout = d_model, n_heads, scoring, dropout
+        self.normalizer, self.gate, self.talking_heads = normalizer, gate, talking_heads
+        self.maps = 2 if differential else 1
         self.scale = 1.0 / math.sqrt(self.d_k) if scale else 1.0
-        self.q_proj = nn.Linear(d_model, n_heads * self.d_k)
-        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_k)
-        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_v)
+        G, qk = self.n_kv_heads, self.maps * self.d_k  # key/value heads, query/key width of a head
+        self.q_proj = nn.Linear(d_model, n_heads * qk)
+        self.kv_down = None if latent_kv is None else nn.Linear(d_model, latent_kv, bias=False)  # W_down: x -> c
+        self.k_proj = nn.Linear(latent_kv or d_model, G * qk)
+        self.v_proj = nn.Linear(latent_kv or d_model, G * self.d_v)
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model)
-        self.scoring_fn.add_parameters(self)
+        self.q_norm = nn.LayerNorm(self.d_k) if qk_norm else None
+        self.k_norm = nn.LayerNorm(self.d_k) if qk_norm else None
+        # talking heads: (H, H) matrices, row h to column h', starting as the identity (independent heads)
+        self.logit_mix, self.weight_mix = (
+            nn.Parameter(torch.eye(n_heads)) if talking_heads in (where, "both") else None for where in ("pre", "post")
+        )
+        if differential:
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):  # (d_k,) each, as in the paper's code
+                setattr(self, name, nn.Parameter(torch.randn(self.d_k) * 0.1))
+            self.head_norm = nn.RMSNorm(self.d_v, eps=1e-5)
+        self.differential = differential
+        self.scoring_fn = rules.load_stage("scoring", scoring)  # a class of headlab.model.scoring (or a package's)
+        self.normalizer_fn = rules.load_stage("normalizer", normalizer)
+        self.gate_fn = rules.load_stage("gate", gate)
+        for stage in (self.scoring_fn, self.normalizer_fn, self.gate_fn):
+            stage.add_parameters(self)
+        for point in ("q", "k", "v", "attn_scores", "pattern", "z", "gate"):
+            setattr(self, f"hook_{point}", HookPoint())
+        self.fusable = talking_heads == "none" and not differential  # maps that the fused paths compute
 
     def forward(
         self,
@@ -60,25 +104,64 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        B, n, _ = x.shape
-        H, G = self.n_heads, self.n_kv_heads
-        q = self.q_proj(x).view(B, n, H, self.d_k).transpose(1, 2)  # (B, H, n, d_k)
-        k = self.k_proj(x).view(B, n, G, self.d_k).transpose(1, 2)  # (B, G, n, d_k)
-        v = self.v_proj(x).view(B, n, G, self.d_v).transpose(1, 2)  # (B, G, n, d_v)
+        q, k, v = self.project(x)  # (B, H c, n, d_k), (B, G c, n, d_k), (B, G, n, d_v)
         p_drop = self.dropout if self.training else 0.0
-        if not need_weights and (y := self.scoring_fn.fused(self, q, k, v, key_padding_mask, p_drop)) is not None:
-            return self._merge_heads(y, head_mask), None
+        explicit = need_weights or not self.fusable or self.hook_attn_scores.hooked or self.hook_pattern.hooked
+        if not explicit and (y := self.normalizer_fn.fused(self, q, k, v, key_padding_mask, p_drop)) is not None:
+            return self.merge(self.hook_z(self.gated(y, x)), head_mask), None
 
-        if G < H:  # each key/value head serves H / G consecutive query heads
-            k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_k / d_v)
-        scores = self.scoring_fn.scores(self, q, k)  # (B, H, n, n)
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        weights = scores.softmax(dim=-1)  # (B, H, n, n)
+        H, G = self.n_heads, self.n_kv_heads
+        if G < H:  # each key/value head serves H / G consecutive query heads (its c maps their c maps)
+            k = k.unflatten(1, (G, self.maps)).repeat_interleave(H // G, dim=1).flatten(1, 2)  # (B, H c, n, d_k)
+            v = v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_v)
+        weights = self.hook_pattern(self.attend(q, k, key_padding_mask))  # (B, H, n, n)
         y = dropout(weights, p_drop) @ v  # (B, H, n, d_v)
-        return self._merge_heads(y, head_mask), (weights if need_weights else None)
+        if self.differential:
+            y = self.head_norm(y) * (1 - self.lambda_init)
+        return self.merge(self.hook_z(self.gated(y, x)), head_mask), (weights if need_weights else None)
 
-    def _merge_heads(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of every head: x (B, n, d_model) -> (B, H c, n, d_k), (B, G c, n, d_k),
+        (B, G, n, d_v); a head's c maps are consecutive."""
+        B, n, _ = x.shape
+        H, G, c = self.n_heads, self.n_kv_heads, self.maps
+        latent = x if self.kv_down is None else self.kv_down(x)  # (B, n, r): c = W_down x
+        q = self.q_proj(x).view(B, n, H * c, self.d_k).transpose(1, 2)  # (B, H c, n, d_k)
+        k = self.k_proj(latent).view(B, n, G * c, self.d_k).transpose(1, 2)  # (B, G c, n, d_k)
+        v = self.v_proj(latent).view(B, n, G, self.d_v).transpose(1, 2)  # (B, G, n, d_v)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.hook_q(q), self.hook_k(k), self.hook_v(v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """Score, mix logits, normalise, subtract a differential head's second map, mix weights:
+        q, k (B, H c, n, d_k) -> weights (B, H, n, m)."""
+        if self.differential:  # (softmax(q1 k1^T s) - lambda softmax(q2 k2^T s)) for each head (Ye et al. 2024)
+            (q1, q2), (k1, k2) = q.unflatten(1, (-1, 2)).unbind(2), k.unflatten(1, (-1, 2)).unbind(2)  # (B, H, n, d_k)
+            scores = self.hook_attn_scores(
+                torch.stack([self.scoring_fn.scores(self, q1, k1), self.scoring_fn.scores(self, q2, k2)], dim=2)
+            )  # (B, H, 2, n, m)
+            first, second = (self.normalizer_fn.weights(self, s, key_padding_mask) for s in scores.unbind(2))
+            return first - self.lambda_full() * second
+        scores = self.scoring_fn.scores(self, q, k)  # (B, H, n, m)
+        if self.logit_mix is not None:
+            scores = torch.einsum("bhnm,hg->bgnm", scores, self.logit_mix)
+        weights = self.normalizer_fn.weights(self, self.hook_attn_scores(scores), key_padding_mask)  # (B, H, n, m)
+        if self.weight_mix is not None:
+            weights = torch.einsum("bhnm,hg->bgnm", weights, self.weight_mix)
+        return weights
+
+    def lambda_full(self) -> torch.Tensor:
+        """A differential layer's lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init."""
+        first, second = (self.lambda_q1 * self.lambda_k1).sum(), (self.lambda_q2 * self.lambda_k2).sum()
+        return torch.exp(first) - torch.exp(second) + self.lambda_init
+
+    def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The output gate on each head's output: y (B, H, n, d_v), x (B, n, d_model) -> (B, H, n, d_v)."""
+        gate = self.gate_fn.values(self, x)
+        return y if gate is None else y * self.hook_gate(gate)
+
+    def merge(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
         """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model)."""
         B, H, n, _ = y.shape
         if head_mask is not None:

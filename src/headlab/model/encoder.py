@@ -28,9 +28,9 @@ def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
 class Block(nn.Module):
     """Attention and a ReLU feed-forward, each with a residual; LayerNorm after ('post') or before ('pre')."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: dict):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: dict, layer: int = 0):
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, **attention)
+        self.attn = MultiHeadAttention(d_model, **attention, layer=layer)
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
@@ -86,7 +86,7 @@ class Encoder(nn.Module):
         self.drop = Dropout(dropout)
         attention = dict(attention or {})  # MultiHeadAttention's own defaults
         self.blocks = nn.ModuleList(
-            Block(d_model, d_ff or 4 * d_model, dropout, norm, attention) for _ in range(n_layers)
+            Block(d_model, d_ff or 4 * d_model, dropout, norm, attention, layer) for layer in range(n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
         self.classifier = nn.Linear(d_model, n_classes)
@@ -146,21 +146,27 @@ def count_parameters(model: Encoder) -> dict[str, int]:
     return {"total": total, "attention": attention, "non_embedding": total - embedding}
 
 
-def training_flops_per_token(non_embedding: int, n_layers: int, n: int, n_heads: int, d_k: int, d_v: int) -> int:
-    """Training FLOPs per token (forward + backward): 6 N + 6 L n H (d_k + d_v) (Kaplan et al. 2020).
+def training_flops_per_token(
+    non_embedding: int, n_layers: int, n: int, n_heads: int, d_k: int, d_v: int, maps: int = 1, mixes: int = 0
+) -> int:
+    """Training FLOPs per token (forward + backward): 6 N + 6 L n (H (c d_k + d_v) + m H^2) (Kaplan et al. 2020).
 
-    N counts non-embedding parameters; the second term is the attention score and mixing matmuls over n
-    positions, which is 12 L n d for d_k = d_v = d / H. Additive scoring's tanh is not counted.
+    N counts non-embedding parameters (a design's own among them); the second term is the attention score and
+    value matmuls over n positions, which is 12 L n d for d_k = d_v = d / H, with c score maps a head (2:
+    differential) and m talking-heads mixings of H x H over every query and key. Additive scoring's tanh, the
+    normalisers and the gates' elementwise products are not counted.
     """
-    return 6 * non_embedding + 6 * n_layers * n * n_heads * (d_k + d_v)
+    return 6 * non_embedding + 6 * n_layers * n * (n_heads * (maps * d_k + d_v) + mixes * n_heads**2)
 
 
 def flops_per_token(model: Encoder, seq_len: int) -> int:
     """training_flops_per_token of an Encoder on sequences of seq_len tokens (plus its cls position)."""
     attn = model.blocks[0].attn
     n = seq_len + model.attention_offset
+    mixes = (attn.logit_mix is not None) + (attn.weight_mix is not None)
+    non_embedding = count_parameters(model)["non_embedding"]
     return training_flops_per_token(
-        count_parameters(model)["non_embedding"], model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v
+        non_embedding, model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v, attn.maps, mixes
     )
 
 

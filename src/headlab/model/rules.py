@@ -14,8 +14,10 @@ from headlab.errors import InvalidSetting
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
 READOUTS = ("cls", "mean", "max", "token")  # null in a config: the task's own (readout_for)
-SCORING_GROUP = "headlab.scoring"  # the entry-point group that names scoring functions (pyproject.toml)
-_registered: dict[str, object] = {}  # scorings registered in this process (register_scoring)
+TALKING_HEADS = ("none", "pre", "post", "both")  # where heads' maps are mixed: logits, weights, or both
+# the attention's stages that are tables, each an entry-point group that names its classes (pyproject.toml)
+STAGES = {"scoring": "headlab.scoring", "normalizer": "headlab.normalizer", "gate": "headlab.gate"}
+_registered: dict[str, dict[str, object]] = {stage: {} for stage in STAGES}  # added in this process (register)
 
 
 def same(key: str) -> str:
@@ -29,18 +31,26 @@ def head_sizes(
     d_v: int | None,
     n_kv_heads: int | None,
     name: Callable[[str], str] = same,
+    differential: bool = False,
 ) -> tuple[int, int, int]:
     """(d_k, d_v, n_kv_heads) resolved from their defaults (d_k = d_model / n_heads, d_v = d_k, one key/value head
-    per query head), or InvalidSetting saying why the combination is impossible."""
+    per query head), or InvalidSetting saying why the combination is impossible. A differential head has two
+    query/key components of d_k each and values of 2 d_k (Ye et al. 2024): d_k = d_model / (2 n_heads) by default,
+    so that its parameters equal those of the plain heads of the same width."""
     n = name
     if n_heads < 1:
         raise InvalidSetting(n("n_heads"), n_heads, "an int >= 1")
+    maps = 2 if differential else 1  # query/key components per head
     if d_k is None:
-        if d_model % n_heads:
-            rule = f"a divisor of {n('d_model')}={d_model} while {n('d_k')} is null (or set d_k)"
+        if d_model % (maps * n_heads):
+            what = (
+                f"a divisor of {n('d_model')}={d_model}" if maps == 1 else f"half a divisor of {n('d_model')}={d_model}"
+            )
+            also = "" if maps == 1 else f" and {n('differential')}=true"
+            rule = f"{what} while {n('d_k')} is null{also} (or set d_k)"
             raise InvalidSetting(n("n_heads"), n_heads, rule)
-        d_k = d_model // n_heads
-    d_v = d_k if d_v is None else d_v
+        d_k = d_model // (maps * n_heads)
+    d_v = maps * d_k if d_v is None else d_v
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     for key, value in (("d_k", d_k), ("d_v", d_v), ("n_kv_heads", n_kv_heads)):
         if value < 1:
@@ -68,32 +78,55 @@ def readout_for(readout: str | None, level: str, key: str = "readout") -> str:
     return readout
 
 
+def designs(
+    differential: bool,
+    talking_heads: str,
+    normalizer: str,
+    gate: str,
+    latent_kv: int | None,
+    name: Callable[[str], str] = same,
+) -> None:
+    """The attention designs beside the head split, alone and together: InvalidSetting naming both keys of an
+    impossible pair. A differential head is defined with softmax maps (Ye et al. 2024), and mixing its two signed
+    components across heads is not."""
+    n = name
+    one_of(n("talking_heads"), talking_heads, TALKING_HEADS)
+    check_stage("normalizer", normalizer, n("normalizer"))
+    check_stage("gate", gate, n("gate"))
+    if latent_kv is not None and latent_kv < 1:
+        raise InvalidSetting(n("latent_kv"), latent_kv, "an int >= 1 (the latent's rank) or null")
+    if differential and talking_heads != "none":
+        raise InvalidSetting(n("talking_heads"), talking_heads, f"none while {n('differential')}=true")
+    if differential and normalizer != "softmax":
+        raise InvalidSetting(n("normalizer"), normalizer, f"softmax while {n('differential')}=true")
+
+
 @cache
-def _scoring_entry_points() -> dict[str, EntryPoint]:
-    return {point.name: point for point in entry_points(group=SCORING_GROUP)}
+def _entry_points(stage: str) -> dict[str, EntryPoint]:
+    return {point.name: point for point in entry_points(group=STAGES[stage])}
 
 
-def scoring_names() -> list[str]:
-    """Every scoring function there is: headlab's own and those of installed packages (the entry-point group
-    headlab.scoring), and any registered in this process."""
-    return sorted(set(_scoring_entry_points()) | set(_registered))
+def stage_names(stage: str) -> list[str]:
+    """Every implementation of a stage (scoring, normalizer, gate) there is: headlab's own and those of installed
+    packages (the stage's entry-point group, STAGES), and any registered in this process."""
+    return sorted(set(_entry_points(stage)) | set(_registered[stage]))
 
 
-def register_scoring(name: str, scoring) -> None:
-    """Add a scoring function in this process (a class like those of headlab.model.scoring); a package adds
-    one for every process with an entry point in the group headlab.scoring instead."""
-    _registered[name] = scoring
+def register(stage: str, name: str, implementation) -> None:
+    """Add an implementation of a stage in this process (a class like those of headlab.model.scoring,
+    .normalizers, .gates); a package adds one for every process with an entry point in the stage's group."""
+    _registered[stage][name] = implementation
 
 
-def check_scoring(name: str, key: str = "scoring") -> None:
-    if name not in scoring_names():
-        raise InvalidSetting(key, name, "one of " + ", ".join(scoring_names()))
+def check_stage(stage: str, name: str, key: str | None = None) -> None:
+    if name not in stage_names(stage):
+        raise InvalidSetting(key or stage, name, "one of " + ", ".join(stage_names(stage)))
 
 
-def load_scoring(name: str, key: str = "scoring"):
-    """The scoring function registered under name; InvalidSetting listing the names there are otherwise."""
-    check_scoring(name, key)
-    return _registered[name] if name in _registered else _scoring_entry_points()[name].load()
+def load_stage(stage: str, name: str, key: str | None = None):
+    """The implementation of a stage registered under name; InvalidSetting listing the names there are otherwise."""
+    check_stage(stage, name, key)
+    return _registered[stage][name] if name in _registered[stage] else _entry_points(stage)[name].load()
 
 
 def training_bytes(
@@ -109,6 +142,9 @@ def training_bytes(
     d_k: int,
     d_v: int,
     n_kv_heads: int,
+    maps: int = 1,
+    latent_kv: int | None = None,
+    gate_width: int = 0,
     two_passes: bool = False,
     ascent: bool = False,
 ) -> int:
@@ -116,12 +152,16 @@ def training_bytes(
     two moments and a scratch tensor; 24 when a sharpness-aware ascent is kept, `ascent`), and per layer and
     position of a batch about three float32 copies of the query, key and value projections (values, gradients,
     temporaries), 20 tensors as wide as d_model, two as wide as the feed-forward, three rows of attention weights
-    per head; activations twice over when two passes are kept for one backward (R-Drop, `two_passes`). Measured
-    against the peak memory of real runs in docs/runs.md."""
-    attention = d_model * (n_heads * d_k + n_kv_heads * (d_k + d_v)) + n_heads * d_v * d_model
+    per head and map; activations twice over when two passes are kept for one backward (R-Drop, `two_passes`).
+    Designs: `maps` attention maps a head (2: differential), keys and values from a latent of rank `latent_kv`, an
+    output gate `gate_width` wide. Measured against the peak memory of real runs in docs/runs.md."""
+    qk = maps * d_k  # query/key width of a head
+    kv = n_kv_heads * (qk + d_v)
+    kv_params = d_model * kv if latent_kv is None else (d_model + kv) * latent_kv
+    attention = d_model * n_heads * qk + kv_params + n_heads * d_v * d_model + d_model * gate_width
     per_layer = attention + 2 * d_model * d_ff + 6 * d_model + 2 * d_ff
     params = vocab_size * d_model + positions * d_model + n_layers * per_layer + d_model * (n_classes + 1)
-    projections = 3 * (n_heads * d_k + n_kv_heads * (d_k + d_v))
-    per_position = projections + 20 * d_model + 2 * d_ff + 3 * n_heads * positions
+    projections = 3 * (n_heads * qk + kv + (latent_kv or 0) + gate_width)
+    per_position = projections + 20 * d_model + 2 * d_ff + 3 * n_heads * maps * positions
     activations = 4 * batch_size * positions * n_layers * per_position * (2 if two_passes else 1)
     return (24 if ascent else 20) * params + activations

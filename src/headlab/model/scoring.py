@@ -5,7 +5,9 @@
 
 A scoring function is a subclass of Scoring. `scores` is its definition; `fused` may give softmax(scores) @ v by a
 path that never stores the (B, H, n, m) weights (None: the explicit path runs); `add_parameters` registers its
-learned tensors on the attention module (their names are the checkpoint's). The table is the entry-point group
+learned tensors on the attention module (their names are the checkpoint's); `zero_key_logit` says that a key of
+zeros scores 0 for every query (the softmax1 normaliser's fused path rests on it). A differential head's two
+components are scored one after the other, both with the head's parameters. The table is the entry-point group
 headlab.scoring (pyproject.toml), so an installed package adds one for every process; register_scoring adds one
 in this process. MultiHeadAttention(scoring=name) looks a name up, and an unknown name raises (headlab.model.rules).
 Shapes: B batch, H heads, n queries, m keys, d_k per-head query/key size, d_v value size.
@@ -21,6 +23,8 @@ from headlab.model import dispatch
 
 class Scoring:
     """The interface (and the defaults: no parameters, no fused path). `attn` is the MultiHeadAttention."""
+
+    zero_key_logit = False
 
     @staticmethod
     def add_parameters(attn: nn.Module) -> None:
@@ -39,6 +43,8 @@ class Scoring:
 
 
 class Dot(Scoring):
+    zero_key_logit = True  # q . 0 = 0
+
     @staticmethod
     def scores(attn, q, k):
         return (q @ k.transpose(-2, -1)) * attn.scale

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from headlab.conventions import SPLITS
+from headlab.conventions import ADDED_KEYS, SPLITS
 from headlab.errors import ConfigError, as_written
 from headlab.model import rules
 
@@ -60,6 +60,10 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.attention.n_kv_heads": OPTIONAL_POSITIVE,
     "model.attention.scale": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.dropout": PROBABILITY,
+    "model.attention.talking_heads": one_of(*rules.TALKING_HEADS),
+    "model.attention.differential": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.qk_norm": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.latent_kv": (optional_positive_int, "an int >= 1 (the latent's rank) or null"),
     "data.batch_size": POSITIVE,
     "data.n_train": POSITIVE,
     "data.n_val": POSITIVE,
@@ -124,8 +128,19 @@ def check_config(cfg: DictConfig) -> None:
 
     att = cfg.model.attention
     model_key = lambda key: "model.d_model" if key == "d_model" else f"model.attention.{key}"  # noqa: E731
-    rules.head_sizes(cfg.model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, model_key)
-    rules.check_scoring(att.scoring, "model.attention.scoring")
+    design = {k.rsplit(".", 1)[1]: att.get(k.rsplit(".", 1)[1], v) for k, v in ADDED_KEYS.items()}  # old configs
+    rules.head_sizes(
+        cfg.model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, model_key, design["differential"]
+    )
+    rules.check_stage("scoring", att.scoring, "model.attention.scoring")
+    rules.designs(
+        design["differential"],
+        design["talking_heads"],
+        design["normalizer"],
+        design["gate"],
+        design["latent_kv"],
+        model_key,
+    )
     if _value(cfg, "optim.rdrop") not in (_ABSENT, 0) and not (cfg.model.dropout or att.get("dropout")):
         rule = "0 while model.dropout and model.attention.dropout are 0 (R-Drop compares two dropout masks)"
         rule += "; set optim.rdrop=0 (text data's defaults set 3)"

@@ -16,7 +16,11 @@ SHARE = 0.7  # of the free memory a run (or a pack's members together) may plan 
 def model_bytes(cfg: DictConfig, datamodule) -> int:
     """training_bytes of the config's model on this data (its vocabulary, classes and longest example)."""
     model, att = cfg.model, cfg.model.attention
-    d_k, d_v, n_kv_heads = rules.head_sizes(model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads)
+    maps = 2 if att.get("differential") else 1
+    d_k, d_v, n_kv_heads = rules.head_sizes(
+        model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, differential=maps == 2
+    )
+    gate_width = {"headwise": att.n_heads, "elementwise": att.n_heads * d_v}.get(att.get("gate"), 0)
     readout = rules.readout_for(model.readout, datamodule.level)
     return rules.training_bytes(
         vocab_size=datamodule.vocab_size,
@@ -30,6 +34,9 @@ def model_bytes(cfg: DictConfig, datamodule) -> int:
         d_k=d_k,
         d_v=d_v,
         n_kv_heads=n_kv_heads,
+        maps=maps,
+        latent_kv=att.get("latent_kv"),
+        gate_width=gate_width,
         two_passes=bool(cfg.optim.get("rdrop")),
         ascent=bool(cfg.optim.get("sam_rho")),
     )

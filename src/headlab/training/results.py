@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.conventions import PATH_SUFFIXES, REPORTING_GROUPS, RESUME_KEYS
+from headlab.conventions import PATH_SUFFIXES, REPORTING_GROUPS, RESUME_KEYS, as_now
 from headlab.files import write_atomic
 
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
@@ -57,15 +57,15 @@ def recorded_config(run_dir: Path) -> dict | None:
     either."""
     record = read_record(run_dir)
     if record is not None and isinstance(record.get("config"), dict):
-        return record["config"]
+        return as_now(record["config"])
     try:
         saved = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
     except Exception:  # absent or unreadable YAML
         return None
     try:
-        return flatten(OmegaConf.to_container(saved, resolve=True))  # as results.json records it
+        return as_now(flatten(OmegaConf.to_container(saved, resolve=True)))  # as results.json records it
     except Exception:  # an interpolation that needs a Hydra job (${hydra:...}) outside one
-        return flatten(OmegaConf.to_container(saved))
+        return as_now(flatten(OmegaConf.to_container(saved)))
 
 
 def defining_keys(before: dict, now: dict) -> list[str]:
@@ -84,7 +84,10 @@ def defining_keys(before: dict, now: dict) -> list[str]:
 
 def same_run(before: dict | None, now: dict) -> bool:
     """Whether two flat configs are the same run (they agree on defining_keys)."""
-    return before is not None and all(before.get(k) == now.get(k) for k in defining_keys(before, now))
+    if before is None:
+        return False
+    before = as_now(before)
+    return all(before.get(k) == now.get(k) for k in defining_keys(before, now))
 
 
 def versions() -> dict:

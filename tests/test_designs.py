@@ -1,0 +1,230 @@
+"""The head designs beside the head split (docs/heads.md): each equals its paper's formula written out here
+independently, example by example over the real keys only (padding is cut off, not masked), at float64; no design
+named is the model as it was before the designs, bit for bit, and its checkpoints load."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from headlab.errors import InvalidSetting
+from headlab.model import Encoder, MultiHeadAttention, count_parameters, flops_per_token
+
+FIXTURE = Path(__file__).parent / "fixtures" / "attention_before_designs.pt"
+DESIGNS = {  # each design alone, and together with the head split's other keys
+    "gate headwise": dict(gate="headwise"),
+    "gate elementwise": dict(gate="elementwise"),
+    "talking pre": dict(talking_heads="pre"),
+    "talking post": dict(talking_heads="post"),
+    "talking both, additive, grouped": dict(talking_heads="both", scoring="additive", n_kv_heads=2),
+    "differential": dict(differential=True),
+    "differential, grouped, additive, qk-norm": dict(differential=True, n_kv_heads=2, scoring="additive", qk_norm=True),
+    "differential, latent, gate": dict(differential=True, latent_kv=8, gate="elementwise"),
+    "sigmoid": dict(normalizer="sigmoid"),
+    "sigmoid, post mixing": dict(normalizer="sigmoid", talking_heads="post"),
+    "softmax1": dict(normalizer="softmax1"),
+    "softmax1, unscaled, grouped": dict(normalizer="softmax1", scale=False, n_kv_heads=1),
+    "sink": dict(normalizer="sink"),
+    "qk-norm": dict(qk_norm=True),
+    "latent": dict(latent_kv=6),
+    "latent, grouped, d_k d_v": dict(latent_kv=6, n_kv_heads=2, d_k=5, d_v=3),
+    "everything": dict(gate="headwise", talking_heads="both", normalizer="sink", qk_norm=True, latent_kv=10),
+}
+
+
+def perturbed(attn: nn.Module) -> nn.Module:
+    """Every parameter moved off its initial value (identity mixings, zero sinks, unit norms would hide terms)."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
+    return attn
+
+
+def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, list]:
+    """Each design's formula, one example at a time over its real keys: (out (B, n, d), [weights (H, n, L_b)])."""
+    H, G, d_k, d_v, c = attn.n_heads, attn.n_kv_heads, attn.d_k, attn.d_v, attn.maps
+    outs, maps = [], []
+    for b, L in enumerate(lengths):
+        xb = x[b]  # (n, d)
+        q = (xb @ attn.q_proj.weight.T + attn.q_proj.bias).view(-1, H, c, d_k)  # (n, H, c, d_k)
+        source = xb[:L] if attn.kv_down is None else xb[:L] @ attn.kv_down.weight.T  # (L, d) or (L, r)
+        k = (source @ attn.k_proj.weight.T + attn.k_proj.bias).view(L, G, c, d_k)
+        v = (source @ attn.v_proj.weight.T + attn.v_proj.bias).view(L, G, d_v)
+        if attn.q_norm is not None:
+            q, k = layer_norm(q, attn.q_norm), layer_norm(k, attn.k_norm)
+        scores = torch.zeros(H, c, len(xb), L, dtype=x.dtype)
+        for h in range(H):
+            g = h // (H // G)  # its key/value head
+            for m in range(c):
+                if attn.scoring == "additive":
+                    w = attn.score_vector[h]
+                    for i in range(len(xb)):
+                        for j in range(L):
+                            scores[h, m, i, j] = w @ torch.tanh(q[i, h, m] + k[j, g, m])
+                else:
+                    scores[h, m] = q[:, h, m] @ k[:, g, m].T * attn.scale
+        if attn.logit_mix is not None:  # Shazeer et al. 2020: L[h'] = sum_h J[h] P_l[h, h']
+            scores = torch.stack([sum(attn.logit_mix[h, t] * scores[h] for h in range(H)) for t in range(H)])
+        e = torch.exp(scores)
+        if attn.normalizer == "softmax":
+            A = e / e.sum(-1, keepdim=True)
+        elif attn.normalizer == "sigmoid":  # Ramapuram et al. 2024: sigmoid(s + b), b = -log n
+            A = 1 / (1 + torch.exp(-(scores - math.log(L))))
+        elif attn.normalizer == "softmax1":  # Miller 2023: exp(s) / (1 + sum exp(s))
+            A = e / (1 + e.sum(-1, keepdim=True))
+        else:  # sink: exp(s) / (exp(z_h) + sum exp(s))
+            A = e / (torch.exp(attn.sink_logit).view(H, 1, 1, 1) + e.sum(-1, keepdim=True))
+        if attn.differential:  # Ye et al. 2024
+            lam = (
+                torch.exp(torch.dot(attn.lambda_q1, attn.lambda_k1))
+                - torch.exp(torch.dot(attn.lambda_q2, attn.lambda_k2))
+                + (0.8 - 0.6 * math.exp(-0.3 * 0))
+            )
+            A = A[:, 0] - lam * A[:, 1]  # (H, n, L)
+        else:
+            A = A[:, 0]
+        if attn.weight_mix is not None:  # U[h'] = sum_h W[h] P_w[h, h']
+            A = torch.stack([sum(attn.weight_mix[h, t] * A[h] for h in range(H)) for t in range(H)])
+        heads = []
+        for h in range(H):
+            o = A[h] @ v[:, h // (H // G)]  # (n, d_v)
+            if attn.differential:
+                rms = torch.sqrt((o**2).mean(-1, keepdim=True) + attn.head_norm.eps)
+                o = o / rms * attn.head_norm.weight * (1 - attn.lambda_init)
+            if attn.gate == "headwise":  # Qiu et al. 2025: Y * sigmoid(X W)
+                o = o * torch.sigmoid(xb @ attn.gate_proj.weight[h])[:, None]
+            elif attn.gate == "elementwise":
+                o = o * torch.sigmoid(xb @ attn.gate_proj.weight[h * d_v : (h + 1) * d_v].T)
+            heads.append(o)
+        outs.append(torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias)
+        maps.append(A)
+    return torch.stack(outs), maps
+
+
+LENGTHS = [7, 4, 6]
+
+
+@pytest.mark.parametrize("name", sorted(DESIGNS))
+def test_each_design_equals_its_formula_on_a_padded_batch(name):
+    torch.manual_seed(0)
+    attn = perturbed(MultiHeadAttention(16, 4, **DESIGNS[name]).double())
+    x = torch.randn(len(LENGTHS), max(LENGTHS), 16, dtype=torch.float64)
+    padding = torch.arange(max(LENGTHS))[None, :] >= torch.tensor(LENGTHS)[:, None]  # (B, n)
+    out, weights = attn(x, padding)
+    expected, maps = reference(attn, x, LENGTHS)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    for b, L in enumerate(LENGTHS):
+        torch.testing.assert_close(weights[b, :, :, :L], maps[b], rtol=1e-10, atol=1e-10)
+        assert (weights[b, :, :, L:] == 0).all()  # padded keys: exactly zero weight
+    fused, none = attn(x, padding, need_weights=False)
+    assert none is None
+    torch.testing.assert_close(fused, out, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(DESIGNS))
+def test_every_parameter_of_every_design_gets_a_gradient(name):
+    torch.manual_seed(0)
+    attn = perturbed(MultiHeadAttention(16, 4, **DESIGNS[name]))
+    padding = torch.arange(7)[None, :] >= torch.tensor([7, 4])[:, None]
+    attn(torch.randn(2, 7, 16), padding, need_weights=False)[0].square().sum().backward()
+    assert [n for n, p in attn.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+def test_without_a_design_the_model_is_the_one_before_the_designs_bit_for_bit():
+    """Outputs, weights and the fused path's outputs of models saved before the designs existed, and their
+    initialisation from the same seed: equal to the last bit; their state dicts load strictly."""
+    for name, saved in torch.load(FIXTURE, weights_only=False).items():
+        torch.manual_seed(0)
+        model = Encoder(11, 3, 9, "cls", d_model=16, n_layers=2, attention=saved["attention"]).eval()
+        fresh = model.state_dict()
+        assert all(torch.equal(fresh[k], v) for k, v in saved["state_dict"].items()), name
+        model.load_state_dict(saved["state_dict"], strict=True)
+        with torch.no_grad():
+            logits, weights = model(saved["tokens"], saved["padding"], need_weights=True)
+            fused, _ = model(saved["tokens"], saved["padding"], need_weights=False)
+        assert torch.equal(logits, saved["logits"]) and torch.equal(fused, saved["fused"]), name
+        assert all(torch.equal(w, s) for w, s in zip(weights, saved["weights"], strict=True)), name
+
+
+def test_softmax1_under_dot_scoring_runs_fused_over_a_zero_key(monkeypatch):
+    from headlab.model import dispatch
+
+    calls = []
+    real = dispatch.dot_attention
+    monkeypatch.setattr(dispatch, "dot_attention", lambda *a: calls.append(a[1].shape) or real(*a))
+    attn = MultiHeadAttention(16, 4, normalizer="softmax1", n_kv_heads=2)
+    padding = torch.arange(5)[None, :] >= torch.tensor([5, 3])[:, None]
+    x = torch.randn(2, 5, 16)
+    fused, _ = attn(x, padding, need_weights=False)
+    assert calls == [(2, 2, 6, 4)]  # keys (B, G, m + 1, d_k): the zero key beside the five
+    torch.testing.assert_close(fused, attn(x, padding)[0])
+    for design in (dict(normalizer="sink"), dict(talking_heads="pre"), dict(differential=True)):
+        calls.clear()
+        MultiHeadAttention(16, 4, **design)(x, padding, need_weights=False)
+        assert calls == [], design  # no exact fused path: the explicit one
+
+
+def test_differential_lambda_init_follows_the_layer():
+    model = Encoder(11, 3, 9, "cls", d_model=16, n_layers=3, attention=dict(n_heads=2, differential=True))
+    expected = [0.8 - 0.6 * math.exp(-0.3 * layer) for layer in range(3)]  # 0.2, 0.356, 0.471
+    assert [b.attn.lambda_init for b in model.blocks] == pytest.approx(expected)
+
+
+def test_a_parameter_matched_differential_head_halves_the_heads():
+    """Ye et al.: h = d_model / 2d differential heads of component size d match d_model / d plain heads of size d."""
+    plain, diff = MultiHeadAttention(64, 4), MultiHeadAttention(64, 2, differential=True)
+    assert (diff.d_k, diff.d_v) == (16, 32) == (plain.d_k, 2 * plain.d_v)
+    extra = 4 * diff.d_k + diff.d_v  # the four lambda vectors and the head normalisation's gain
+    assert sum(p.numel() for p in diff.parameters()) == sum(p.numel() for p in plain.parameters()) + extra
+
+
+@pytest.mark.parametrize(
+    ("design", "params", "flops"),
+    [  # d_model 16, 4 heads of 4, 8 positions + cls; parameters and training FLOPs a token beyond the plain model's
+        (dict(), 0, 0),
+        (dict(gate="headwise"), 16 * 4, 6 * 16 * 4),
+        (dict(gate="elementwise"), 16 * 16, 6 * 16 * 16),
+        (dict(talking_heads="both"), 2 * 16, 6 * 2 * 16 + 6 * 9 * 2 * 16),
+        (dict(normalizer="sink"), 4, 6 * 4),
+        (dict(qk_norm=True), 4 * 4, 6 * 4 * 4),
+        (dict(latent_kv=4), -(2 * 16 * 16) + 16 * 4 + 4 * 32, 6 * (-(2 * 16 * 16) + 16 * 4 + 4 * 32)),
+        (dict(differential=True), 4 * 2 + 4, 6 * (4 * 2 + 4)),  # d_k 2 a component, d_v 4: score FLOPs equal
+    ],
+)
+def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
+    plain = Encoder(11, 3, 8, "cls", d_model=16, n_layers=1, attention=dict(n_heads=4))
+    model = Encoder(11, 3, 8, "cls", d_model=16, n_layers=1, attention=dict(n_heads=4, **design))
+    assert count_parameters(model)["total"] - count_parameters(plain)["total"] == params
+    assert flops_per_token(model, 8) - flops_per_token(plain, 8) == flops
+
+
+@pytest.mark.parametrize(
+    ("design", "message"),
+    [
+        (
+            dict(differential=True, talking_heads="pre"),
+            "talking_heads='pre' is invalid: expected none while differential=true",
+        ),
+        (
+            dict(differential=True, normalizer="sigmoid"),
+            "normalizer='sigmoid' is invalid: expected softmax while differential=true",
+        ),
+        (dict(normalizer="relu"), "normalizer='relu' is invalid: expected one of sigmoid, sink, softmax, softmax1"),
+        (dict(gate="channel"), "gate='channel' is invalid: expected one of elementwise, headwise, none"),
+        (dict(talking_heads="yes"), "talking_heads='yes' is invalid: expected one of none, pre, post, both"),
+        (dict(latent_kv=0), "latent_kv=0 is invalid: expected an int >= 1"),
+        (dict(differential=True, n_heads=3), "n_heads=3 is invalid: expected half a divisor of d_model=16"),
+    ],
+)
+def test_impossible_designs_fail_at_construction_naming_both_keys(design, message):
+    with pytest.raises(InvalidSetting, match=message.replace("(", r"\(")):
+        MultiHeadAttention(16, **{"n_heads": 4, **design})
