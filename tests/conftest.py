@@ -195,3 +195,32 @@ def session_processes(session: int) -> list[int]:
             if int(fields[3]) == session and fields[0] != "Z":  # after the name: state, ppid, pgrp, session
                 alive.append(int(stat.parent.name))
     return alive
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Debian Chromium driven by ChromeDriver (selenium); skips where neither is installed."""
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium and chromedriver installed (Debian packages chromium, chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path}/profile",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()

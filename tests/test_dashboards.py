@@ -3,7 +3,6 @@ TensorBoard's EventAccumulator (images, one HParams session with the final metri
 the records W&B's API would return, and the interactive head view in a real headless Chromium."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -160,35 +159,6 @@ def test_a_sweeps_tensorboard_names_runs_by_what_varies_and_opens_hparams_on_the
         start = plugin_data_pb2.HParamsPluginData.FromString(content[name]["_hparams_/session_start_info"])
         assert start.session_start_info.hparams["model.attention.n_heads"].number_value == float(name[8])
         assert runs.Scalars(name, "val/acc_best")
-
-
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
-@pytest.fixture
-def browser(tmp_path):
-    """Headless Debian Chromium driven by ChromeDriver (selenium); skips where neither is installed."""
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("no chromium and chromedriver installed (Debian packages chromium, chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path}/profile",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
 
 
 def probe_attention(run: Path, checkpoint: str) -> tuple[list[str], list]:

@@ -228,3 +228,136 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
 def test_impossible_designs_fail_at_construction_naming_both_keys(design, message):
     with pytest.raises(InvalidSetting, match=message.replace("(", r"\(")):
         MultiHeadAttention(16, **{"n_heads": 4, **design})
+
+
+# what the analysis reads from each design: weights that need not sum to 1, signed maps, gates, mixing
+
+
+def test_statistics_of_rows_that_do_not_sum_to_one_read_their_mass_and_their_distribution():
+    """Two queries over three keys: a sink row (mass 0.5) and a signed differential row (mass 0.4)."""
+    w = torch.tensor([[[[0.25, 0.25, 0.0], [0.6, -0.2, 0.0]]]])  # (B=1, H=1, n=2 queries... padded to 3 keys)
+    w = torch.nn.functional.pad(w, (0, 0, 0, 1))  # (1, 1, 3, 3): a third query of zeros, padded
+    padding = torch.tensor([[False, False, True]])
+    from headlab.analysis.statistics import head_statistics
+
+    stats = head_statistics(w, padding)
+    assert stats["mass"].item() == pytest.approx((0.5 + 0.4) / 2)
+    p_sink, p_diff = [0.5, 0.5], [0.75, 0.25]  # |A| / sum |A|
+    entropy = lambda p: -sum(x * math.log(x) for x in p)  # noqa: E731
+    assert stats["entropy"].item() == pytest.approx((entropy(p_sink) + entropy(p_diff)) / 2)
+    assert stats["confidence"].item() == pytest.approx((0.5 + 0.75) / 2)
+    assert stats["attn_first"].item() == pytest.approx((0.25 + 0.6) / 2)  # A's own entries, signed
+    assert stats["attn_self"].item() == pytest.approx((0.25 - 0.2) / 2)
+
+
+def test_one_hot_and_disjoint_heads_have_finite_statistics_and_similarity():
+    """float32 one-hot rows beside rows whose weights underflow (a sharp softmax): nothing infinite, disjoint
+    heads at the largest divergence, ln 2."""
+    from headlab.analysis.statistics import head_report
+
+    n = 4
+    one_hot = torch.eye(n)[None, None]  # (1, 1, n, n): each query on itself
+    tiny = torch.full((n, n), 1e-45).fill_diagonal_(0.0)  # a subnormal weight where the other head has none
+    sharp = (torch.roll(torch.eye(n), 1, dims=1) + tiny)[None, None]
+    report = head_report([torch.cat([one_hot, sharp], dim=1)], None)
+    values = [v for row in report["rows"] for k, v in row.items() if k not in ("layer", "head")]
+    assert all(math.isfinite(v) for v in values)
+    assert torch.isfinite(report["similarity"]).all()
+    assert report["similarity"][0, 1].item() == pytest.approx(math.log(2), rel=1e-6)
+
+
+def test_score_std_is_the_spread_of_the_logits_the_normaliser_was_given():
+    """Sigmoid weights are not the logits up to a shift: the recorded logits give the spread, over real keys."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, normalizer="sigmoid")
+    x, padding = torch.randn(2, 5, 8), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    from headlab.analysis.statistics import head_statistics
+    from headlab.model.hooks import recorded
+
+    with torch.no_grad(), recorded(attn, "hook_attn_scores") as scores:
+        _, weights = attn(x, padding)
+    stats = head_statistics(weights, padding, scores[0])
+    expected = torch.zeros(2)
+    for b, L in enumerate((5, 3)):
+        s = scores[0][b, :, :L, :L]  # real queries, real keys
+        expected += s.std(-1, unbiased=False).mean(-1) / 2
+    torch.testing.assert_close(stats["score_std"], expected)
+
+
+def probe_model(**attention) -> Encoder:
+    torch.manual_seed(0)
+    return perturbed(Encoder(11, 3, 6, "cls", d_model=16, n_layers=2, attention=dict(n_heads=4, **attention)))
+
+
+def test_the_probe_reports_each_gates_mean_and_each_layers_mixing():
+    from headlab.training import probe
+
+    class Data:  # what probe.attention asks of a datamodule
+        def attention_roles(self, tokens, padding):
+            return ["any"], torch.zeros(tokens.shape + tokens.shape[-1:], dtype=torch.long).numpy()
+
+    tokens, padding = torch.randint(1, 11, (3, 6)), torch.zeros(3, 6, dtype=torch.bool)
+    padding[1, 4:] = True
+    batch = {"tokens": tokens, "padding_mask": padding, "labels": torch.zeros(3, dtype=torch.long)}
+    model = probe_model(gate="headwise", talking_heads="post").eval()
+    seen = probe.attention(model, Data(), batch)
+    x = torch.cat([model.cls.expand(3, -1, -1), model.tok_emb(tokens)], dim=1) + model.pos_emb[:7]  # layer 0's input
+    gate = torch.sigmoid(x @ model.blocks[0].attn.gate_proj.weight.T)  # (B, n', H)
+    real = ~model.attention_padding_mask(padding)
+    expected = torch.stack([gate[b][real[b]].mean(0) for b in range(3)]).mean(0)
+    layer0 = [r["gate"] for r in seen["report"]["rows"] if r["layer"] == 0]
+    assert layer0 == pytest.approx(expected.tolist(), rel=1e-5)
+    assert seen["mixing"].keys() == {"weights"}
+    assert seen["mixing"]["weights"][1] == model.blocks[1].attn.weight_mix.tolist()
+    assert "gate" not in probe.attention(probe_model(), Data(), batch)["report"]["rows"][0]
+
+
+def test_signed_maps_are_drawn_on_a_diverging_scale_and_mixing_matrices_as_a_figure():
+    from headlab.analysis import figures, head_view
+
+    signed = torch.tensor([[[[0.9, -0.3], [0.2, 0.5]]]])  # (E, H, n, n)
+    fig = figures.attention_maps(signed)
+    assert fig.axes[-1].get_ylabel() == "attention weight (signed)"
+    assert fig.axes[0].images[0].norm.vmin == -fig.axes[0].images[0].norm.vmax
+    assert figures.attention_maps(signed.abs()).axes[-1].get_ylabel() == "attention weight (log scale)"
+    mixing = figures.mixing_maps({"logits": [torch.eye(3).tolist()], "weights": [torch.eye(3).tolist()]})
+    assert [ax.get_title() for ax in mixing.axes[:2]] == ["layer 0: logits", "layer 0: weights"]
+    page = head_view.page_data({"weights": [signed.numpy()], "tokens": [["a", "b"]], "rows": []}, "t")
+    assert page["signed"] and page["scale"] == 1.0
+    assert page["examples"][0]["attention"][0][0] == [[900, -300], [200, 500]]
+
+
+def test_the_head_view_draws_signed_weights_on_a_diverging_scale(tmp_path, browser):
+    """A differential head's negative weights: dashed lines and blue cells, each as opaque as |w|."""
+    from headlab.training import probe
+
+    weights = torch.tensor([[[[0.8, -0.4, 0.1], [0.05, 0.7, -0.2], [0.3, 0.3, 0.3]]]]).numpy()  # (E, H, n, n)
+    rows = [{"layer": 0, "head": 0, "entropy": 1.0, "mass": 0.6}]
+    probe.write_head_view(
+        tmp_path / "view.html", {"weights": [weights], "tokens": [["a", "b", "c"]], "rows": rows}, "t"
+    )
+    browser.get((tmp_path / "view.html").as_uri())
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('line.attn')].map(l => [Number(l.dataset.query), "
+        "Number(l.dataset.key), l.getAttribute('stroke-opacity'), l.getAttribute('stroke-dasharray')])"
+    )
+    assert sorted(lines) == sorted(
+        [
+            [0, 0, "0.800", None],
+            [0, 1, "0.400", "4 3"],
+            [0, 2, "0.100", None],
+            [1, 0, "0.050", None],
+            [1, 1, "0.700", None],
+            [1, 2, "0.200", "4 3"],
+            [2, 0, "0.300", None],
+            [2, 1, "0.300", None],
+            [2, 2, "0.300", None],
+        ]
+    )
+    assert "dashed = negative" in browser.find_element("id", "note").text
+    browser.find_element("css selector", "#mode option[value='matrix']").click()
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('rect.cell')].map(c => [c.getAttribute('fill'), "
+        "c.getAttribute('fill-opacity')])"
+    )
+    assert cells[1] == ["#2166ac", "0.400"] and cells[0] == ["#b2182b", "0.800"]

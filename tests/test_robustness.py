@@ -205,7 +205,7 @@ def test_a_non_finite_loss_stops_the_run_with_one_true_line_naming_its_cause(run
     assert record["status"] == "failed" and record["error"].startswith("TrainingError: non-finite training objective")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     n_heads=st.integers(1, 8),
     d_k=st.one_of(st.none(), st.integers(1, 24)),
@@ -215,13 +215,25 @@ def test_a_non_finite_loss_stops_the_run_with_one_true_line_naming_its_cause(run
     scale=st.booleans(),
     need_weights=st.booleans(),
     lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    design=st.fixed_dictionaries(
+        {
+            "gate": st.sampled_from(["none", "headwise", "elementwise"]),
+            "talking_heads": st.sampled_from(["none", "pre", "post", "both"]),
+            "differential": st.booleans(),
+            "normalizer": st.sampled_from(["softmax", "sigmoid", "softmax1", "sink"]),
+            "qk_norm": st.booleans(),
+            "latent_kv": st.one_of(st.none(), st.integers(1, 12)),
+        }
+    ),
 )
 def test_random_valid_attention_configurations_run_forward_and_backward(
-    n_heads, d_k, d_v, kv_divisor, scoring, scale, need_weights, lengths
+    n_heads, d_k, d_v, kv_divisor, scoring, scale, need_weights, lengths, design
 ):
-    d_model = 8 * n_heads  # divisible by n_heads, so d_k = null is valid
+    if design["differential"]:  # a differential head: softmax maps, no talking heads (headlab.model.rules.designs)
+        design = {**design, "talking_heads": "none", "normalizer": "softmax"}
+    d_model = 8 * n_heads  # divisible by 2 n_heads, so d_k = null is valid
     n_kv_heads = n_heads // kv_divisor if n_heads % kv_divisor == 0 else None
-    mha = MultiHeadAttention(d_model, n_heads, d_k, d_v, n_kv_heads, scoring, scale, dropout=0.1)
+    mha = MultiHeadAttention(d_model, n_heads, d_k, d_v, n_kv_heads, scoring, scale, dropout=0.1, **design)
     n = max(lengths)
     x = torch.randn(len(lengths), n, d_model, requires_grad=True)
     mask = torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]

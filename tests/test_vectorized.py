@@ -170,3 +170,27 @@ def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
             own = model(tokens[e, :, :n], padding[e, :, :n])[0]  # (B, C) or (B, n, C)
             torch.testing.assert_close(out[e, :, :n] if readout == "token" else out[e], own, atol=1e-12, rtol=0)
             assert readout != "token" or not out[e, :, n:].any()  # padded positions: no logits (labels ignore them)
+
+
+@pytest.mark.parametrize(
+    "design",
+    [
+        {"gate": "elementwise", "talking_heads": "both", "normalizer": "sink", "qk_norm": True, "latent_kv": 6},
+        {"differential": True, "gate": "headwise", "n_kv_heads": 1},
+        {"normalizer": "sigmoid", "talking_heads": "pre"},
+        {"normalizer": "softmax1", "scoring": "additive"},
+    ],
+)
+def test_the_head_designs_stack_on_both_paths_as_each_model_alone(design):
+    """The CPU path (one member after another) and the batched one of a GPU (torch.func.vmap) on every design."""
+    alone = []
+    for e in range(2):
+        torch.manual_seed(e)
+        alone.append(Encoder(20, 5, 9, "mean", d_model=16, n_layers=2, attention={"n_heads": 2, **design}).double())
+    stack = Stacked([copy.deepcopy(m) for m in alone]).double()
+    tokens = torch.randint(1, 20, (2, 4, 9))
+    mask = torch.zeros(2, 4, 9, dtype=torch.bool)
+    mask[:, 1, 6:] = True
+    expected = torch.stack([m(tokens[e], mask[e])[0] for e, m in enumerate(alone)])
+    torch.testing.assert_close(stack(tokens, mask), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(stack.batched(tokens, mask), expected, atol=1e-12, rtol=0)

@@ -1,4 +1,5 @@
-"""Figures of heads for a paper or a dashboard: attention maps, head similarity, head importance, pruning curves.
+"""Figures of heads for a paper or a dashboard: attention maps, head similarity, head importance, pruning curves,
+talking heads' mixing matrices.
 
 Built as matplotlib Figure objects, without pyplot: no display, no backend to choose, nothing to close. Each is
 sized to its content (panels grow with the number of tokens, not the page), with constrained layout (no white
@@ -9,7 +10,7 @@ import io
 import math
 
 import numpy as np
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
 MAX_LABELLED = 40  # label the axes with tokens up to this length; beyond it they are unreadable
@@ -30,8 +31,10 @@ def _panel_inches(n: int) -> float:
 def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = "") -> Figure:
     """Panels of weights (E, H, n, n) (or (H, n, n) for one example): one row per example (more when it has over
     HEADS_PER_ROW heads), one panel per head, queries as rows and keys as columns. tokens: each example's token
-    strings (its real length; the panel shows only those). A log colour scale from 1/(10 n) to 1, so that a
-    diffuse head (weights near 1/n) shows its structure instead of a uniform block."""
+    strings (its real length; the panel shows only those). A log colour scale from 1/(10 n) to 1 (or the largest
+    weight, where sigmoid or mixing exceed 1), so that a diffuse head (weights near 1/n) shows its structure
+    instead of a uniform block; signed weights (a differential head's, mixed ones) on a diverging linear scale
+    centred on 0."""
     weights = _array(weights)
     if weights.ndim == 3:
         weights = weights[None]
@@ -45,13 +48,17 @@ def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = 
     for e in range(E):  # the panels left over in each example's last row
         for ax in axes[e * rows : (e + 1) * rows].flat[H:]:
             ax.axis("off")
-    norm = LogNorm(vmin=1 / (10 * n), vmax=1, clip=True)
+    signed = bool((weights < 0).any())
+    top = max(1.0, float(np.abs(weights).max())) if weights.size else 1.0
+    norm = Normalize(-top, top) if signed else LogNorm(vmin=1 / (10 * n), vmax=top, clip=True)
+    floor = -top if signed else norm.vmin
     for e in range(E):
         k = len(tokens[e])
         labelled = k <= MAX_LABELLED
         for h in range(H):
             ax = axes[e * rows + h // columns, h % columns]
-            image = ax.imshow(np.maximum(weights[e, h, :k, :k], norm.vmin), norm=norm, cmap="viridis")
+            cmap = "RdBu_r" if signed else "viridis"
+            image = ax.imshow(np.maximum(weights[e, h, :k, :k], floor), norm=norm, cmap=cmap)
             first = h % columns == 0
             if e == 0:
                 ax.set_title(f"head {h}", fontsize=9)
@@ -61,7 +68,8 @@ def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = 
             if first:
                 ax.set_ylabel(f"example {e}: query", fontsize=8)
                 ax.set_xlabel("key", fontsize=8)
-    fig.colorbar(image, ax=axes, shrink=0.6 if E * rows > 1 else 0.9, label="attention weight (log scale)")
+    label = "attention weight (signed)" if signed else "attention weight (log scale)"
+    fig.colorbar(image, ax=axes, shrink=0.6 if E * rows > 1 else 0.9, label=label)
     fig.suptitle(title or "attention weights (rows: queries, columns: keys)", fontsize=10)
     return fig
 
@@ -83,6 +91,27 @@ def similarity_map(divergence, n_heads: int) -> Figure:
     ax.set_ylabel("head")
     fig.colorbar(image, ax=ax, label="similarity")
     ax.set_title("head similarity: 1 - JS / ln 2\n(1 = same attention, 0 = disjoint keys)", fontsize=9)
+    return fig
+
+
+def mixing_maps(mixing: dict[str, list]) -> Figure:
+    """Talking heads' matrices (Shazeer et al. 2020): a panel per layer and what it mixes ({"logits": [(H, H) per
+    layer], "weights": [...]}), entry (h, h') the weight of head h's map in head h''s; the identity = no mixing."""
+    panels = [(what, layer, np.asarray(m)) for what, per_layer in mixing.items() for layer, m in enumerate(per_layer)]
+    H = panels[0][2].shape[0]
+    side = min(4.0, max(1.8, 0.35 * H + 1.0))
+    fig = Figure(figsize=(side * len(panels) + 1.2, side + 0.6), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    top = max(1e-9, max(float(np.abs(m).max()) for _, _, m in panels))
+    for ax, (what, layer, matrix) in zip(axes, panels, strict=True):
+        image = ax.imshow(matrix, cmap="RdBu_r", vmin=-top, vmax=top)
+        ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=7)
+        ax.set_yticks(range(H), [str(h) for h in range(H)], fontsize=7)
+        ax.set_xlabel("to head", fontsize=8)
+        ax.set_ylabel("from head", fontsize=8)
+        ax.set_title(f"layer {layer}: {what}", fontsize=9)
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="mixing weight")
+    fig.suptitle("talking heads: mixing matrices", fontsize=10)
     return fig
 
 
@@ -153,4 +182,6 @@ def render_heads(snapshot: dict) -> dict[str, bytes]:
         for layer, w in enumerate(snapshot["weights"])
     }
     out["heads/similarity"] = png(similarity_map(snapshot["similarity"], snapshot["n_heads"]))
+    if snapshot.get("mixing"):
+        out["heads/mixing"] = png(mixing_maps(snapshot["mixing"]))
     return out

@@ -18,7 +18,8 @@ def page_data(snapshot: dict, title: str) -> dict:
     """What the page shows, from a probe snapshot (headlab.training.probe.snapshot): per layer an (E, H, n, n)
     array of probe attention, each example's tokens (its real length), label and prediction, the rows of
     statistics (and importance) per (layer, head), the share of attention each key role gets from each head, and
-    the notation of the task's tokens. Weights are stored in thousandths, the examples cut to MAX_VALUES weights."""
+    the notation of the task's tokens, whether weights are signed and the largest magnitude drawn. Weights are
+    stored in thousandths, the examples cut to MAX_VALUES weights."""
     weights = [np.asarray(w, dtype=np.float32) for w in snapshot["weights"]]
     tokens, rows = snapshot["tokens"], snapshot["rows"]
     L, (E, H) = len(weights), weights[0].shape[:2]
@@ -40,8 +41,11 @@ def page_data(snapshot: dict, title: str) -> dict:
     clean = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in rows]
     roles = snapshot.get("roles")
     shares = {"names": roles["names"], "share": np.round(np.asarray(roles["share"]), 4).tolist()} if roles else None
+    largest = max((float(np.abs(w).max()) for w in weights if w.size), default=1.0)
     return {
         "title": title,
+        "signed": any(bool((w < 0).any()) for w in weights),  # a differential head's, or mixed weights
+        "scale": max(1.0, largest),  # the weight drawn fully opaque: 1, or more where sigmoid or mixing exceed it
         "layers": L,
         "heads": H,
         "statistics": statistics,

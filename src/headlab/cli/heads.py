@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, data in pngs.items():  # attention_layer_0.png, similarity.png, importance_map.png, pruning_curves.png
         (out / f"{name.replace('attention/', 'attention_').removeprefix('heads/')}.png").write_bytes(data)
     probe.write_head_view(out / "view.html", snapshot, f"{args.run_dir}: heads of {checkpoint.name}")
-    columns = ["layer", "head", *statistics.STATISTICS, *(["importance"] if "importance" in report["rows"][0] else [])]
+    columns = ["layer", "head", *statistics.measured(report["rows"])]
+    columns += ["importance"] if "importance" in report["rows"][0] else []
     with (out / "statistics.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()

@@ -100,7 +100,8 @@ class AttentionLogger(pl.Callback):
         started = time.perf_counter()
         batch, seen = self._attention(model, datamodule, device)
         report = seen["report"]
-        scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in statistics.STATISTICS}
+        names = statistics.measured(report["rows"])
+        scalars = {f"heads/L{r['layer']}/H{r['head']}/{s}": r[s] for r in report["rows"] for s in names}
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
         snapshot = None
@@ -115,7 +116,7 @@ class AttentionLogger(pl.Callback):
     @staticmethod
     def log_media(loggers: list, snapshot: dict, pngs: dict[str, bytes]) -> None:
         """The rendered figures of a snapshot to W&B and TensorBoard; its statistics table to W&B."""
-        columns = ["layer", "head", *statistics.STATISTICS]
+        columns = ["layer", "head", *statistics.measured(snapshot["rows"])]
         log_images(loggers, pngs, snapshot["step"], tables={"heads/table": (columns, snapshot["rows"])})
 
     def write_report(self, model, datamodule, loggers: list, device, step: int, checkpoint=None, stop=None) -> None:
@@ -181,6 +182,7 @@ class AttentionLogger(pl.Callback):
             "probe_size": len(batch["tokens"]),
             "attention_roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"].tolist()},
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
+            **({"mixing": seen["mixing"]} if seen["mixing"] else {}),  # talking heads' matrices
         }
         job = None
         if analysis:
@@ -222,7 +224,7 @@ class AttentionLogger(pl.Callback):
             )
             plot = wandb.plot.line(table, "fraction_pruned", "acc", title="pruning curve (Michel et al.)")
             logger.experiment.log({"heads/pruning_curve": plot, "trainer/global_step": step})
-        columns = ["layer", "head", "importance", *statistics.STATISTICS]
+        columns = ["layer", "head", "importance", *statistics.measured(rows)]
         pruning = [
             {
                 "order": order,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from headlab.conventions import ADDED_KEYS, SPLITS
+from headlab.conventions import ADDED_KEYS, SPLITS, as_now
 from headlab.errors import ConfigError, as_written
 from headlab.model import rules
 
@@ -293,6 +293,7 @@ def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     before = recorded_config(Path(cfg.resume))
     if before is None:
         return  # a run killed before it wrote either: nothing to compare with
+    flat_config = as_now(flat_config)  # a run composed from a config saved before keys were added
     for key in defining_keys(before, flat_config):
         if before.get(key) != flat_config.get(key):
             fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

@@ -13,19 +13,39 @@ import torch
 from headlab.analysis import head_view, statistics
 from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
+from headlab.model.hooks import recorded
 
 
 def attention(model, datamodule, batch: dict) -> dict:
-    """{"weights": per layer (B, H, n', n'), "logits", "report": statistics.head_report, "roles": {"names",
-    "share" (L, H, R)}} of the model on a probe batch, in evaluation mode."""
+    """{"weights": per layer (B, H, n', n'), "logits", "report": statistics.head_report (from the weights, the
+    logits each normaliser was given and any output gates, recorded at the attention's hook points), "roles":
+    {"names", "share" (L, H, R)}, "mixing": talking heads' matrices} of the model on a probe batch, in
+    evaluation mode."""
     was_training = model.training
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), recorded(model, "hook_attn_scores") as scores, recorded(model, "hook_gate") as gates:
         logits, weights = model(batch["tokens"], batch["padding_mask"], need_weights=True)
     model.train(was_training)
     padding = model.attention_padding_mask(batch["padding_mask"])  # (B, n')
-    report = statistics.head_report(weights, padding)
-    return {"weights": weights, "logits": logits, "report": report, "roles": roles(model, datamodule, batch, weights)}
+    report = statistics.head_report(weights, padding, scores, gates or None)
+    return {
+        "weights": weights,
+        "logits": logits,
+        "report": report,
+        "roles": roles(model, datamodule, batch, weights),
+        "mixing": mixing(model),
+    }
+
+
+def mixing(model) -> dict[str, list]:
+    """Talking heads' (H, H) matrices of every layer, by what they mix ("logits", "weights"; row h to column h'),
+    as nested lists; {} without talking heads."""
+    found = {}
+    for what, name in (("logits", "logit_mix"), ("weights", "weight_mix")):
+        matrices = [getattr(block.attn, name) for block in model.blocks]
+        if matrices[0] is not None:
+            found[what] = [m.detach().float().cpu().tolist() for m in matrices]
+    return found
 
 
 def roles(model, datamodule, batch: dict, weights: list) -> dict:
@@ -67,6 +87,7 @@ def snapshot(model, datamodule, batch: dict, seen: dict, step: int, examples: in
         "notation": datamodule.notation,
         "roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"]},
         "similarity": seen["report"]["similarity"].cpu().numpy(),
+        "mixing": seen["mixing"],
         "n_heads": model.n_heads,
         "rows": seen["report"]["rows"],
         "step": step,

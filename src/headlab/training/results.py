@@ -86,7 +86,7 @@ def same_run(before: dict | None, now: dict) -> bool:
     """Whether two flat configs are the same run (they agree on defining_keys)."""
     if before is None:
         return False
-    before = as_now(before)
+    before, now = as_now(before), as_now(now)
     return all(before.get(k) == now.get(k) for k in defining_keys(before, now))
 
 

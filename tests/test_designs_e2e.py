@@ -1,0 +1,128 @@
+"""Every head design through the real CLI: as a single run and as a pack member (equal to its single run), in a
+sweep's compare table, under DDP, resumed; runs recorded before the design keys existed still resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY, as_interrupted, cli_here, headlab_train
+
+DESIGNS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "design").glob("*.yaml"))
+COMMON = [*TINY, "logger=csv", "model.d_model=32"]  # 32: the latent's rank 16 is below the width
+
+
+def records(sweep: Path) -> dict[str, dict]:
+    """design -> its run's results.json, for every job of a sweep."""
+    found = [json.loads(p.read_text()) for p in sweep.glob("*/results.json")]
+    return {r["config"]["design"]: r for r in found}
+
+
+@pytest.mark.e2e
+def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path):
+    assert len(DESIGNS) == 10
+    designs = f"+design={','.join(DESIGNS)}"
+    packed = run_cli("-m", "hydra/launcher=packed", designs, *COMMON, "hydra.sweep.dir=packed")
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    alone = run_cli("-m", designs, *COMMON, "hydra.sweep.dir=alone")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    members, singles = records(tmp_path / "packed"), records(tmp_path / "alone")
+    assert sorted(members) == sorted(singles) == DESIGNS
+    for design, member in members.items():
+        assert member["status"] == singles[design]["status"] == "completed" and "pack" in member, design
+        # float32 on a CPU, the same seed: the pack's member is its single run (to rounding)
+        assert member["metrics"]["test/loss"] == pytest.approx(singles[design]["metrics"]["test/loss"], abs=1e-4)
+        assert member["params"] == singles[design]["params"] and member["flops_per_token"] > 0
+
+    plain = members["plain"]
+    assert members["latent_kv"]["params"]["attention"] < plain["params"]["attention"]
+    assert members["gate_elementwise"]["params"]["attention"] > members["gate_headwise"]["params"]["attention"]
+    assert members["talking_heads"]["flops_per_token"] > plain["flops_per_token"]
+    by_design = {}
+    for path in (tmp_path / "packed").glob("*/heads.json"):
+        config = json.loads((path.parent / "results.json").read_text())["config"]
+        by_design[config["design"]] = json.loads(path.read_text())
+    for design, report in by_design.items():
+        assert all(
+            isinstance(v, float) and abs(v) < 1e6
+            for r in report["rows"]
+            for k, v in r.items()
+            if k not in ("layer", "head")
+        ), design
+        masses = [r["mass"] for r in report["rows"]]
+        if design in ("softmax1", "sink"):
+            assert all(0 < m < 1 for m in masses), design  # the rest goes to no key
+        elif design in ("plain", "gate_headwise", "gate_elementwise", "qk_norm", "latent_kv"):
+            assert masses == pytest.approx([1.0] * len(masses), abs=1e-5), design
+        assert ("gate" in report["rows"][0]) == design.startswith("gate_"), design
+        assert ("mixing" in report) == (design == "talking_heads"), design
+        assert "importance" in report["rows"][0] and report["pruning_curve"], design
+    assert (
+        (tmp_path / "packed")
+        .joinpath(
+            next(
+                p.parent.name
+                for p in (tmp_path / "packed").glob("*/results.json")
+                if json.loads(p.read_text())["config"]["design"] == "differential"
+            ),
+            "heads",
+            "view.html",
+        )
+        .is_file()
+    )
+
+    compare = cli_here(
+        "compare", "packed", "--metric", "test/acc", "--metric", "heads/mass", "--no-plots", cwd=tmp_path
+    )
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    table = (tmp_path / "packed" / "compare.md").read_text()
+    for design in DESIGNS:
+        assert f"| {design} " in table or f"design={design}" in table, design
+    assert "heads/mass" in table
+
+
+@pytest.mark.e2e
+def test_a_design_resumes_and_a_run_recorded_before_the_design_keys_resumes_too(run_cli, tmp_path):
+    first = run_cli(*COMMON, "+design=differential", "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = as_interrupted(tmp_path / "run")
+    refused = run_cli(f"resume={run}", "model.attention.differential=false")
+    assert refused.returncode == 2 and "model.attention.differential=false is invalid: expected True" in refused.stderr
+    assert run_cli(f"resume={run}").returncode == 0
+
+    old = run_cli(*COMMON, "hydra.run.dir=old")  # as a run of the code before the designs recorded itself:
+    assert old.returncode == 0, old.stderr[-2000:]
+    old_run = as_interrupted(tmp_path / "old")
+    designs = ("normalizer", "gate", "talking_heads", "differential", "qk_norm", "latent_kv")
+    record = json.loads((old_run / "results.json").read_text())
+    record["config"] = {k: v for k, v in record["config"].items() if k.rsplit(".", 1)[-1] not in designs}
+    (old_run / "results.json").write_text(json.dumps(record))
+    saved = yaml.safe_load((old_run / ".hydra" / "config.yaml").read_text())
+    saved["model"]["attention"] = {k: v for k, v in saved["model"]["attention"].items() if k not in designs}
+    (old_run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    resumed = run_cli(f"resume={old_run}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((old_run / "results.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.e2e
+def test_a_design_trains_under_ddp(tmp_path):
+    result = headlab_train(
+        *COMMON, "trainer=ddp_cpu", "trainer.max_epochs=1", "+design=talking_heads", "hydra.run.dir=run", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["status"] == "completed" and record["resources"]["devices"] == 2
+    assert record["config"]["model.attention.talking_heads"] == "both"
+    assert "mixing" in json.loads((tmp_path / "run" / "heads.json").read_text())
+
+
+def test_impossible_designs_are_refused_in_one_line_before_anything_is_built(tmp_path):
+    result = headlab_train("+design=differential", "model.attention.talking_heads=pre", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "headlab-train: invalid config: model.attention.talking_heads='pre' is invalid: expected none while "
+        "model.attention.differential=true"
+    )
+    assert not list(tmp_path.rglob("results.json"))
