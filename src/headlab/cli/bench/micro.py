@@ -1,6 +1,7 @@
-"""Micro-benchmarks: headlab's encoder against nn.TransformerEncoder, additive scoring paths, attention memory,
-the cost of capturing attention weights."""
+"""Micro-benchmarks: headlab's encoder against nn.TransformerEncoder, additive scoring paths, the head designs,
+the hook points, attention memory, the cost of capturing attention weights."""
 
+import importlib.resources
 import os
 import statistics
 import subprocess
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from headlab.cli.bench.timing import interleaved
@@ -24,10 +26,19 @@ MEMORY_PATHS = ("dot", "additive, fused", "additive, fused, torch ops", "additiv
 class HeadlabStack(nn.Module):
     """headlab's blocks on (B, n, d) inputs: the encoder without embeddings and classifier."""
 
-    def __init__(self, d: int, heads: int, layers: int, dropout: float, attention_dropout: float, scoring: str = "dot"):
+    def __init__(
+        self,
+        d: int,
+        heads: int,
+        layers: int,
+        dropout: float,
+        attention_dropout: float,
+        scoring: str = "dot",
+        design: dict | None = None,
+    ):
         super().__init__()
-        attention = {"n_heads": heads, "dropout": attention_dropout, "scoring": scoring}
-        self.blocks = nn.ModuleList(Block(d, 4 * d, dropout, "post", attention) for _ in range(layers))
+        attention = {"n_heads": heads, "dropout": attention_dropout, "scoring": scoring, **(design or {})}
+        self.blocks = nn.ModuleList(Block(d, 4 * d, dropout, "post", attention, i) for i in range(layers))
 
     def forward(self, x):
         for block in self.blocks:
@@ -185,6 +196,74 @@ def additive_throughput(args) -> list[dict]:
     return [
         {**row, "tokens_per_s": B * n / row["seconds"], "ratio_to_dot": row["base"] / row["seconds"]} for row in rows
     ]
+
+
+def designs() -> dict[str, dict]:
+    """The head designs of conf/design (name -> its model.attention keys), the plain one first."""
+    folder = importlib.resources.files("headlab.conf") / "design"
+    found = {
+        f.name.removesuffix(".yaml"): OmegaConf.to_container(OmegaConf.create(f.read_text()))
+        for f in folder.iterdir()
+        if f.name.endswith(".yaml")
+    }
+    return {"plain": found.pop("plain"), **dict(sorted(found.items()))}
+
+
+def design_throughput(args) -> list[dict]:
+    """Training tokens/s of a 4-layer encoder (d_model 128, 4 heads) with each head design of conf/design against
+    the plain heads, and whether its attention runs a fused path (SDPA) or the explicit one."""
+    B, n, d = args.batch, args.seq, 128
+    x = torch.randn(B, n, d)
+    stacks = {}
+    for name, design in designs().items():
+        torch.manual_seed(0)
+        stacks[name] = HeadlabStack(d, 4, 4, 0.0, 0.0, design=design)
+    seconds = interleaved({name: train_step(stack, x) for name, stack in stacks.items()}, args.repeats)
+    rows = []
+    for name, stack in stacks.items():
+        attn = stack.blocks[0].attn
+        # the normalisers with an exact fused path: softmax, and softmax1 over a zero key (dot scoring here)
+        fused = attn.fusable and attn.normalizer in ("softmax", "softmax1")
+        rows.append(
+            {
+                "design": name,
+                "params": sum(p.numel() for p in stack.parameters()),
+                "path": "fused (SDPA)" if fused else "explicit",
+                "tokens_per_s": B * n / seconds[name],
+                "ratio_to_plain": seconds["plain"] / seconds[name],
+            }
+        )
+    return rows
+
+
+def hook_cost(args) -> dict:
+    """The hook points unused against none at all: a training step of the 4-layer encoder (d_model 128, 4 heads)
+    as it is, and with every hook point taken out of its attention layers (plain attributes that return their
+    input, no module call)."""
+    B, n, d = args.batch, args.seq, 128
+    x = torch.randn(B, n, d)
+    torch.manual_seed(0)
+    hooked = HeadlabStack(d, 4, 4, 0.0, 0.0)
+    torch.manual_seed(0)
+    bare = HeadlabStack(d, 4, 4, 0.0, 0.0)
+    for block in bare.blocks:
+        for name in [n for n in block.attn._modules if n.startswith("hook_")]:
+            point = block.attn._modules.pop(name)
+            object.__setattr__(block.attn, name, _Bare(point))
+    seconds = interleaved({"with hook points": train_step(hooked, x), "without": train_step(bare, x)}, args.repeats)
+    return {k: B * n / s for k, s in seconds.items()}
+
+
+class _Bare:
+    """A hook point as a plain callable: what the attention costs without hook points at all."""
+
+    hooked = False
+
+    def __init__(self, point):
+        pass
+
+    def __call__(self, x):
+        return x
 
 
 def attention_memory(n: int) -> list[dict]:

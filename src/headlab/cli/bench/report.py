@@ -94,6 +94,29 @@ def report(r: dict, args) -> str:
     ]
     lines += [
         "",
+        f"## Head designs (batch {args.batch}, sequence {args.seq}, d_model 128, 4 layers, 4 heads)",
+        "",
+        "Forward + backward + AdamW of the encoder with each design of `conf/design` (`+design=NAME`; docs/heads.md),",
+        "against the plain heads in the same run. `fused` designs keep SDPA (the gate, QK-norm and latent K/V act",
+        "outside it; softmax1 adds one zero key); the others run the explicit path, which stores the weights.",
+        "",
+        "| design | parameters | attention path | tokens/s | vs plain |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['design']} | {row['params']:,} | {row['path']} | {row['tokens_per_s']:,.0f} | "
+        f"{row['ratio_to_plain']:.2f}x |"
+        for row in r["designs"]
+    ]
+    hooks = r["hooks"]
+    lines += [
+        "",
+        "Hook points (`hook_q`, `hook_pattern`, ...; docs/heads.md) left unused cost one module call each: the same",
+        f"step {hooks['with hook points']:,.0f} tokens/s with them against {hooks['without']:,.0f} without any "
+        f"({hooks['with hook points'] / hooks['without']:.3f}x).",
+    ]
+    lines += [
+        "",
         f"Peak memory of one attention op's second forward + backward (B 8, 4 heads, d_k 32, n {r['memory'][0]['n']}),",
         "resident size above the baseline, each in a fresh process (large blocks returned to the system on free):",
         "",
