@@ -197,6 +197,26 @@ def test_select_picks_each_arms_learning_rate_on_validation_and_reports_test_the
     assert "optim.lr (selected on val/acc_best)" in text
 
 
+def test_where_keeps_the_runs_of_one_value_and_tests_among_them_only(tmp_path):
+    """Two rates: --where optim.lr=3e-2 (0.03 in the records) compares the arms at that rate alone, Holm over its
+    one contrast; a value no run has is an error naming the values there are."""
+    test = {(1, 1e-2): 0.9, (1, 3e-2): 0.2, (4, 1e-2): 0.95, (4, 3e-2): 0.6}
+    for i, ((heads, lr), acc) in enumerate(test.items()):
+        for seed in range(3):
+            write_run(tmp_path / f"{i}-{seed}", heads, "dot", seed, acc + seed / 100, **{"optim.lr": lr})
+    main([str(tmp_path), "--where", "optim.lr=3e-2", "--metric", "test/acc", "--baseline", "model.attention.n_heads=4"])
+    table = list(csv.DictReader((tmp_path / "compare.csv").open()))
+    assert [(r["model.attention.n_heads"], float(r["test/acc_mean"])) for r in table] == [
+        ("1", pytest.approx(0.21)),
+        ("4", pytest.approx(0.61)),
+    ]
+    welch = stats.ttest_ind([0.20, 0.21, 0.22], [0.60, 0.61, 0.62], equal_var=False).pvalue
+    assert float(table[0]["test/acc_p_value"]) == pytest.approx(welch)  # one contrast: Holm leaves it
+    assert "--where optim.lr=3e-2" in (tmp_path / "compare.md").read_text()
+    with pytest.raises(SystemExit, match=r"--where optim.lr=0.1: no run has it; optim.lr is 0.01, 0.03"):
+        main([str(tmp_path), "--where", "optim.lr=0.1"])
+
+
 def test_every_table_records_the_command_the_commits_and_the_hardware(sweep):
     root, _ = sweep
     main([str(root), "--solved", "test/acc>=0.75"])

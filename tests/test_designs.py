@@ -293,6 +293,8 @@ def test_the_probe_reports_each_gates_mean_and_each_layers_mixing():
     from headlab.training import probe
 
     class Data:  # what probe.attention asks of a datamodule
+        relevant_roles = ()
+
         def attention_roles(self, tokens, padding):
             return ["any"], torch.zeros(tokens.shape + tokens.shape[-1:], dtype=torch.long).numpy()
 
@@ -361,3 +363,48 @@ def test_the_head_view_draws_signed_weights_on_a_diverging_scale(tmp_path, brows
         "c.getAttribute('fill-opacity')])"
     )
     assert cells[1] == ["#2166ac", "0.400"] and cells[0] == ["#b2182b", "0.800"]
+
+
+def test_relevant_is_the_share_of_each_heads_attention_on_the_keys_a_query_names():
+    """pair_recall: for each scored query, the weight (of |A| / sum |A|: signed for a differential head) on the
+    context positions of keys a and b, averaged over scored queries, computed here by hand from the tokens."""
+    from headlab.data.datamodule import TaskDataModule
+    from headlab.data.recall import AssociativeRecall
+    from headlab.training import probe
+
+    data = TaskDataModule(
+        AssociativeRecall(n_keys=16, n_values=10, n_pairs=6, n_queries=4, lookups=2, fused=True),
+        n_train=8,
+        n_val=8,
+        n_test=8,
+        batch_size=8,
+        seed=0,
+    )
+    data.setup()
+    batch = data.probe_batch(4)
+    torch.manual_seed(0)
+    model = perturbed(
+        Encoder(
+            data.vocab_size,
+            data.n_classes,
+            data.max_len,
+            "token",
+            d_model=16,
+            attention=dict(n_heads=2, differential=True),
+        )
+    ).eval()
+    seen = probe.attention(model, data, batch)
+    with torch.no_grad():
+        _, (weights,) = model(batch["tokens"], batch["padding_mask"], need_weights=True)
+    P = weights.abs() / weights.abs().sum(-1, keepdim=True)
+    tokens = batch["tokens"]  # (B, n, 2): a context position holds (key, value), a query (key a, key b + offset)
+    expected, count = torch.zeros(2), 0
+    for b in range(len(tokens)):
+        for i in range(len(tokens[b])):
+            if batch["labels"][b, i] < 0:
+                continue  # not a scored query
+            a, second = int(tokens[b, i, 0]), int(tokens[b, i, 1]) - 16 - 10
+            keys = [j for j in range(6) if int(tokens[b, j, 0]) in (a, second)]
+            expected += P[b, :, i, keys].sum(-1)
+            count += 1
+    assert [r["relevant"] for r in seen["report"]["rows"]] == pytest.approx((expected / count).tolist(), rel=1e-5)

@@ -28,11 +28,13 @@ STATISTICS = (
     "mass",
 )
 GATE = "gate"  # an output gate's mean value, a statistic of the heads of a gated attention (beside STATISTICS)
+RELEVANT = "relevant"  # the share of attention on the keys a query needs, where a task knows them (role_shares)
 
 
 def measured(rows: list[dict]) -> list[str]:
-    """The statistics a report's rows hold, in order: STATISTICS, then GATE where the attention has a gate."""
-    return [s for s in (*STATISTICS, GATE) if rows and s in rows[0]]
+    """The statistics a report's rows hold, in order: STATISTICS, then GATE (a gated attention) and RELEVANT (a
+    task that knows which keys a query needs)."""
+    return [s for s in (*STATISTICS, GATE, RELEVANT) if rows and s in rows[0]]
 
 
 def _real(padding_mask: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
@@ -144,13 +146,14 @@ def head_report(
 
 
 def role_shares(weights: list[torch.Tensor], roles: torch.Tensor, counted: torch.Tensor, n_roles: int) -> torch.Tensor:
-    """Where each head looks, summarised over many queries: the share of attention each key role receives,
-    averaged over the counted queries of all examples. weights: per layer (B, H, n, n); roles (B, n, n) the role
-    of key j for query i (0 .. n_roles - 1); counted (B, n) bool -> (L, H, n_roles), each row summing to 1."""
+    """Where each head looks, summarised over many queries: the share of attention each key role receives (of
+    each row's distribution P), averaged over the counted queries of all examples. weights: per layer (B, H, n,
+    n); roles (B, n, n) the role of key j for query i (0 .. n_roles - 1); counted (B, n) bool -> (L, H, n_roles),
+    each row summing to 1."""
     one_hot = torch.nn.functional.one_hot(roles.long(), n_roles).to(weights[0].dtype)  # (B, n, n, R)
     queries = counted.to(weights[0].dtype)  # (B, n)
     out = []
     for w in weights:
-        per_query = torch.einsum("bhqk,bqkr->bhqr", w.float(), one_hot.float())  # (B, H, n, R)
+        per_query = torch.einsum("bhqk,bqkr->bhqr", distributions(w.float()), one_hot.float())  # (B, H, n, R)
         out.append((per_query * queries[:, None, :, None]).sum((0, 2)) / queries.sum().clamp(min=1))  # (H, R)
     return torch.stack(out)  # (L, H, R)

@@ -76,6 +76,35 @@ def _say_left_out(failed: list[tuple[str, str]], each: int = 5) -> None:
     )
 
 
+def only(parser: argparse.ArgumentParser, records: list[dict], where: list[str]) -> list[dict]:
+    """The records whose config has each KEY=VALUE of --where (a value as a command line writes it: true, dot;
+    numbers by value, 3e-2 = 0.03); an error naming the values there are where none has it."""
+    for condition in where:
+        key, _, value = condition.partition("=")
+        if not key or not value:
+            parser.error(f"--where takes KEY=VALUE, got {condition!r}")
+        kept = [r for r in records if _same(r["config"].get(key), value.strip())]
+        if not kept:
+            there = sorted({_as_written(r["config"].get(key)) for r in records})
+            raise SystemExit(f"headlab-compare: --where {condition}: no run has it; {key} is {', '.join(there)}")
+        records = kept
+    return records
+
+
+def _same(value, text: str) -> bool:
+    if _as_written(value) == text:
+        return True
+    try:
+        return isinstance(value, int | float) and not isinstance(value, bool) and float(text) == value
+    except ValueError:
+        return False
+
+
+def _as_written(value) -> str:
+    """A config value as a command line writes it: 0.03, true, null, dot."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _design(parser: argparse.ArgumentParser, args) -> Design:
     def pair(text: str | None, sep: str, flag: str):
         if text is None:
@@ -202,6 +231,9 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
+    parser.add_argument(
+        "--where", metavar="KEY=VALUE", action="append", help="only the runs whose config has KEY=VALUE (e.g. one rate)"
+    )
 
 
 def pre_stated(records: list[dict], argv: list[str]) -> list[str]:
@@ -297,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         argv = [*argv, *stated]
         args = parser.parse_args(argv)
         design = _design(parser, args)
+    runs.completed = only(parser, runs.completed, args.where or [])
     try:
         check_metrics(runs.completed, design, args.metric or [])
         keys, rows = compare(runs.completed, design)

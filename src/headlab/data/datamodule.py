@@ -242,6 +242,11 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         """What key j is to query i of each example, by position: (role names, roles (B, n, n) int)."""
         return positional_roles(tokens.shape[0], tokens.shape[1])
 
+    @property
+    def relevant_roles(self) -> tuple[str, ...]:
+        """The roles of attention_roles a query needs to answer (its `relevant` statistic): none by position."""
+        return ()
+
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         raise NotImplementedError
 
@@ -307,6 +312,11 @@ class TaskDataModule(ExampleDataModule):
         if hasattr(self.task, "attention_roles"):
             return self.task.attention_roles(tokens)
         return super().attention_roles(tokens, padding)
+
+    @property
+    def relevant_roles(self) -> tuple[str, ...]:
+        """The task's own (AssociativeRecall: the keys a query names), else none."""
+        return getattr(self.task, "RELEVANT_ROLES", ())
 
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         """Readable tokens of one example: ids (n,) or (n, c); a fused position reads 'k3+v7'."""

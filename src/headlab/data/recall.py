@@ -59,6 +59,9 @@ class AssociativeRecall:
             f"labelled value(a) - value(b) + {self.n_values - 1}"
         )
 
+    # the roles a query needs to answer: the positions of the keys it names (unfused: and the value after its key)
+    RELEVANT_ROLES = ("key a", "key b", "its key", "its value")
+
     def attention_roles(self, tokens: np.ndarray) -> tuple[list[str], np.ndarray]:
         """What key j is to query i: the context position of a key the query names (key a, key b), another context
         position, or a query position. tokens (B, n) or (B, n, 2) -> roles (B, n, n)."""

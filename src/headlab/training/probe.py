@@ -28,13 +28,12 @@ def attention(model, datamodule, batch: dict) -> dict:
     model.train(was_training)
     padding = model.attention_padding_mask(batch["padding_mask"])  # (B, n')
     report = statistics.head_report(weights, padding, scores, gates or None)
-    return {
-        "weights": weights,
-        "logits": logits,
-        "report": report,
-        "roles": roles(model, datamodule, batch, weights),
-        "mixing": mixing(model),
-    }
+    seen_roles = roles(model, datamodule, batch, weights)
+    relevant = [i for i, name in enumerate(seen_roles["names"]) if name in datamodule.relevant_roles]
+    if relevant:  # the share of attention on the keys each query needs, per head
+        for row in report["rows"]:
+            row[statistics.RELEVANT] = float(seen_roles["share"][row["layer"], row["head"], relevant].sum())
+    return {"weights": weights, "logits": logits, "report": report, "roles": seen_roles, "mixing": mixing(model)}
 
 
 def mixing(model) -> dict[str, list]:
