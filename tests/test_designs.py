@@ -408,3 +408,48 @@ def test_relevant_is_the_share_of_each_heads_attention_on_the_keys_a_query_names
             expected += P[b, :, i, keys].sum(-1)
             count += 1
     assert [r["relevant"] for r in seen["report"]["rows"]] == pytest.approx((expected / count).tolist(), rel=1e-5)
+
+
+def test_hooks_read_and_replace_each_stage_as_the_same_edit_made_by_hand():
+    """hook_pattern replaced (head 2's weights uniform over real keys) equals that edit made by hand on the
+    weights; hook_z zeroed for head 1, hook_result zeroed for head 1 and head_mask 0 for head 1 agree; hook_result
+    passed through unchanged sums to the output."""
+    torch.manual_seed(0)
+    attn = perturbed(MultiHeadAttention(16, 4, gate="headwise")).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    out, weights = attn(x, padding)
+
+    uniform = (~padding).double()[:, None, :] / (~padding).sum(-1)[:, None, None]  # (B, 1, n)
+
+    def flatten_head_2(module, args, pattern):
+        pattern = pattern.clone()
+        pattern[:, 2] = uniform
+        return pattern
+
+    handle = attn.hook_pattern.register_forward_hook(flatten_head_2)
+    hooked, _ = attn(x, padding, need_weights=False)  # a hook on the pattern: the explicit path, with the edit
+    handle.remove()
+    q, k, v = attn.project(x)
+    by_hand = weights.clone()
+    by_hand[:, 2] = uniform
+    y = attn.gated(by_hand @ v, x)
+    torch.testing.assert_close(hooked, attn.merge(y, None), rtol=1e-12, atol=1e-12)
+
+    masked, _ = attn(x, padding, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64))
+    for point in ("hook_z", "hook_result"):
+
+        def zero_head_1(module, args, t, point=point):
+            t = t.clone()
+            if point == "hook_z":
+                t[:, 1] = 0
+            else:
+                t[:, :, 1] = 0
+            return t
+
+        handle = getattr(attn, point).register_forward_hook(zero_head_1)
+        torch.testing.assert_close(attn(x, padding)[0], masked, rtol=1e-12, atol=1e-12)
+        handle.remove()
+    handle = attn.hook_result.register_forward_hook(lambda module, args, t: None)  # reads, changes nothing
+    torch.testing.assert_close(attn(x, padding)[0], out, rtol=1e-12, atol=1e-12)
+    handle.remove()

@@ -159,13 +159,77 @@ def png(fig: Figure, dpi: int = DPI) -> bytes:
     return buffer.getvalue()
 
 
-def render_importance(scores, curves: dict[str, list[dict]], split: str, metric: str) -> dict[str, bytes]:
+def ablation_bars(rows: list[dict]) -> Figure:
+    """Each head's ablation effects (rows: heads.json's, with ablate_<kind>_loss): the rise in validation loss when
+    its output is zeroed, replaced by its mean, or resampled, as grouped bars, with its gradient importance beside
+    on a second axis (Michel et al.'s ranking against the causal one)."""
+    kinds = [
+        k.removeprefix("ablate_").removesuffix("_loss")
+        for k in rows[0]
+        if k.startswith("ablate_") and k.endswith("_loss")
+    ]
+    labels = [f"L{r['layer']}H{r['head']}" for r in rows]
+    x, width = np.arange(len(rows)), 0.8 / (len(kinds) + 1)
+    fig = Figure(figsize=(min(14.0, 0.55 * len(rows) * (len(kinds) + 1) / 2 + 2.5), 3.6), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    for i, kind in enumerate(kinds):
+        ax.bar(x + i * width, [r[f"ablate_{kind}_loss"] for r in rows], width, label=f"{kind}-ablated")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_ylabel("validation loss change")
+    twin = ax.twinx()
+    twin.bar(
+        x + len(kinds) * width, [r["importance"] for r in rows], width, color="grey", alpha=0.6, label="importance"
+    )
+    twin.set_ylabel("gradient importance")
+    ax.set_xticks(x + width * len(kinds) / 2, labels, rotation=90 if len(rows) > 16 else 0, fontsize=7)
+    ax.set_xlabel("head (layer L, head H)")
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
+    ax.set_title("ablation: loss change when each head is removed, beside gradient importance", fontsize=10)
+    return fig
+
+
+def patching_map(rows: list[dict]) -> Figure:
+    """Activation patching (rows with restore_<role>): a layers x heads panel per corruption, each cell the share
+    of the clean-vs-corrupted logit difference that patching that head's clean output restores."""
+    roles = [k for k in rows[0] if k.startswith("restore_")]
+    L, H = max(r["layer"] for r in rows) + 1, max(r["head"] for r in rows) + 1
+    fig = Figure(
+        figsize=(min(14.0, (0.5 * H + 1.6) * len(roles) + 1.0), min(8.0, 0.45 * L + 1.6)), dpi=DPI, layout="constrained"
+    )
+    axes = fig.subplots(1, len(roles), squeeze=False)[0]
+    for ax, role in zip(axes, roles, strict=True):
+        grid = np.zeros((L, H))
+        for r in rows:
+            grid[r["layer"], r["head"]] = r[role]
+        image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        for (layer, head), value in np.ndenumerate(grid):
+            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(H), [str(h) for h in range(H)], fontsize=8)
+        ax.set_yticks(range(L), [str(layer) for layer in range(L)], fontsize=8)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"corrupted: {role.removeprefix('restore_').replace('_', ' ')}", fontsize=9)
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="share of the logit difference restored")
+    fig.suptitle("activation patching: each head's clean output into the corrupted run", fontsize=10)
+    return fig
+
+
+def render_importance(
+    scores, curves: dict[str, list[dict]], split: str, metric: str, causal: list[dict] | None = None
+) -> dict[str, bytes]:
     """The importance map (scores (L, H), measured on split) and the pruning curves (metric along each curve) as
-    PNG bytes; plain arrays in, bytes out, as render_heads."""
-    return {
+    PNG bytes, and where the rows hold them (causal: heads.json rows), the ablation bars and the patching map;
+    plain arrays in, bytes out, as render_heads."""
+    out = {
         "heads/importance_map": png(importance_map(scores, split)),
         "heads/pruning_curves": png(pruning_curves(curves, metric)),
     }
+    if causal and any(k.startswith("ablate_") for k in causal[0]):
+        out["heads/ablation"] = png(ablation_bars(causal))
+    if causal and any(k.startswith("restore_") for k in causal[0]):
+        out["heads/patching"] = png(patching_map(causal))
+    return out
 
 
 def render_heads(snapshot: dict) -> dict[str, bytes]:

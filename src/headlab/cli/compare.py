@@ -27,10 +27,11 @@ from omegaconf import OmegaConf
 from headlab.analysis import archive, budget, datasets
 from headlab.analysis.comparison import METRICS, check_metrics, compare, pruning_summary, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
+from headlab.analysis.roles import role_counts
 from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
 from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
-from headlab.cli.compare_report import print_table, pruning_table, write_outputs
+from headlab.cli.compare_report import print_table, pruning_table, roles_table, write_outputs
 from headlab.cli.console import piped
 
 
@@ -231,6 +232,7 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default="val/acc_best", help="validation metric for --select")
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
+    parser.add_argument("--roles", action="store_true", help="add the runs with a head in each role, per group")
     parser.add_argument(
         "--where", metavar="KEY=VALUE", action="append", help="only the runs whose config has KEY=VALUE (e.g. one rate)"
     )
@@ -344,10 +346,14 @@ def main(argv: list[str] | None = None) -> None:
         written.append(write_meta(out, pooled, design))
     if ranked:
         written.append(write_across(out, ranked, design))
+    chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
     if args.pruning:
-        chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
         with (out / "compare.md").open("a") as f:
             f.write("\n" + "\n".join(pruning_table(pruning_summary(chosen, keys))))
+    if args.roles:
+        roles = roles_table(role_counts(chosen, keys, design.solved), design.solved)
+        with (out / "compare.md").open("a") as f:
+            f.write("\n" + "\n".join(roles or ["Head roles: no run recorded any (heads.json rows without `role`)."]))
     if args.archive:
         written.append(args.archive)
         print(f"archived {archive.write(args.archive, args.dirs)} runs' records", file=sys.stderr)
@@ -356,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
         splice(args.into, block, (out / "compare.md").read_text())
 
     print_table(keys, rows, design, len(runs.completed))
+    if args.roles:
+        print("\n".join(roles))
     if pooled:
         print("\n".join(meta_table(pooled, design)))
     if ranked:

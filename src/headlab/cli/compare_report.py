@@ -6,6 +6,7 @@ import math
 import shlex
 from pathlib import Path
 
+from headlab.analysis.causal import ROLES_BEYOND_FETCHING
 from headlab.analysis.comparison import IMPROVING_MARGIN
 from headlab.analysis.contrasts import Design
 from headlab.analysis.datasets import setting_keys
@@ -309,3 +310,32 @@ def pruning_table(summary: list[dict]) -> list[str]:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return lines
+
+
+def roles_table(summary: list[dict], solved: tuple[str, float] | None) -> list[str]:
+    """Markdown of roles.role_counts: per group (and outcome), the runs with a head in each role, k/n [exact 95%
+    CI] and the mean heads in it a run."""
+    if not summary:
+        return []
+    found = {n for g in summary for n in g["roles"]}
+    names = sorted(found - set(ROLES_BEYOND_FETCHING)) + [n for n in ROLES_BEYOND_FETCHING if n in found]
+    which = f"; runs with {solved[0]} >= {solved[1]:g} and below counted apart" if solved else ""
+    header = ["group", "runs", *names]
+    lines = [
+        f"Head roles (heads.json `role`, docs/heads.md: runs with a head in each role, k/n [exact 95% CI], and mean "
+        f"heads in it a run{which}):",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for g in summary:
+        title = ", ".join(f"{k}={v}" for k, v in g["group"].items()) or "all runs"
+        title += "" if g["outcome"] == "all" else f" ({g['outcome']})"
+        cells = [title, str(g["runs"])]
+        for name in names:
+            r = g["roles"].get(name)
+            cells.append(
+                "-" if r is None else f"{r['k']}/{r['n']} [{r['low']:.2f}, {r['high']:.2f}] ({r['heads']:.1f})"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]

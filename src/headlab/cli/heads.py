@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from headlab.analysis import figures, head_view, statistics
     from headlab.cli import saved_run
-    from headlab.training import probe
+    from headlab.training import causal_report, probe
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:
@@ -55,18 +55,23 @@ def main(argv: list[str] | None = None) -> None:
     measured = _measured(args.run_dir / "heads.json", checkpoint)
     if measured:  # importance and pruning curves, as the run measured them on this checkpoint
         importance = {(r["layer"], r["head"]): r.get("importance") for r in measured.get("rows", [])}
+        causal = {(r["layer"], r["head"]): {k: r[k] for k in causal_report.measured([r])} for r in measured["rows"]}
         for row in report["rows"]:
             row["importance"] = importance.get((row["layer"], row["head"]))
+            row.update(causal.get((row["layer"], row["head"]), {}))
         scores = np.array([[importance[(layer, h)] for h in range(model.n_heads)] for layer in range(model.n_layers)])
         curves = {"importance": measured["pruning_curve"], **measured.get("pruning_baselines", {})}
         plain = {o: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for o, c in curves.items()}
         split, metric = measured.get("importance_split", "train"), f"{measured.get('pruning_split', 'val')} accuracy"
-        pngs |= figures.render_importance(scores=scores, curves=plain, split=split, metric=metric)
+        pngs |= figures.render_importance(
+            scores=scores, curves=plain, split=split, metric=metric, causal=report["rows"]
+        )
     for name, data in pngs.items():  # attention_layer_0.png, similarity.png, importance_map.png, pruning_curves.png
         (out / f"{name.replace('attention/', 'attention_').removeprefix('heads/')}.png").write_bytes(data)
     probe.write_head_view(out / "view.html", snapshot, f"{args.run_dir}: heads of {checkpoint.name}")
     columns = ["layer", "head", *statistics.measured(report["rows"])]
     columns += ["importance"] if "importance" in report["rows"][0] else []
+    columns += causal_report.measured(report["rows"])
     with (out / "statistics.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()

@@ -247,6 +247,12 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
         """The roles of attention_roles a query needs to answer (its `relevant` statistic): none by position."""
         return ()
 
+    @property
+    def corruptions(self) -> tuple[str, ...]:
+        """The corruptions of a task's inputs for activation patching (headlab.analysis.causal), by the role they
+        change: none for text, which has no natural minimal change with another answer."""
+        return ()
+
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         raise NotImplementedError
 
@@ -317,6 +323,11 @@ class TaskDataModule(ExampleDataModule):
     def relevant_roles(self) -> tuple[str, ...]:
         """The task's own (AssociativeRecall: the keys a query names), else none."""
         return getattr(self.task, "RELEVANT_ROLES", ())
+
+    @property
+    def corruptions(self) -> tuple[str, ...]:
+        """The task's own (AssociativeRecall: another value for key a, for key b), else none."""
+        return getattr(self.task, "corruptions", ())
 
     def token_strings(self, ids: torch.Tensor) -> list[str]:
         """Readable tokens of one example: ids (n,) or (n, c); a fused position reads 'k3+v7'."""

@@ -85,6 +85,55 @@ class AssociativeRecall:
         roles = np.select([is_a, is_b | value_of_a, context], [0, 1, len(names)], default=len(names) + 1)  # (B, n, n)
         return [*names, "other context", "queries"], roles
 
+    @property
+    def corruptions(self) -> tuple[str, ...]:
+        """The corruptions `corrupt` makes, each named by the role (attention_roles) whose content it changes."""
+        if not self.fused:
+            return ("its value",)
+        return ("key a", "key b") if self.lookups == 2 else ("its key",)
+
+    def corrupt(
+        self, rng: np.random.Generator, tokens: np.ndarray, role: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A minimally changed copy of a batch whose answer differs at one query of each example (drawn with rng):
+        the value stored for the key that query names as `role` (one of `corruptions`) replaced by another value,
+        and every label recomputed. tokens (B, n) or (B, n, 2) -> (tokens, labels (B, n), query positions (B,))."""
+        if role not in self.corruptions:
+            raise InvalidSetting("role", role, "one of " + ", ".join(self.corruptions))
+        B, n = tokens.shape[:2]
+        P, K, V = self.n_pairs, self.n_keys, self.n_values
+        rows, tokens = np.arange(B), tokens.copy()
+        query = n - self.n_queries + rng.integers(0, self.n_queries, size=B)  # (B,)
+        if self.fused:
+            named = tokens[rows, query, 1] - K - V if role == "key b" else tokens[rows, query, 0]  # key tokens (B,)
+            where = (tokens[:, :P, 0] == named[:, None]).argmax(1)  # (B,): the context position holding it
+            at = (rows, where, 1)
+        else:
+            where = 2 * (tokens[:, : 2 * P : 2] == tokens[rows, query][:, None]).argmax(1) + 1  # its value's position
+            at = (rows, where)
+        old = tokens[at] - 1 - K  # (B,) values
+        tokens[at] = 1 + K + (old + rng.integers(1, V, size=B)) % V  # another value, uniformly
+        return tokens, self.labels(tokens), query
+
+    def labels(self, tokens: np.ndarray) -> np.ndarray:
+        """Every example's labels from its tokens, as sample gives them: (B, n) or (B, n, 2) -> (B, n)."""
+        B, n = tokens.shape[:2]
+        P, Q, K, V = self.n_pairs, self.n_queries, self.n_keys, self.n_values
+        if self.fused:
+            keys, values, asked = tokens[:, :P, 0], tokens[:, :P, 1] - 1 - K, tokens[:, -Q:]  # (B, P), (B, P)
+        else:
+            keys, values, asked = tokens[:, : 2 * P : 2], tokens[:, 1 : 2 * P : 2] - 1 - K, tokens[:, -Q:, None]
+
+        def value_of(key_tokens: np.ndarray) -> np.ndarray:  # (B, Q) key tokens -> (B, Q) their values
+            return np.take_along_axis(values, (keys[:, None, :] == key_tokens[..., None]).argmax(-1), axis=1)
+
+        target = value_of(asked[..., 0])
+        if self.lookups == 2:
+            target = target - value_of(asked[..., 1] - K - V) + V - 1
+        labels = np.full((B, n), -100, dtype=np.int64)
+        labels[:, -Q:] = target
+        return labels
+
     def vocab(self) -> list[str]:
         """Token strings by id, for attention maps."""
         keys = [f"k{i}" for i in range(self.n_keys)]

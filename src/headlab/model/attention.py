@@ -93,7 +93,7 @@ class MultiHeadAttention(nn.Module):
         self.gate_fn = rules.load_stage("gate", gate)
         for stage in (self.scoring_fn, self.normalizer_fn, self.gate_fn):
             stage.add_parameters(self)
-        for point in ("q", "k", "v", "attn_scores", "pattern", "z", "gate"):
+        for point in ("q", "k", "v", "attn_scores", "pattern", "z", "gate", "result"):
             setattr(self, f"hook_{point}", HookPoint())
         self.fusable = talking_heads == "none" and not differential  # maps that the fused paths compute
 
@@ -162,8 +162,13 @@ class MultiHeadAttention(nn.Module):
         return y if gate is None else y * self.hook_gate(gate)
 
     def merge(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
-        """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model)."""
+        """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model). With a hook on
+        hook_result, each head's own contribution (B, n, H, d_model) passes it first, and their sum is the output."""
         B, H, n, _ = y.shape
         if head_mask is not None:
             y = y * head_mask.reshape(-1, H, 1, 1).to(y.dtype)  # (H,) or (B, H) -> broadcast over n, d_v
+        if self.hook_result.hooked:
+            W = self.out_proj.weight.view(self.d_model, H, self.d_v)  # (d_model, H, d_v): W_O by head
+            result = self.hook_result(torch.einsum("bhnv,dhv->bnhd", y, W))  # (B, n, H, d_model)
+            return result.sum(2) + self.out_proj.bias
         return self.out_proj(y.transpose(1, 2).reshape(B, n, H * self.d_v))  # (B, n, d_model)

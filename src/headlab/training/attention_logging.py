@@ -16,7 +16,7 @@ import torch
 
 from headlab.analysis import figures, head_view, importance, statistics
 from headlab.files import write_json_atomic
-from headlab.training import probe, results
+from headlab.training import causal_report, probe, results
 from headlab.training.callbacks import stop_if_signalled
 
 # The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with
@@ -75,10 +75,12 @@ class AttentionLogger(pl.Callback):
         pruning_split: str = "val",
         pruning_baselines: tuple[str, ...] = ("reverse", "random"),
         seed: int = 0,
+        causal_batches: int = 4,
     ):
         self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
         self.sentences, self.importance, self.pruning_step = list(sentences), importance, pruning_step
         self.n_analysis_batches, self.seed = analysis_batches, seed
+        self.causal_batches = causal_batches
         self.importance_split, self.pruning_split = importance_split, pruning_split
         self.pruning_baselines = list(pruning_baselines)
         self.val_epochs = 0
@@ -141,9 +143,19 @@ class AttentionLogger(pl.Callback):
         )
         return ranked_on, scored_on
 
-    def _batches(self, datamodule, split: str, device) -> list[dict]:
-        loader = itertools.islice(datamodule.ordered_dataloader(split), self.n_analysis_batches)
+    def _batches(self, datamodule, split: str, device, count: int | None = None) -> list[dict]:
+        loader = itertools.islice(datamodule.ordered_dataloader(split), count or self.n_analysis_batches)
         return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
+
+    def causal(self, model, datamodule, device, rows: list[dict], roles: dict, scores) -> dict:
+        """Each head's ablations on causal_batches of the pruning split (means over as many of the importance
+        split), patching where the task defines corruptions, and roles (causal_report.measure), into rows; the
+        record's other causal fields returned."""
+        measured_on, reference = (
+            self._batches(datamodule, split, device, self.causal_batches)
+            for split in (self.pruning_split, self.importance_split)
+        )
+        return causal_report.measure(model, datamodule, measured_on, reference, rows, roles, self.seed, scores)
 
     def analyse(self, model, datamodule, device, stop=None) -> HeadAnalysis:
         """Head importance (L, H) and the pruning curves of the model as given, for publish."""
@@ -189,6 +201,8 @@ class AttentionLogger(pl.Callback):
             scores, curves = analysis.scores, dict(analysis.curves)
             for row in report["rows"]:
                 row["importance"] = float(scores[row["layer"], row["head"]])
+            if self.causal_batches:  # ablations, patching and roles, beside importance
+                result.update(self.causal(model, datamodule, device, report["rows"], seen["roles"], scores))
             job = self._log_importance(loggers, report["rows"], scores, curves, step)
             if job and media:
                 self.log_importance_media(loggers, job, figures.render_importance(**job["figures"]))
@@ -211,8 +225,10 @@ class AttentionLogger(pl.Callback):
     ) -> dict | None:
         """Importance per head to every logger (W&B's summary keeps it); the pruning tables and W&B's own line
         plot to W&B. Returns the figures' job (importance map, pruning curves) where a logger shows figures."""
+        causal = causal_report.measured(rows)
+        numbers = ["importance", *(k for k in causal if k != "role")]
         for logger in loggers:
-            logger.log_metrics({f"heads/L{r['layer']}/H{r['head']}/importance": r["importance"] for r in rows}, step)
+            logger.log_metrics({f"heads/L{r['layer']}/H{r['head']}/{k}": r[k] for r in rows for k in numbers}, step)
         if not _media_loggers(loggers):
             return None
         for logger in _wandb_loggers(loggers):
@@ -224,7 +240,7 @@ class AttentionLogger(pl.Callback):
             )
             plot = wandb.plot.line(table, "fraction_pruned", "acc", title="pruning curve (Michel et al.)")
             logger.experiment.log({"heads/pruning_curve": plot, "trainer/global_step": step})
-        columns = ["layer", "head", "importance", *statistics.measured(rows)]
+        columns = ["layer", "head", "importance", *causal, *statistics.measured(rows)]
         pruning = [
             {
                 "order": order,
@@ -241,6 +257,9 @@ class AttentionLogger(pl.Callback):
         }
         plain = {order: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for order, c in curves.items()}
         figure_args = {"scores": scores.cpu().numpy(), "curves": plain, "split": self.importance_split}
+        figure_args["causal"] = (
+            [{k: r[k] for k in ("layer", "head", "importance", *causal)} for r in rows] if causal else None
+        )
         figure_args["metric"] = f"{self.pruning_split} accuracy"
         return {"figures": figure_args, "tables": tables, "step": step}
 

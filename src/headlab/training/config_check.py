@@ -96,6 +96,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "callbacks.attention.importance": (lambda v: isinstance(v, bool), "true or false"),
     "callbacks.attention.pruning_step": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "callbacks.attention.analysis_batches": POSITIVE,
+    "callbacks.attention.causal_batches": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: no causal analysis)"),
     "callbacks.attention.sentences": (
         lambda v: isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v),
         "a list of strings",

@@ -1,0 +1,200 @@
+"""What each head does, causally: ablations and activation patching. Pure torch.
+
+A model's attention layers expose hook points (headlab.model.hooks) as `model.blocks[l].attn.hook_<point>`: a
+forward hook there replaces the tensor passing. Here:
+- ablation: a head's output (`hook_z`, (B, H, n, d_v)) replaced by zeros, by its mean over a reference set (at each
+  position, over the examples where that position is real), or by its output on another input (resampling: the
+  next example of the batch); a key/value group's values (`hook_v`, (B, G, n, d_v)) likewise. The effect is the
+  change in loss and accuracy on the batches given (Michel et al. 2019 mask heads; Wang et al. 2022 mean-ablate;
+  Chan et al. 2022 resample).
+- activation patching: a head's output on a clean input put into the run on a corrupted one (a minimally changed
+  input with another answer at one query), and the share of the clean-vs-corrupted logit difference that this
+  restores: (LD_patched - LD_corrupted) / (LD_clean - LD_corrupted), LD the logit of the clean answer minus that of
+  the corrupted one at that query, each averaged over the examples (Meng et al. 2022; Heimersheim & Nanda 2024).
+Shapes: B examples, L layers, H heads, G key/value heads, n positions, d_v value size.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterable
+
+import torch
+
+from headlab.analysis.importance import _per_example_loss
+from headlab.conventions import IGNORE_INDEX
+
+KINDS = ("zero", "mean", "resample")  # ablations
+
+
+@contextlib.contextmanager
+def replaced(model: torch.nn.Module, layer: int, point: str, edit: Callable[[torch.Tensor], torch.Tensor]):
+    """Layer `layer`'s hook point `point` ("hook_z", "hook_v") passes edit(tensor) while the context is open."""
+    handle = getattr(model.blocks[layer].attn, point).register_forward_hook(lambda module, args, out: edit(out))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def recorded(model: torch.nn.Module, batch: dict, point: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The logits of a batch and what passed `point` in every layer: (logits, [tensor per layer])."""
+    seen: list[torch.Tensor] = []
+    handles = [getattr(b.attn, point).register_forward_hook(lambda m, a, out: seen.append(out)) for b in model.blocks]
+    try:
+        logits, _ = model(batch["tokens"], batch["padding_mask"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, seen
+
+
+def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
+    """Summed per-example loss, correct predictions and scored predictions of a batch."""
+    scored = labels != IGNORE_INDEX
+    right = (logits.argmax(-1) == labels) & scored
+    return float(_per_example_loss(logits, labels).sum()), int(right.sum()), int(scored.sum())
+
+
+def position_means(batches: Iterable[dict], model: torch.nn.Module, point: str) -> list[torch.Tensor]:
+    """Each layer's mean of `point` over the batches' examples at each position where it is real: per layer
+    (H or G, n, d) (n the longest batch's length; 0 where no example is real)."""
+    sums, counts = None, None
+    for batch in batches:
+        _, seen = recorded(model, batch, point)
+        real = (~batch["padding_mask"]).to(seen[0].dtype)  # (B, n)
+        n = real.shape[1]
+        batch_sums = [(t * real[:, None, :, None]).sum(0) for t in seen]  # (H, n, d) per layer
+        if sums is None:
+            sums, counts = batch_sums, real.sum(0)
+            continue
+        width = max(n, counts.shape[0])
+        sums = [_padded(s, width) + _padded(b, width) for s, b in zip(sums, batch_sums, strict=True)]
+        counts = _padded(counts[None, :, None], width)[0, :, 0] + _padded(real.sum(0)[None, :, None], width)[0, :, 0]
+    return [s / counts.clamp(min=1)[None, :, None] for s in sums]
+
+
+def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(·, m, d) -> (·, n, d), zeros after position m."""
+    return torch.nn.functional.pad(t, (0, 0, 0, n - t.shape[1]))
+
+
+def _replacement(kind: str, t: torch.Tensor, index: int, mean: torch.Tensor | None) -> torch.Tensor:
+    """What replaces head (or group) `index` of t (B, H, n, d): zeros, its mean (H, n', d) or the next example's."""
+    if kind == "zero":
+        return torch.zeros_like(t[:, index])
+    if kind == "mean":
+        return _padded(mean[index][None], t.shape[2])[0, : t.shape[2]].expand_as(t[:, index])
+    return t[:, index].roll(-1, dims=0)  # resample: example b gets example b + 1's
+
+
+@torch.no_grad()
+def ablation_effects(
+    model: torch.nn.Module, batches: list[dict], reference: list[dict], groups: bool = False
+) -> dict[str, dict[str, torch.Tensor]]:
+    """{kind: {"loss": (L, H), "acc": (L, H)}}: the change in mean per-example loss and in accuracy on `batches`
+    when one head's output (groups: one key/value group's values, (L, G)) is ablated by each kind of KINDS, the
+    means taken over the `reference` batches."""
+    point = "hook_v" if groups else "hook_z"
+    means = position_means(reference, model, point)
+    base = [loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]) for b in batches]
+    examples, scored = sum(len(b["labels"]) for b in batches), sum(s for *_, s in base)
+    base_loss, base_acc = sum(loss for loss, *_ in base) / examples, sum(c for _, c, _ in base) / max(1, scored)
+    L, width = len(means), means[0].shape[0]
+    out = {kind: {m: torch.zeros(L, width, dtype=torch.float64) for m in ("loss", "acc")} for kind in KINDS}
+    for kind in KINDS:
+        for layer in range(L):
+            for index in range(width):
+
+                def edit(t, kind=kind, index=index, mean=means[layer]):
+                    t = t.clone()
+                    t[:, index] = _replacement(kind, t, index, mean)
+                    return t
+
+                with replaced(model, layer, point, edit):
+                    seen = [loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]) for b in batches]
+                out[kind]["loss"][layer, index] = sum(loss for loss, *_ in seen) / examples - base_loss
+                out[kind]["acc"][layer, index] = sum(c for _, c, _ in seen) / max(1, scored) - base_acc
+    return out
+
+
+def logit_difference(logits: torch.Tensor, position: torch.Tensor | None, right: torch.Tensor, wrong: torch.Tensor):
+    """logit[right] - logit[wrong] of each example, at its query position for a token task: (B,)."""
+    rows = torch.arange(len(right), device=logits.device)
+    at = logits if position is None else logits[rows, position]  # (B, C)
+    return at[rows, right] - at[rows, wrong]
+
+
+@torch.no_grad()
+def patching_shares(
+    model: torch.nn.Module, clean: dict, corrupted: dict, position: torch.Tensor | None
+) -> torch.Tensor:
+    """(L, H): the share of the clean-vs-corrupted logit difference that putting each head's clean output
+    (hook_z) into the corrupted run restores; position (B,) the query whose answer the corruption changed (None:
+    a sequence task). 1: the head alone carries the difference; 0: it carries none of it."""
+    rows = torch.arange(len(clean["labels"]))
+    pick = (lambda labels: labels) if position is None else (lambda labels: labels[rows, position])
+    right, wrong = pick(clean["labels"]), pick(corrupted["labels"])
+    clean_logits, clean_z = recorded(model, clean, "hook_z")
+    corrupt_logits, _ = model(corrupted["tokens"], corrupted["padding_mask"])
+    high = logit_difference(clean_logits, position, right, wrong).mean()
+    low = logit_difference(corrupt_logits, position, right, wrong).mean()
+    L, H = len(clean_z), clean_z[0].shape[1]
+    shares = torch.zeros(L, H, dtype=torch.float64)
+    for layer in range(L):
+        for head in range(H):
+
+            def edit(t, layer=layer, head=head):
+                t = t.clone()
+                t[:, head] = clean_z[layer][:, head]
+                return t
+
+            with replaced(model, layer, "hook_z", edit):
+                patched, _ = model(corrupted["tokens"], corrupted["padding_mask"])
+            restored = logit_difference(patched, position, right, wrong).mean()
+            shares[layer, head] = (restored - low) / (high - low) if high != low else 0.0
+    return shares
+
+
+def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation of two per-head scores (any shape, flattened; ties get their mean rank)."""
+    ranks = [torch.as_tensor(_ranks(t.flatten().double())) for t in (a, b)]
+    x, y = (r - r.mean() for r in ranks)
+    denominator = (x.square().sum() * y.square().sum()).sqrt()
+    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def _ranks(t: torch.Tensor) -> torch.Tensor:
+    order = t.argsort(stable=True)
+    ranks = torch.empty_like(t)
+    ranks[order] = torch.arange(len(t), dtype=t.dtype)
+    for value in t.unique():  # ties: the mean of their ranks
+        tied = t == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks + 1
+
+
+# A head's role (on a task whose corruptions name the roles they change: pair_recall's "key a", "key b"), by
+# rules stated once: it fetches a role when at least FETCH_SHARE of its attention lies on that role's keys and
+# patching its clean output restores at least FETCH_RESTORE of that corruption's logit difference; a head that
+# fetches two roles is "both"; otherwise "broad" (normalised entropy >= BROAD), "positional" (attention on self,
+# previous, next and first token together >= POSITIONAL), or "other".
+FETCH_SHARE = 0.25
+FETCH_RESTORE = 0.25
+BROAD = 0.8
+POSITIONAL = 0.5
+ROLES_BEYOND_FETCHING = ("both", "broad", "positional", "other")
+
+
+def head_role(attention: dict[str, float], restored: dict[str, float], row: dict) -> str:
+    """The role of one head: attention, the share of its attention on each corrupted role's keys; restored, the
+    share of each corruption's logit difference patching it restores; row, its statistics (entropy_normalised,
+    attn_self, attn_prev, attn_next, attn_first)."""
+    fetched = [r for r in restored if attention.get(r, 0.0) >= FETCH_SHARE and restored[r] >= FETCH_RESTORE]
+    if len(fetched) > 1:
+        return "both"
+    if fetched:
+        return fetched[0]
+    if row["entropy_normalised"] >= BROAD:
+        return "broad"
+    if sum(row[k] for k in ("attn_self", "attn_prev", "attn_next", "attn_first")) >= POSITIONAL:
+        return "positional"
+    return "other"
