@@ -228,3 +228,18 @@ def test_roles_across_seeds_count_the_runs_with_each_role_apart_for_solved_and_u
     assert "| model.attention.n_heads=1 (not solved) | 3 | - | - | 0/3 [0.00, 0.71] (0.0) | 2/3 " in table
     assert "| model.attention.n_heads=4 (solved) | 5 | 5/5 [0.48, 1.00] (1.0) | 5/5 [0.48, 1.00] (1.0) | - |" in table
     assert "| group | runs | key a | key b | both | broad | positional | other |" in table
+
+
+def test_patching_by_position_finds_the_query_the_answer_is_read_at():
+    """Key a's value changed for the query at position P + 1 of every example (by hand): head 0's clean output
+    restores all of the difference there at that position, and none at any other."""
+    model, clean = HandSet(), batch(9, 32)
+    tokens = clean["tokens"].clone()
+    rows = torch.arange(32)
+    where = (tokens[:, :P, 0] == tokens[:, P + 1, 0][:, None]).int().argmax(1)  # the position holding its key a
+    tokens[rows, where, 1] = 1 + K + (tokens[rows, where, 1] - 1 - K + 1) % V  # the next value
+    broken = {**clean, "tokens": tokens, "labels": torch.as_tensor(TASK.labels(tokens.numpy()))}
+    shares = causal.patching_shares(model, clean, broken, torch.full((32,), P + 1), by_position=True)  # (1, 4, n)
+    expected = torch.zeros(1, 4, P + Q, dtype=torch.float64)
+    expected[0, 0, P + 1] = 1.0
+    torch.testing.assert_close(shares, expected, atol=1e-6, rtol=0)

@@ -125,11 +125,12 @@ def logit_difference(logits: torch.Tensor, position: torch.Tensor | None, right:
 
 @torch.no_grad()
 def patching_shares(
-    model: torch.nn.Module, clean: dict, corrupted: dict, position: torch.Tensor | None
+    model: torch.nn.Module, clean: dict, corrupted: dict, position: torch.Tensor | None, by_position: bool = False
 ) -> torch.Tensor:
     """(L, H): the share of the clean-vs-corrupted logit difference that putting each head's clean output
     (hook_z) into the corrupted run restores; position (B,) the query whose answer the corruption changed (None:
-    a sequence task). 1: the head alone carries the difference; 0: it carries none of it."""
+    a sequence task). 1: the head alone carries the difference; 0: it carries none of it. by_position: (L, H, n),
+    each head's clean output put in at one position at a time."""
     rows = torch.arange(len(clean["labels"]))
     pick = (lambda labels: labels) if position is None else (lambda labels: labels[rows, position])
     right, wrong = pick(clean["labels"]), pick(corrupted["labels"])
@@ -137,21 +138,23 @@ def patching_shares(
     corrupt_logits, _ = model(corrupted["tokens"], corrupted["padding_mask"])
     high = logit_difference(clean_logits, position, right, wrong).mean()
     low = logit_difference(corrupt_logits, position, right, wrong).mean()
-    L, H = len(clean_z), clean_z[0].shape[1]
-    shares = torch.zeros(L, H, dtype=torch.float64)
+    L, H, n = len(clean_z), clean_z[0].shape[1], clean_z[0].shape[2]
+    where = [slice(None)] if not by_position else [slice(i, i + 1) for i in range(n)]
+    shares = torch.zeros(L, H, len(where), dtype=torch.float64)
     for layer in range(L):
         for head in range(H):
+            for i, at in enumerate(where):
 
-            def edit(t, layer=layer, head=head):
-                t = t.clone()
-                t[:, head] = clean_z[layer][:, head]
-                return t
+                def edit(t, layer=layer, head=head, at=at):
+                    t = t.clone()
+                    t[:, head, at] = clean_z[layer][:, head, at]
+                    return t
 
-            with replaced(model, layer, "hook_z", edit):
-                patched, _ = model(corrupted["tokens"], corrupted["padding_mask"])
-            restored = logit_difference(patched, position, right, wrong).mean()
-            shares[layer, head] = (restored - low) / (high - low) if high != low else 0.0
-    return shares
+                with replaced(model, layer, "hook_z", edit):
+                    patched, _ = model(corrupted["tokens"], corrupted["padding_mask"])
+                restored = logit_difference(patched, position, right, wrong).mean()
+                shares[layer, head, i] = (restored - low) / (high - low) if high != low else 0.0
+    return shares if by_position else shares[..., 0]
 
 
 def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
