@@ -3,6 +3,8 @@ cross-validation from the folds to headlab-compare's corrected intervals and tes
 
 import json
 import logging
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -237,6 +239,10 @@ def test_a_fold_of_cr_trains_through_the_real_cli(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["data"]["splits"]["test"] in (377, 378) and sum(record["data"]["splits"].values()) == 3_775
+    for tool in ("heads", "eval"):  # in processes of their own, as a user runs them: the config's resolvers too
+        read = subprocess.run([sys.executable, "-m", f"headlab.cli.{tool}", "run"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
+        assert read.returncode == 0, read.stderr[-2000:]
 
 
 def test_a_sweep_of_a_cross_validated_config_gets_one_job_per_fold_unless_it_names_its_folds():

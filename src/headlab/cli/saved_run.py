@@ -49,10 +49,12 @@ def load(run_dir: Path, which: str, prog: str):
         raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
     checkpoint = checkpoint_path(run_dir, which, prog)
 
+    from headlab.cli import runtime
     from headlab.training import records, trust
     from headlab.training.results import model_state
     from headlab.training.run import build
 
+    runtime.configure()  # the resolvers a saved config may use (${headlab.data_dir:} of the benchmarks' configs)
     cfg = OmegaConf.load(config_file)
     try:
         trust.check_targets(OmegaConf.masked_copy(cfg, ["data", "model"]), str(config_file))
