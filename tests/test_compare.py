@@ -462,6 +462,19 @@ def test_head_statistics_become_metrics_averaged_over_heads(tmp_path):
     assert rows[0]["heads/score_std"]["mean"] == pytest.approx(5.0)
 
 
+def test_head_similarity_is_a_metric_of_each_run_comparable_per_arm(tmp_path):
+    """heads/similarity: 1 - mean JS / ln 2 over the pairs of distinct heads of heads.json's divergence matrix."""
+    ln2 = np.log(2)
+    matrices = {1: [[0, ln2, 0.5 * ln2], [ln2, 0, 0], [0.5 * ln2, 0, 0]], 4: [[0, 0.1], [0.1, 0]]}
+    for seed, (heads, divergence) in enumerate(matrices.items()):
+        write_run(tmp_path / str(seed), heads, "dot", seed, 0.9)
+        rows = [{"layer": 0, "head": h, "entropy": 1.0} for h in range(len(divergence))]
+        (tmp_path / str(seed) / "heads.json").write_text(json.dumps({"rows": rows, "similarity": divergence}))
+    main([str(tmp_path), "--metric", "heads/similarity", "--no-plots"])
+    table = list(csv.DictReader((tmp_path / "compare.csv").open()))
+    assert [float(r["heads/similarity_mean"]) for r in table] == pytest.approx([1 - 0.5, 1 - 0.1 / ln2])
+
+
 def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):
     """What W&B's API returns for a run whose val/acc was defined with summary="max" (headlab's loggers do)."""
     import wandb

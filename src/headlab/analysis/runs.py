@@ -7,6 +7,7 @@ import csv
 import functools
 import io
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from headlab.analysis import archive
 from headlab.conventions import as_now
 
+LN2 = math.log(2)  # the largest Jensen-Shannon divergence, in nats
 HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
 
 
@@ -70,6 +72,7 @@ def _add_run(runs: Runs, where: str, read) -> None:
         record["curve"] = record.get("curve") if isinstance(record.get("curve"), list) else None
         record["curve"] = record["curve"] or _csv_curve(read("metrics.csv"))
         record["metrics"].update(head_means(_head_scalars(record["head_analysis"].get("rows", []))))
+        record["metrics"].update(head_similarity(record["head_analysis"].get("similarity")))
         runs.completed.append({**record, "where": where})
     else:
         runs.failed.append((where, f"{status}: {record['error']}" if record.get("error") else status))
@@ -124,6 +127,18 @@ def head_means(metrics: dict) -> dict[str, float]:
         if (match := HEAD_KEY.match(key)) and _is_number(value):
             per_stat.setdefault(match.group(1), []).append(value)
     return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}
+
+
+def head_similarity(divergence) -> dict[str, float]:
+    """heads/similarity: the mean similarity 1 - JS / ln 2 of every pair of distinct heads (heads.json's
+    `similarity`, the divergence matrix: 1 = the heads attend alike, 0 = to disjoint keys; low = diverse heads);
+    {} without two heads or with a divergence that is not a finite number in [0, ln 2]."""
+    if not isinstance(divergence, list) or len(divergence) < 2:
+        return {}
+    pairs = [row[b] for a, row in enumerate(divergence) if isinstance(row, list) for b in range(a + 1, len(row))]
+    if not pairs or not all(_is_number(v) and 0 <= v <= LN2 + 1e-6 for v in pairs):
+        return {}
+    return {"heads/similarity": 1 - sum(pairs) / len(pairs) / LN2}
 
 
 def mixed_data(records: list[dict]) -> list[str]:
