@@ -429,6 +429,57 @@ def test_archive_refuses_what_it_cannot_archive(sweep, tmp_path):
     assert refused.value.code == 2 and not (tmp_path / "b.tar.xz").exists()
 
 
+def test_an_archive_holding_a_path_twice_is_reported_by_check_and_rebuilt_by_update(sweep, tmp_path, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    """Two sweeps of one root name archived before roots got names of their own: sweep/0/results.json twice, so
+    `tar -x` keeps one and a continued sweep loses runs. --check says so; --update rebuilds it (sweep, sweep-2),
+    after which tar -x holds every run and the table is the same."""
+    from headlab.analysis import archive
+    from headlab.cli.compare import main as compare_main
+
+    root, _ = sweep
+    defective = tmp_path / "old.tar.xz"
+    with tarfile.open(defective, "w:xz") as tar:  # as the older writer did: both roots named "sweep"
+        for copy in range(2):
+            for run in sorted(root.iterdir()):
+                tar.add(run / "results.json", arcname=f"sweep/{run.name}/results.json")
+            if copy == 0:
+                for run in sorted(root.iterdir()):  # the second copy: other accuracies, one of each run
+                    record = json.loads((run / "results.json").read_text())
+                    record["metrics"]["test/acc"] -= 0.1
+                    (run / "results.json").write_text(json.dumps(record))
+    assert len(archive.duplicates(defective)) == 12
+    monkeypatch.chdir(tmp_path)
+    compare_main(["old.tar.xz", "--metric", "test/acc", "--out", "table"])
+    capsys.readouterr()
+    from headlab.cli.compare_check import check
+
+    assert check([Path("table")]) == 1
+    assert "old.tar.xz (12 members twice): each copy needs a root of its own" in capsys.readouterr().out
+    assert check([Path("table")], update=True) == 0
+    assert archive.duplicates(defective) == [] and "rebuilt old.tar.xz" in capsys.readouterr().out
+    with tarfile.open(defective) as tar:
+        names = tar.getnames()
+    assert len(names) == 24 and "sweep-2/0/results.json" in names
+    assert check([Path("table")]) == 0
+
+
+def test_archives_of_roots_of_one_name_hold_every_run_once_for_tar(tmp_path):
+    from headlab.analysis import archive
+
+    for where in ("one/sweep", "two/sweep"):
+        (tmp_path / where / "0").mkdir(parents=True)
+        (tmp_path / where / "0" / "results.json").write_text(json.dumps({"where": where}))
+    assert archive.write(tmp_path / "x.tar.xz", [tmp_path / "one" / "sweep", tmp_path / "two" / "sweep"]) == 2
+    assert archive.duplicates(tmp_path / "x.tar.xz") == []
+    with tarfile.open(tmp_path / "x.tar.xz") as tar:
+        tar.extractall(tmp_path / "out", filter="data")
+    assert sorted(json.loads(p.read_text())["where"] for p in (tmp_path / "out").rglob("results.json")) == [
+        "one/sweep",
+        "two/sweep",
+    ]
+
+
 def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):
     curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3], [0.8, 0.75, 0.2]]
     random = [[0.9, 0.5, 0.4], [0.7, 0.4, 0.3], [0.8, 0.3, 0.2]]

@@ -6,6 +6,7 @@ committed beside it), and `tar -xJf ARCHIVE -C DIR` puts the records back where 
 (completed runs are skipped, the others run).
 """
 
+import io
 import tarfile
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def write(path: Path, roots: list[Path]) -> int:
     runs = 0
     mode = {".xz": "w:xz", ".gz": "w:gz"}.get(path.suffix, "w")
     partial = path.with_name(path.name + ".partial")
-    names: list[str] = []
+    names: list[str] = []  # each root's name in the archive, distinct: no path is held twice (duplicates)
     with tarfile.open(partial, mode) as tar:
         for root in roots:
             names.append(root.name if root.name not in names else f"{root.name}-{names.count(root.name) + 1}")
@@ -37,6 +38,33 @@ def write(path: Path, roots: list[Path]) -> int:
                         tar.add(file, arcname=f"{names[-1]}/{file.relative_to(root).as_posix()}", recursive=False)
     partial.replace(path)
     return runs
+
+
+def duplicates(path: Path) -> list[str]:
+    """The member names an archive holds more than once (archives written before roots got distinct names):
+    `tar -x` keeps one of each, so a sweep continued from it would lose runs; read() keeps them apart."""
+    with tarfile.open(path) as tar:
+        names = [m.name for m in tar.getmembers() if m.isfile()]
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+def rebuild(path: Path) -> int:
+    """Rewrite an archive whose roots repeat (duplicates) with every copy of a root under a name of its own
+    (sweep, sweep-2, ...), as write() names them; returns the number of runs. The records' bytes are unchanged."""
+    runs = read(path)
+    partial = path.with_name(path.name + ".partial")
+    mode = {".xz": "w:xz", ".gz": "w:gz"}.get(path.suffix, "w")
+    with tarfile.open(partial, mode) as tar:
+        for where, records in runs.items():
+            root, _, below = where.removeprefix(f"{path}:").partition("/")
+            name, _, copy = root.partition("#")
+            for record, text in records.items():
+                data = text.encode("utf-8")
+                info = tarfile.TarInfo("/".join(p for p in (name + (f"-{copy}" if copy else ""), below, record) if p))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    partial.replace(path)
+    return len(runs)
 
 
 def read(path: Path) -> dict[str, dict[str, str]]:

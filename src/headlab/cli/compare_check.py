@@ -105,6 +105,13 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
         inputs = [resolve(s, table) for s in sources]
     else:
         return "not archived", "its runs were not kept"
+    repeated = {_shown(i): n for i in inputs if i.is_file() and (n := len(archive.duplicates(i)))}
+    if repeated and update:
+        for source in repeated:
+            archive.rebuild(Path(source))
+    elif repeated:  # tar -x would keep one of each: a sweep continued from it would lose runs
+        where = ", ".join(f"{s} ({n} members twice)" for s, n in repeated.items())
+        return "differs", f"{where}: each copy needs a root of its own (--check --update rebuilds it)"
     options = [o for o in options if o != "--confirm"]  # the recorded command holds the stated analysis already
     into = resolve(writes["--into"], table) if "--into" in writes else None
     committed = table.read_text()
@@ -113,7 +120,8 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     except SystemExit as error:
         return "failed", str(error.code)
     if _rows(again) == _rows(committed) and (into is None or committed.strip() in into.read_text()):
-        return "same", f"{len(_rows(committed))} table lines from {', '.join(map(_shown, inputs))}"
+        rebuilt = f"; rebuilt {', '.join(repeated)} with a root for each copy" if repeated else ""
+        return "same", f"{len(_rows(committed))} table lines from {', '.join(map(_shown, inputs))}{rebuilt}"
     if not update:
         if _rows(again) != _rows(committed):
             return "differs", "\n" + _diff(_rows(committed), _rows(again))
