@@ -17,9 +17,11 @@ PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_f
 # config groups that say where a run reports (csv, W&B, TensorBoard), not what it computes: a run recorded with one
 # logger is the same run under another
 REPORTING_GROUPS = ("logger",)
-# keys added to the config after runs were recorded without them, with the value those runs had: a record without
-# one reads as that value (a resume, a sweep's completed jobs, compare's grouping)
+# keys added to the config after runs were recorded without them, with the value such a record counts as (a resume,
+# a sweep's completed jobs, compare's grouping): the model keys' values those runs had; the causal analysis, which
+# changes nothing a run trains, at its default, so that an older sweep continues without rerunning its jobs
 ADDED_KEYS = {
+    "callbacks.attention.causal_batches": 4,
     "model.attention.normalizer": "softmax",
     "model.attention.gate": "none",
     "model.attention.talking_heads": "none",

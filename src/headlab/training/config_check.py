@@ -129,7 +129,8 @@ def check_config(cfg: DictConfig) -> None:
 
     att = cfg.model.attention
     model_key = lambda key: "model.d_model" if key == "d_model" else f"model.attention.{key}"  # noqa: E731
-    design = {k.rsplit(".", 1)[1]: att.get(k.rsplit(".", 1)[1], v) for k, v in ADDED_KEYS.items()}  # old configs
+    added = {k.removeprefix("model.attention."): v for k, v in ADDED_KEYS.items() if k.startswith("model.attention.")}
+    design = {key: att.get(key, default) for key, default in added.items()}  # a config saved before the keys
     rules.head_sizes(
         cfg.model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, model_key, design["differential"]
     )
