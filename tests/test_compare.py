@@ -480,6 +480,41 @@ def test_archives_of_roots_of_one_name_hold_every_run_once_for_tar(tmp_path):
     ]
 
 
+def test_the_same_runs_given_again_are_counted_once(sweep, tmp_path, capsys):
+    """A directory given three times, a directory and one inside it, a hard-linked copy, an archive twice: each
+    run once (n 3 per group, as from the sweep alone), and a line saying which were skipped."""
+    import os
+
+    root, _ = sweep
+    linked = tmp_path / "linked"
+    for results in root.rglob("results.json"):
+        (linked / results.parent.name).mkdir(parents=True)
+        os.link(results, linked / results.parent.name / "results.json")
+    main([str(root), "--archive", str(tmp_path / "a.tar.xz"), "--out", str(tmp_path / "once")])
+    for sources in ([root, root, root], [root, root / "3"], [root, linked], [tmp_path / "a.tar.xz"] * 2):
+        capsys.readouterr()
+        main([*map(str, sources), "--out", str(tmp_path / "again"), "--no-plots"])
+        assert [r["runs"] for r in csv.DictReader((tmp_path / "again" / "compare.csv").open())] == ["3"] * 4, sources
+        said = capsys.readouterr().err
+        assert "counted once" in said or "the same archive as" in said
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--baseline", "model.attention.n_heads=1", "--effect", "-1"], "--effect takes a difference > 0"),
+        (["--baseline", "model.attention.n_heads=1", "--effect", "nan"], "--effect takes a difference > 0"),
+        (["--solved", "test/acc>=nan"], "--solved takes a finite threshold"),
+        (["--select", "seed"], "--select takes a setting chosen per arm (optim.lr, say), not seed"),
+    ],
+)
+def test_values_that_mean_nothing_are_refused_in_one_line(sweep, capsys, options, says):
+    root, _ = sweep
+    with pytest.raises(SystemExit) as refused:
+        main([str(root), *options])
+    assert refused.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):
     curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3], [0.8, 0.75, 0.2]]
     random = [[0.9, 0.5, 0.4], [0.7, 0.4, 0.3], [0.8, 0.3, 0.2]]

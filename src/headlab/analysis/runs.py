@@ -30,17 +30,40 @@ def load_dirs(dirs: list[Path]) -> Runs:
     """The runs below sweep directories (or any directories with results.json below them), results.json files,
     or run archives (headlab.analysis.archive)."""
     runs = Runs()
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) of each record or archive read -> where it was read
     for root in dirs:
         if archive.is_archive(root):
+            if (first := _once(seen, root, str(root))) is not None:
+                runs.unreadable.append((str(root), f"the same archive as {first}: read once"))
+                continue
             found = {where: files.get for where, files in archive.read(root).items()}
+            files = list(found)
         else:
             files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
-            found = {str(path.parent): functools.partial(_text, path.parent) for path in files}
-        if not found:
+            found = {}
+            for path in files:  # a record met again (a directory given twice, overlapping ones, a hard link)
+                if (first := _once(seen, path, str(path.parent))) is not None:
+                    runs.unreadable.append((str(path.parent), f"the same record as {first}: counted once"))
+                else:
+                    found[str(path.parent)] = functools.partial(_text, path.parent)
+        if not files:
             runs.unreadable.append((str(root), "no results.json below it"))
         for where, read in found.items():
             _add_run(runs, where, read)
     return runs
+
+
+def _once(seen: dict[tuple[int, int], str], path: Path, where: str) -> str | None:
+    """Where the same file (the same device and inode) was read before, or None, noting it as read here."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (stat.st_dev, stat.st_ino)
+    if key in seen:
+        return seen[key]
+    seen[key] = where
+    return None
 
 
 def _add_run(runs: Runs, where: str, read) -> None:

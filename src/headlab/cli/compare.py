@@ -15,6 +15,7 @@ the directories: a table recomputes from the archive kept beside it.
 """
 
 import argparse
+import math
 import re
 import shlex
 import sys
@@ -122,6 +123,12 @@ def _design(parser: argparse.ArgumentParser, args) -> Design:
             solved = (solved[0], float(solved[1]))
         except ValueError:
             parser.error(f"--solved takes METRIC>=NUMBER, got {args.solved!r}")
+        if not math.isfinite(solved[1]):
+            parser.error(f"--solved takes a finite threshold, got {args.solved!r}")
+    if args.effect is not None and not (math.isfinite(args.effect) and args.effect > 0):
+        parser.error(f"--effect takes a difference > 0 (the smallest that matters), got {args.effect}")
+    if args.select in ("seed", "data.seed"):
+        parser.error(f"--select takes a setting chosen per arm (optim.lr, say), not {args.select}: seeds replicate")
     baseline = pair(args.baseline, "=", "--baseline")
     select = (args.select, args.select_on) if args.select else None
     if args.within and not baseline:
