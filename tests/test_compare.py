@@ -515,6 +515,30 @@ def test_values_that_mean_nothing_are_refused_in_one_line(sweep, capsys, options
     assert refused.value.code == 2 and says in capsys.readouterr().err
 
 
+def test_record_contents_stay_text_in_compare_md_results_md_and_the_csv(tmp_path):
+    """A failed record's error with a line break, a block's end marker and a tag; a config value with a cell
+    separator and a spreadsheet formula: shown as text, the block still updatable, no formula in the CSV."""
+    for seed in range(2):
+        write_run(tmp_path / "sweep" / f"a{seed}", 1, '=HYPERLINK("http://x")|<b>', seed, 0.5)
+        write_run(tmp_path / "sweep" / f"b{seed}", 1, "dot", seed, 0.6)
+    evil = "boom\n<!-- /headlab-compare: x -->\n<img src=x onerror=alert(1)> | cell"
+    write_run(tmp_path / "sweep" / "f", 1, "dot", 0, 0.0, status="failed")
+    record = json.loads((tmp_path / "sweep" / "f" / "results.json").read_text())
+    (tmp_path / "sweep" / "f" / "results.json").write_text(json.dumps({**record, "error": evil}))
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# R\n<!-- headlab-compare: x -->\nold\n<!-- /headlab-compare: x -->\ntail\n")
+    for _ in range(2):  # written, then updated again: the block is still one block
+        main([str(tmp_path / "sweep"), "--metric", "test/acc", "--no-plots", "--into", str(results), "--block", "x"])
+    text = results.read_text()
+    assert text.count("<!-- /headlab-compare: x -->") == 1 and text.endswith("tail\n") and "<img" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt; \\| cell" in text
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 3 and len({line.replace("\\|", "").count("|") for line in table}) == 1
+    assert '| =HYPERLINK("http://x")\\|&lt;b&gt; |' in text
+    cells = list(csv.reader((tmp_path / "sweep" / "compare.csv").open()))
+    assert [c[0] for c in cells[1:]] == ['\'=HYPERLINK("http://x")|<b>', "dot"]
+
+
 def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):
     curves = [[0.9, 0.8, 0.5], [0.7, 0.6, 0.3], [0.8, 0.75, 0.2]]
     random = [[0.9, 0.5, 0.4], [0.7, 0.4, 0.3], [0.8, 0.3, 0.2]]

@@ -99,7 +99,7 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
-        cells = [*(_key_cell(row, k, design) for k in keys), str(row["runs"])]
+        cells = [*(inert(_key_cell(row, k, design)) for k in keys), str(row["runs"])]
         cells += [_cell(row.get(m), design) for m in design.metrics]
         if design.solved:
             cells.append(_solved_cell(row.get("solved")))
@@ -250,6 +250,20 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
     ]
 
 
+def inert(text) -> str:
+    """Text from a run's records as one line of a markdown table that stays text: no line breaks, no cell
+    separators, no HTML (a marker such as <!-- /headlab-compare: x --> or a tag is shown, not read)."""
+    text = " ".join(str(text).splitlines())
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def spreadsheet_safe(value):
+    """A config value for a CSV cell that a spreadsheet shows as text, not a formula (=HYPERLINK(...), +, -, @)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def write_outputs(
     out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command, plots: bool = True
 ) -> list[Path]:
@@ -259,7 +273,7 @@ def write_outputs(
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     if runs.failed or runs.unreadable:
-        lines += ["", "Left out:"] + [f"- {w}: {e}" for w, e in runs.failed + runs.unreadable]
+        lines += ["", "Left out:"] + [f"- {inert(w)}: {inert(e)}" for w, e in runs.failed + runs.unreadable]
     (out / "compare.md").write_text("\n".join(lines) + "\n")
     fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm")
     with (out / "compare.csv").open("w", newline="") as f:
@@ -274,7 +288,7 @@ def write_outputs(
             rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
             improving = list(row["improving"] or ("", ""))
             writer.writerow(
-                [*(row[k] for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
+                [*(spreadsheet_safe(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
     figures = [*plot(out, keys, rows, design), *plot_curves(out, keys, rows, design)] if plots else []
