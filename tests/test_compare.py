@@ -3,6 +3,7 @@ computations; per-arm selection of a key; provenance of every table."""
 
 import csv
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -537,6 +538,41 @@ def test_record_contents_stay_text_in_compare_md_results_md_and_the_csv(tmp_path
     assert '| =HYPERLINK("http://x")\\|&lt;b&gt; |' in text
     cells = list(csv.reader((tmp_path / "sweep" / "compare.csv").open()))
     assert [c[0] for c in cells[1:]] == ['\'=HYPERLINK("http://x")|<b>', "dot"]
+
+
+def test_a_full_disk_leaves_results_md_and_the_table_as_they_were(sweep, small_disk, capsys):
+    root, _ = sweep
+    results = small_disk / "RESULTS.md"
+    document = "# R\n<!-- headlab-compare: x -->\nold\n<!-- /headlab-compare: x -->\n" + "tail\n" * 20_000
+    results.write_text(document)
+    out = small_disk / "table"
+    main([str(root), "--out", str(out), "--no-plots"])
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * (free - 16 * 1024))  # room for a table, not for RESULTS.md again
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [str(root), "--out", str(out), "--no-plots", "--into", str(results), "--block", "x", "--metric", "test/acc"]
+        )
+    assert "no space left on the device" in str(stopped.value.code) and "half written" in str(stopped.value.code)
+    assert results.read_text() == document  # its tail is there
+    assert not [p.name for p in small_disk.rglob("*.tmp")]
+
+
+def test_ctrl_c_while_archiving_leaves_no_partial_archive(sweep, tmp_path, monkeypatch):
+    root, _ = sweep
+    added = []
+
+    def add(self, *args, **kwargs):
+        added.append(args)
+        if len(added) == 3:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    original = tarfile.TarFile.add
+    monkeypatch.setattr(tarfile.TarFile, "add", add)
+    with pytest.raises(SystemExit, match="interrupted: nothing written is half written"):
+        main([str(root), "--no-plots", "--archive", str(tmp_path / "a.tar.xz")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
 
 
 def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path):

@@ -5,7 +5,6 @@ import csv
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -308,18 +307,6 @@ def test_resume_alone_continues_and_a_refused_resume_leaves_the_run_as_it_was(ru
     assert after["status"] == "completed" and after["config"] == {**before["config"], "resume": str(run)}
     assert run_cli(f"resume={run}").returncode == 2  # completed now: its records are final
     assert after["metrics"]["test/acc"] == before["metrics"]["test/acc"]
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MB tmpfs (skipped where this process cannot mount one)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.e2e

@@ -6,7 +6,9 @@ committed beside it), and `tar -xJf ARCHIVE -C DIR` puts the records back where 
 (completed runs are skipped, the others run).
 """
 
+import contextlib
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -25,9 +27,9 @@ def write(path: Path, roots: list[Path]) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     runs = 0
     mode = {".xz": "w:xz", ".gz": "w:gz"}.get(path.suffix, "w")
-    partial = path.with_name(path.name + ".partial")
+    partial = _partial(path)
     names: list[str] = []  # each root's name in the archive, distinct: no path is held twice (duplicates)
-    with tarfile.open(partial, mode) as tar:
+    with _replacing(partial, path), tarfile.open(partial, mode) as tar:
         for root in roots:
             names.append(root.name if root.name not in names else f"{root.name}-{names.count(root.name) + 1}")
             for results in sorted(root.rglob("results.json")):
@@ -36,8 +38,24 @@ def write(path: Path, roots: list[Path]) -> int:
                     file = results.parent / name
                     if file.is_file():
                         tar.add(file, arcname=f"{names[-1]}/{file.relative_to(root).as_posix()}", recursive=False)
-    partial.replace(path)
     return runs
+
+
+def _partial(path: Path) -> Path:
+    """The file an archive is written to before it replaces `path`: one per process, so that two writers of one
+    archive never share it."""
+    return path.with_name(f"{path.name}.{os.getpid()}.partial")
+
+
+@contextlib.contextmanager
+def _replacing(partial: Path, path: Path):
+    """partial becomes path when the block ends; it is removed if the block fails or is interrupted (Ctrl-C)."""
+    try:
+        yield
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
 
 
 def duplicates(path: Path) -> list[str]:
@@ -52,9 +70,9 @@ def rebuild(path: Path) -> int:
     """Rewrite an archive whose roots repeat (duplicates) with every copy of a root under a name of its own
     (sweep, sweep-2, ...), as write() names them; returns the number of runs. The records' bytes are unchanged."""
     runs = read(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = _partial(path)
     mode = {".xz": "w:xz", ".gz": "w:gz"}.get(path.suffix, "w")
-    with tarfile.open(partial, mode) as tar:
+    with _replacing(partial, path), tarfile.open(partial, mode) as tar:
         for where, records in runs.items():
             root, _, below = where.removeprefix(f"{path}:").partition("/")
             name, _, copy = root.partition("#")
@@ -63,7 +81,6 @@ def rebuild(path: Path) -> int:
                 info = tarfile.TarInfo("/".join(p for p in (name + (f"-{copy}" if copy else ""), below, record) if p))
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    partial.replace(path)
     return len(runs)
 
 

@@ -34,6 +34,8 @@ from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
 from headlab.cli.compare_report import print_table, pruning_table, roles_table, write_outputs
 from headlab.cli.console import piped
+from headlab.errors import DiskFull
+from headlab.files import write_atomic
 
 
 def load_wandb(path: str, group: str | None) -> Runs:
@@ -195,7 +197,8 @@ def splice(path: Path, name: str, text: str) -> None:
     if document.count(start) != 1 or document.count(end) != 1 or document.index(start) > document.index(end):
         raise SystemExit(f"headlab-compare: --into {path} needs one block from {start} to {end}")
     head, rest = document.split(start, 1)
-    path.write_text(f"{head}{start}\n{text.rstrip()}\n{end}{rest.split(end, 1)[1]}")
+    spliced = f"{head}{start}\n{text.rstrip()}\n{end}{rest.split(end, 1)[1]}".encode()
+    write_atomic(path, lambda f: f.write(spliced))  # a full disk or a kill leaves the file as it was
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -305,6 +308,16 @@ def make_parser() -> argparse.ArgumentParser:
 
 @piped
 def main(argv: list[str] | None = None) -> None:
+    """headlab-compare: a full disk or Ctrl-C ends it in one line, leaving every file it writes as it was."""
+    try:
+        compare_command(argv)
+    except DiskFull as error:
+        raise SystemExit(f"headlab-compare: {error}: nothing written is half written") from None
+    except KeyboardInterrupt:
+        raise SystemExit("headlab-compare: interrupted: nothing written is half written") from None
+
+
+def compare_command(argv: list[str] | None = None) -> None:
     parser = make_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

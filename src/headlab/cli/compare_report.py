@@ -2,6 +2,7 @@
 from what headlab.analysis.comparison computed."""
 
 import csv
+import io
 import math
 import shlex
 from pathlib import Path
@@ -12,6 +13,7 @@ from headlab.analysis.contrasts import Design
 from headlab.analysis.datasets import setting_keys
 from headlab.analysis.runs import Runs, mixed_data
 from headlab.cli.compare_plots import plot, plot_curves
+from headlab.files import write_atomic
 from headlab.training.results import git_sha
 
 
@@ -274,9 +276,17 @@ def write_outputs(
     lines += ["| " + " | ".join(r) + " |" for r in body]
     if runs.failed or runs.unreadable:
         lines += ["", "Left out:"] + [f"- {inert(w)}: {inert(e)}" for w, e in runs.failed + runs.unreadable]
-    (out / "compare.md").write_text("\n".join(lines) + "\n")
+    table = ("\n".join(lines) + "\n").encode()
+    write_atomic(out / "compare.md", lambda f: f.write(table))
+    write_atomic(out / "compare.csv", lambda f: f.write(_csv(keys, rows, design).encode()))
+    figures = [*plot(out, keys, rows, design), *plot_curves(out, keys, rows, design)] if plots else []
+    return [out / "compare.md", out / "compare.csv", *figures]
+
+
+def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
+    """compare.csv's text: a row per group, every statistic of every metric in its own column."""
     fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm")
-    with (out / "compare.csv").open("w", newline="") as f:
+    with io.StringIO(newline="") as f:
         writer = csv.writer(f)
         solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
         writer.writerow(
@@ -291,8 +301,7 @@ def write_outputs(
                 [*(spreadsheet_safe(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
-    figures = [*plot(out, keys, rows, design), *plot_curves(out, keys, rows, design)] if plots else []
-    return [out / "compare.md", out / "compare.csv", *figures]
+        return f.getvalue()
 
 
 def pruning_table(summary: list[dict]) -> list[str]:
