@@ -243,3 +243,26 @@ def test_patching_by_position_finds_the_query_the_answer_is_read_at():
     expected = torch.zeros(1, 4, P + Q, dtype=torch.float64)
     expected[0, 0, P + 1] = 1.0
     torch.testing.assert_close(shares, expected, atol=1e-6, rtol=0)
+
+
+def test_ablations_of_a_cls_model_on_padded_batches_of_different_lengths():
+    """Sequence classification with the cls vector first (the attention sees n + 1 positions) on batches of two
+    lengths: zero-ablation is masking the head, measured as importance.accuracies measures it."""
+    from headlab.analysis.importance import accuracies
+    from headlab.model import Encoder
+
+    torch.manual_seed(0)
+    model = Encoder(12, 3, 9, "cls", d_model=16, attention={"n_heads": 4}).eval()
+    batches = []
+    for n, lengths in ((9, [9, 4, 6]), (6, [6, 2, 5])):
+        tokens = torch.randint(1, 12, (3, n))
+        padding = torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
+        batches.append(
+            {"tokens": tokens.masked_fill(padding, 0), "padding_mask": padding, "labels": torch.tensor([0, 1, 2])}
+        )
+    effects = causal.ablation_effects(model, batches, batches)
+    masks = [torch.ones(1, 4).index_fill_(1, torch.tensor([h]), 0.0) for h in range(4)]
+    base = accuracies(model, batches, [None])[0]
+    expected = [a - base for a in accuracies(model, batches, masks)]
+    assert effects["zero"]["acc"][0].tolist() == pytest.approx(expected)
+    assert all(torch.isfinite(e[m]).all() for e in effects.values() for m in e)

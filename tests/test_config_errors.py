@@ -202,8 +202,8 @@ CASES = [
     unknown("callbacks", "default"),
     unknown(
         "experiment",
-        "fixed_head_size, head_pruning, heads_fixed_width, heads_vs_depth, key_size, scoring, "
-        "sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
+        "fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, heads_vs_depth, key_size, "
+        "scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, grid, optuna, search"),

@@ -38,7 +38,10 @@ def test_wandb_run_holds_media_tables_head_scalars_and_the_flat_config(run):
     for media in ("heads/table", "heads/similarity", "heads/pruning_table", "heads/importance", "heads/view"):
         assert f"{media}/_type" in keys, media
     head_scalars = {k for k in keys if k.startswith("heads/L") and not k.endswith("/importance")}
-    assert len(head_scalars) == 2 * 4 * len(statistics.STATISTICS) and "heads/L1/H3/score_std" in head_scalars
+    # every statistic, the share on the keys a query needs, and the causal scores (three ablations' loss and
+    # accuracy, two corruptions' patching) of each of 2 x 4 heads
+    assert len(head_scalars) == 2 * 4 * (len(statistics.STATISTICS) + 1 + 6 + 2)
+    assert {"heads/L1/H3/score_std", "heads/L1/H3/relevant", "heads/L0/H2/restore_key_b"} <= head_scalars
     assert {"val/acc", "val/loss", "test/acc"} <= keys
     config = logged["config"]
     assert config["model.attention.n_heads"] == 4 and config["model.attention.scoring"] == "dot"
@@ -215,8 +218,12 @@ def test_head_view_renders_the_probe_tokens_and_switching_heads_changes_what_is_
 
     stats = browser.find_elements("css selector", "#stats tr[data-head]")
     assert [row.get_attribute("data-head") for row in stats] == ["2"]
-    importance = next(r["importance"] for r in heads["rows"] if (r["layer"], r["head"]) == (1, 2))
-    assert stats[0].text.split()[-1] == f"{importance:.3f}"
+    row = next(r for r in heads["rows"] if (r["layer"], r["head"]) == (1, 2))
+    columns = [c.text for c in browser.find_elements("css selector", "#stats th")]
+    cells = [c.text for c in stats[0].find_elements("css selector", "td")]
+    for name in ("importance", "ablate_mean_loss", "restore_key_b", "role"):  # causal scores beside each head
+        shown = row[name] if name == "role" else f"{row[name]:.3f}"
+        assert cells[columns.index(name.replace("_", " "))] == shown, name
 
     browser.find_element("css selector", "#mode option[value='matrix']").click()
     cells = browser.find_elements("css selector", "rect.cell")

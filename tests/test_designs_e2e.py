@@ -48,7 +48,7 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
             isinstance(v, float) and abs(v) < 1e6
             for r in report["rows"]
             for k, v in r.items()
-            if k not in ("layer", "head")
+            if k not in ("layer", "head", "role")
         ), design
         masses = [r["mass"] for r in report["rows"]]
         if design in ("softmax1", "sink"):

@@ -33,7 +33,7 @@ OFFLINE_DATA = {  # experiments on hub data run here on the same data from local
     "text_defaults_search": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }
-RECIPES = ("sst2_recipe",)  # one run, not an ablation
+RECIPES = ("sst2_recipe", "head_roles")  # one run; a reading of what heads do at one rate, not an ablation
 SCREENS = ("text_defaults_search",)  # a search's first stage: 3 seeds (or folds) a setting, its finalists then 10
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
 

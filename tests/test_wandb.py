@@ -133,9 +133,11 @@ def test_headlab_heads_writes_maps_and_table_for_a_finished_run(run_cli, tmp_pat
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in (run / "heads").iterdir())
     assert written == [
+        "ablation.png",  # the run's heads.json has ablations, patching, importance and pruning: their figures too
         "attention_layer_0.png",
         "attention_layer_1.png",
-        "importance_map.png",  # the run's heads.json has importance and pruning: their figures too
+        "importance_map.png",
+        "patching.png",
         "pruning_curves.png",
         "similarity.png",
         "statistics.csv",

@@ -56,11 +56,15 @@ def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float,
 
 def position_means(batches: Iterable[dict], model: torch.nn.Module, point: str) -> list[torch.Tensor]:
     """Each layer's mean of `point` over the batches' examples at each position where it is real: per layer
-    (H or G, n, d) (n the longest batch's length; 0 where no example is real)."""
+    (H or G, n, d) (n the longest batch's length, with the positions a model puts first, its cls vector; 0 where
+    no example is real)."""
     sums, counts = None, None
     for batch in batches:
         _, seen = recorded(model, batch, point)
-        real = (~batch["padding_mask"]).to(seen[0].dtype)  # (B, n)
+        padding = batch["padding_mask"]
+        if hasattr(model, "attention_padding_mask"):  # the attention's own positions: a cls vector first
+            padding = model.attention_padding_mask(padding)
+        real = (~padding).to(seen[0].dtype)  # (B, n)
         n = real.shape[1]
         batch_sums = [(t * real[:, None, :, None]).sum(0) for t in seen]  # (H, n, d) per layer
         if sums is None:
