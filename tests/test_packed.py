@@ -355,6 +355,28 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     assert session_processes(process.pid) == []
 
 
+@pytest.mark.e2e
+def test_a_stopped_sweep_of_large_packs_records_every_member_at_once(tmp_path):
+    """SIGTERM to the launcher of two packs of 40 members side by side: each worker's results are more than a pipe
+    holds, and are read as the workers stop (a worker blocked in its send would hold the launcher for its 300 s
+    patience and lose its members' records): the sweep ends in seconds, every member recorded interrupted."""
+    slow = [*TINY, "data.n_train=2000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2",
+               "model.attention.n_heads=1,2", "seed=range(40)", *slow, f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 240
+    while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < 80 and time.time() < deadline:
+        assert process.poll() is None
+        time.sleep(0.2)
+    stopped = time.time()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=300)
+    assert time.time() - stopped < 120 and process.returncode == 128 + signal.SIGTERM
+    assert [r["status"] for r in records(sweep)] == ["interrupted"] * 80
+
+
 def test_a_pack_worker_gets_its_gpu_by_slot():
     assert [gpu_for_slot(k, 2, None) for k in range(3)] == ["0", "1", "0"]
     assert gpu_for_slot(1, 2, "3,5") == "5"  # among the GPUs the launcher may see

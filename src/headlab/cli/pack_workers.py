@@ -16,6 +16,7 @@ import pickle
 import select
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -142,10 +143,30 @@ def run_parallel(
         signal.signal(signal.SIGTERM, previous)
         for _, process, _ in running.values():
             process.terminate()  # SIGTERM: Lightning stops at its next step, last.ckpt is saved
-        for _, process, _ in running.values():
-            process.join(timeout=300)
-            if process.is_alive():
-                process.kill()
+        _stopped(running, packs, done)
+
+
+def _stopped(running: dict, packs: list, done: Callable, patience: float = 300) -> None:
+    """The stopped workers' results, read as they send them (a pack's results may be more than a pipe holds: a
+    worker blocked in its send would never exit) and recorded by done; a worker still alive after `patience`
+    seconds is killed."""
+    deadline = time.monotonic() + patience
+    while running and (left := deadline - time.monotonic()) > 0:
+        for receive in wait(list(running), timeout=left):
+            k, process, _ = running.pop(receive)
+            try:
+                results = [_restore(r) for r in receive.recv()]
+            except EOFError:  # it ended without a word (killed): its members keep the records they have
+                results = None
+            process.join()
+            if results is not None:
+                try:
+                    done(k, results)
+                except Exception as error:  # recording one pack must not hide the interrupt being raised
+                    log.warning("pack %s: its results could not be recorded: %s", packs[k][0], error)
+    for _, process, _ in running.values():
+        process.kill()
+        process.join()
 
 
 def _raise_interrupt(signum, frame) -> None:
