@@ -453,3 +453,22 @@ def test_hooks_read_and_replace_each_stage_as_the_same_edit_made_by_hand():
     handle = attn.hook_result.register_forward_hook(lambda module, args, t: None)  # reads, changes nothing
     torch.testing.assert_close(attn(x, padding)[0], out, rtol=1e-12, atol=1e-12)
     handle.remove()
+
+
+def test_the_memory_estimate_counts_each_designs_tensors():
+    """Defaults as before the designs; a differential head's two maps, an output gate's width and a latent's rank
+    add their parameters and activations (rules.training_bytes, which the memory check and pack sizing use)."""
+    from headlab.model.rules import training_bytes
+
+    sizes = dict(vocab_size=100, n_classes=5, positions=33, batch_size=64, d_model=64, n_layers=1, d_ff=256,
+                 n_heads=4, d_k=16, d_v=16, n_kv_heads=4)  # fmt: skip
+    plain = training_bytes(**sizes)
+    params = 100 * 64 + 33 * 64 + (4 * 64 * 64 + 2 * 64 * 256 + 6 * 64 + 2 * 256) + 64 * 6  # q, k v, out: 4 d^2
+    per_position = 3 * (64 + 128) + 20 * 64 + 2 * 256 + 3 * 4 * 33
+    assert plain == 20 * params + 4 * 64 * 33 * per_position  # the estimate as it was
+    gate = training_bytes(**sizes, gate_width=64)
+    assert gate - plain == 20 * 64 * 64 + 4 * 64 * 33 * 3 * 64
+    differential = training_bytes(**{**sizes, "d_k": 8}, maps=2)  # same parameters, twice the maps
+    assert differential - plain == 4 * 64 * 33 * 3 * 4 * 33
+    latent = training_bytes(**sizes, latent_kv=16)  # fewer parameters, one more activation (the latent)
+    assert latent - plain == 20 * ((64 + 128) * 16 - 64 * 128) + 4 * 64 * 33 * 3 * 16

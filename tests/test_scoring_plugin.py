@@ -71,3 +71,51 @@ def test_the_config_check_knows_the_installed_scorings(tmp_path, plugin_env):
     assert refused.returncode == 2
     expected = "model.attention.scoring='bogus' is invalid: expected one of additive, cosine, dot"
     assert refused.stderr.strip().endswith(expected)
+
+
+NORMALIZER = '''
+import torch
+
+from headlab.model.normalizers import Normalizer
+
+
+class Relu(Normalizer):
+    """ReLU attention: relu(s_ij) / m, m the real keys (no parameters, no fused path)."""
+
+    @staticmethod
+    def weights(attn, scores, key_padding_mask):
+        weights = torch.relu(scores) / scores.shape[-1]
+        if key_padding_mask is None:
+            return weights
+        return weights.masked_fill(key_padding_mask[:, None, None, :], 0.0)
+'''
+
+
+@pytest.mark.e2e
+def test_a_normalizer_from_a_package_is_a_stage_like_a_scoring_function(tmp_path):
+    """The same for another stage: a package naming a normaliser in the group headlab.normalizer trains it alone
+    and in a pack, and the config check lists it."""
+    where = tmp_path / "site"
+    (where / "headlab_relu-0.1.dist-info").mkdir(parents=True)
+    (where / "headlab_relu.py").write_text(NORMALIZER)
+    (where / "headlab_relu-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: headlab-relu\nVersion: 0.1\n"
+    )
+    (where / "headlab_relu-0.1.dist-info" / "entry_points.txt").write_text(
+        "[headlab.normalizer]\nrelu = headlab_relu:Relu\n"
+    )
+    env = cli_env() | {"PYTHONPATH": str(where)}
+    common = [*TINY, "logger=csv", "model.attention.normalizer=relu", "trainer.max_epochs=1"]
+    alone = headlab_train(*common, "hydra.run.dir=alone", cwd=tmp_path, env=env)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    record = json.loads((tmp_path / "alone" / "results.json").read_text())
+    assert record["status"] == "completed" and record["config"]["model.attention.normalizer"] == "relu"
+    packed = headlab_train(
+        "-m", "hydra/launcher=packed", "seed=0,1", *common, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env
+    )
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    member = json.loads((tmp_path / "sweep" / "0" / "results.json").read_text())
+    assert member["metrics"]["test/loss"] == pytest.approx(record["metrics"]["test/loss"], abs=1e-4)
+    refused = headlab_train("model.attention.normalizer=bogus", cwd=tmp_path, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("expected one of relu, sigmoid, sink, softmax, softmax1")
