@@ -31,19 +31,23 @@ class Cosine(Scoring):
 '''
 
 
+def installed(tmp_path, package: str, group: str, entry: str, source: str) -> dict:
+    """The environment of a process in which `package` (its module's source) is installed, naming `entry`
+    (NAME = module:Class) in the entry-point group `group`, with the dist-info an installed package would have."""
+    where, module = tmp_path / "site", package.replace("-", "_")
+    (where / f"{module}-0.1.dist-info").mkdir(parents=True)
+    (where / f"{module}.py").write_text(source)
+    (where / f"{module}-0.1.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n"
+    )
+    (where / f"{module}-0.1.dist-info" / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+    return cli_env() | {"PYTHONPATH": str(where)}
+
+
 @pytest.fixture
 def plugin_env(tmp_path) -> dict:
     """The environment of a process in which the package headlab-cosine is installed."""
-    where = tmp_path / "site"
-    (where / "headlab_cosine-0.1.dist-info").mkdir(parents=True)
-    (where / "headlab_cosine.py").write_text(PLUGIN)
-    (where / "headlab_cosine-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: headlab-cosine\nVersion: 0.1\n"
-    )
-    (where / "headlab_cosine-0.1.dist-info" / "entry_points.txt").write_text(
-        "[headlab.scoring]\ncosine = headlab_cosine:Cosine\n"
-    )
-    return cli_env() | {"PYTHONPATH": str(where)}
+    return installed(tmp_path, "headlab-cosine", "headlab.scoring", "cosine = headlab_cosine:Cosine", PLUGIN)
 
 
 @pytest.mark.e2e
@@ -95,16 +99,7 @@ class Relu(Normalizer):
 def test_a_normalizer_from_a_package_is_a_stage_like_a_scoring_function(tmp_path):
     """The same for another stage: a package naming a normaliser in the group headlab.normalizer trains it alone
     and in a pack, and the config check lists it."""
-    where = tmp_path / "site"
-    (where / "headlab_relu-0.1.dist-info").mkdir(parents=True)
-    (where / "headlab_relu.py").write_text(NORMALIZER)
-    (where / "headlab_relu-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: headlab-relu\nVersion: 0.1\n"
-    )
-    (where / "headlab_relu-0.1.dist-info" / "entry_points.txt").write_text(
-        "[headlab.normalizer]\nrelu = headlab_relu:Relu\n"
-    )
-    env = cli_env() | {"PYTHONPATH": str(where)}
+    env = installed(tmp_path, "headlab-relu", "headlab.normalizer", "relu = headlab_relu:Relu", NORMALIZER)
     common = [*TINY, "logger=csv", "model.attention.normalizer=relu", "trainer.max_epochs=1"]
     alone = headlab_train(*common, "hydra.run.dir=alone", cwd=tmp_path, env=env)
     assert alone.returncode == 0, alone.stderr[-3000:]
