@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
+from scipy import stats
 
 from headlab.analysis.importance import _per_example_loss
 from headlab.conventions import IGNORE_INDEX
@@ -162,21 +163,11 @@ def patching_shares(
 
 
 def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman's rank correlation of two per-head scores (any shape, flattened; ties get their mean rank)."""
-    ranks = [torch.as_tensor(_ranks(t.flatten().double())) for t in (a, b)]
-    x, y = (r - r.mean() for r in ranks)
-    denominator = (x.square().sum() * y.square().sum()).sqrt()
-    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
-
-
-def _ranks(t: torch.Tensor) -> torch.Tensor:
-    order = t.argsort(stable=True)
-    ranks = torch.empty_like(t)
-    ranks[order] = torch.arange(len(t), dtype=t.dtype)
-    for value in t.unique():  # ties: the mean of their ranks
-        tied = t == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks + 1
+    """Spearman's rank correlation of two per-head scores (any shape, flattened); nan where either is constant."""
+    x, y = (t.flatten().double().numpy() for t in (a, b))
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return float(stats.spearmanr(x, y).statistic)
 
 
 # A head's role (on a task whose corruptions name the roles they change: pair_recall's "key a", "key b"), by

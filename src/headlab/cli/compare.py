@@ -26,7 +26,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from headlab.analysis import archive, budget, datasets
-from headlab.analysis.comparison import METRICS, check_metrics, compare, pruning_summary, select_best
+from headlab.analysis.comparison import METRICS, check_metrics, compare, pruning_summary, same_value, select_best
 from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.analysis.roles import role_counts
 from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
@@ -87,21 +87,12 @@ def only(parser: argparse.ArgumentParser, records: list[dict], where: list[str])
         key, _, value = condition.partition("=")
         if not key or not value:
             parser.error(f"--where takes KEY=VALUE, got {condition!r}")
-        kept = [r for r in records if _same(r["config"].get(key), value.strip())]
+        kept = [r for r in records if same_value(r["config"].get(key), value.strip())]
         if not kept:
             there = sorted({_as_written(r["config"].get(key)) for r in records})
             raise SystemExit(f"headlab-compare: --where {condition}: no run has it; {key} is {', '.join(there)}")
         records = kept
     return records
-
-
-def _same(value, text: str) -> bool:
-    if _as_written(value) == text:
-        return True
-    try:
-        return isinstance(value, int | float) and not isinstance(value, bool) and float(text) == value
-    except ValueError:
-        return False
 
 
 def _as_written(value) -> str:
