@@ -20,9 +20,9 @@ if "HEADLAB_CACHE" not in os.environ:  # the suite prepares data in a cache of i
     os.environ["HEADLAB_CACHE"] = tempfile.mkdtemp(prefix="headlab-tests-cache-")
     atexit.register(shutil.rmtree, os.environ["HEADLAB_CACHE"], True)
 
-from headlab.cli import runtime  # noqa: E402
+from hydra_plugins.headlab_launcher import register  # noqa: E402
 
-runtime.configure()  # configs composed in a test compose as in the CLI: headlab's resolvers and packed launcher
+register()  # configs composed in a test compose as in the CLI: headlab's resolvers and launchers
 
 
 def pytest_configure(config):
@@ -113,7 +113,8 @@ def _process_state_kept(cwd: Path):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from headlab.cli import rundir, train
+    from headlab.launch import job as job_
+    from headlab.launch import rundir
     from headlab.model import dispatch
     from headlab.training import loggers as loggers_
     from headlab.training import run
@@ -157,8 +158,8 @@ def _process_state_kept(cwd: Path):
             torch.set_float32_matmul_precision(precision)
             GlobalHydra.instance().clear()
             HydraConfig.instance().cfg = None
-            train._job_started, train._ctrl_c = False, False
-            train._said.clear()
+            job_._began, job_._ctrl_c = False, False
+            job_._said.clear()
             loggers_._said.clear()
             loggers_._server_failed.clear()
             loggers_._answers.cache_clear()

@@ -248,7 +248,7 @@ def test_a_fold_of_cr_trains_through_the_real_cli(tmp_path):
 def test_a_sweep_of_a_cross_validated_config_gets_one_job_per_fold_unless_it_names_its_folds():
     from hydra import compose, initialize_config_module
 
-    from headlab.cli.sweep_grid import fold_sweep
+    from headlab.launch.grid import fold_sweep
 
     with initialize_config_module("headlab.conf", version_base="1.3"):
         named = compose("train", overrides=["data=mr"])  # folds from the data config

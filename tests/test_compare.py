@@ -20,7 +20,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
-from headlab.training.results import read_record
+from headlab.record import read_record
 
 
 def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **config):

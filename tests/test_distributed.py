@@ -55,8 +55,8 @@ def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(ru
 
 
 AS_MANY_CORES = """import sys
-from headlab.training import sweep
-sweep.cpu_threads = lambda: {cores}  # this job's share of the machine, as on a {cores}-core host
+from headlab.training import cores
+cores.cpu_threads = lambda: {cores}  # this job's share of the machine, as on a {cores}-core host
 from headlab.cli.train import main
 sys.argv[0] = "headlab-train"
 main()
@@ -108,7 +108,7 @@ def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):
 
 
 def compose_job(*overrides):
-    from headlab.cli import runtime
+    from headlab.launch import runtime
 
     runtime.configure()  # the resolvers the launcher configs use
 

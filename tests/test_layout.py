@@ -31,35 +31,80 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
     "model.attention.talking_heads": rules.TALKING_HEADS,
     "data.tokenizer.kind": TOKENIZERS,
 }
-LAYERS = {"conventions": 0, "errors": 0, "files": 0, "model": 1, "analysis": 1, "data": 2, "training": 3, "cli": 4}
+LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.launch) between launch and cli
+    **{"conventions": 0, "errors": 0, "files": 0, "record": 0, "model": 1, "analysis": 1, "data": 2, "training": 3},
+    **{"launch": 4, "hydra_plugins": 4.5, "cli": 5},
+}
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 
 
-def layer(module: str) -> int:
-    """headlab.<package>... -> the rank of its layer."""
-    return LAYERS[module.split(".")[1].removesuffix(".py")]
+def layer(module: str) -> float:
+    """headlab.<package>... (or hydra_plugins...) -> the rank of its layer."""
+    parts = module.split(".")
+    return LAYERS["hydra_plugins" if parts[0] == "hydra_plugins" else parts[1]]
 
 
-def imports(path: Path) -> set[str]:
-    """Every headlab module a file imports, at module level or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("headlab.")}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headlab."):
-            found.add(node.module)
-    return found
+def import_graph() -> dict[str, set[str]]:
+    """Every module of src/ -> the modules of src/ it imports, at module level or inside functions (`from package
+    import module` is an import of the module; a package's __init__ counts only where a name of its own is taken)."""
+    names = {
+        ".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in SRC.parent.rglob("*.py")
+    }
+    graph = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.module in names:
+                modules = {f"{node.module}.{a.name}" for a in node.names} & set(names)
+                found |= modules | ({node.module} if len(modules) < len(node.names) else set())
+        graph[name] = found - {name}
+    return graph
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    upward = []
-    for path in SRC.rglob("*.py"):
-        parts = path.relative_to(SRC).with_suffix("").parts
-        if parts == ("__init__",):
-            continue
-        here = "headlab." + ".".join(parts)
-        upward += [f"{here} -> {m}" for m in imports(path) if layer(m) > layer(here)]
+    upward = [f"{m} -> {d}" for m, deps in import_graph().items() for d in deps if layer(d) > layer(m)]
     assert upward == []
+
+
+def test_the_import_graph_has_no_circle():
+    """No module reaches itself through its imports (Tarjan's strongly connected components of the graph)."""
+    graph, index, low, stack, circles = import_graph(), {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_hydra_plugins_import_from_headlab_launch_alone():
+    graph = import_graph()
+    reached = {d for m, deps in graph.items() if m.startswith("hydra_plugins") for d in deps if d.startswith("headlab")}
+    assert {d.split(".")[1] for d in reached} == {"launch"}
+
+
+def test_the_command_line_layer_is_arguments_and_rendering():
+    """cli/ (without the benchmarks) stays under 1,500 lines: a run's life, packs, SLURM and the statistics live in
+    the layers below it."""
+    lines = sum(len(p.read_text().splitlines()) for p in (SRC / "cli").glob("*.py"))
+    assert lines < 1500
 
 
 def test_the_science_imports_without_any_framework():

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
-from headlab.cli.pack_workers import gpu_for_slot
-from headlab.cli.packed import pack_key
+from headlab.launch.packs import pack_key
+from headlab.launch.workers import gpu_for_slot
 from headlab.training import signals_held
-from headlab.training.sweep import usable_cores
+from headlab.training.cores import usable_cores
 
 pytestmark = pytest.mark.e2e
 FLOAT64 = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.log_every_n_steps=1"]
@@ -399,4 +399,4 @@ def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_
         line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")
     }
     assert again.returncode == 0 and (again.stdout + again.stderr).count("completed before with the same config") == 2
-    assert "headlab.cli.packed" in imported and not {"torch", "lightning"} & imported
+    assert "headlab.launch.packs" in imported and not {"torch", "lightning"} & imported

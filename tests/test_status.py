@@ -11,9 +11,10 @@ import time
 import pytest
 
 from conftest import TINY, cli_env, cli_here, session_processes, train_here
-from headlab.cli.rundir import earlier_attempts
-from headlab.cli.status import duration, job_ranges
-from headlab.training.results import total_seconds
+from headlab.cli.status import duration
+from headlab.launch.rundir import earlier_attempts
+from headlab.launch.summary import job_ranges
+from headlab.record import total_seconds
 
 
 def progress(run_dir) -> dict:

@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import TINY, cli_env
-from headlab.cli import runtime
-from headlab.cli.packed import PER_MEMBER
+from headlab.launch import runtime
+from headlab.launch.packs import PER_MEMBER
 from headlab.training.config_check import check_config
 
 runtime.configure()  # the resolvers the launcher configs use

@@ -15,7 +15,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
 from headlab.cli.compare_report import table_rows
-from headlab.cli.sweep_grid import job_number
+from headlab.launch.grid import job_number
 
 HEADS = "model.attention.n_heads"
 

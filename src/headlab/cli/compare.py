@@ -33,7 +33,7 @@ from headlab.analysis.runs import Runs, head_means, load_dirs, mixed_data
 from headlab.cli.compare_check import check
 from headlab.cli.compare_datasets import across_table, meta_table, write_across, write_meta
 from headlab.cli.compare_report import print_table, pruning_table, roles_table, write_outputs
-from headlab.cli.console import piped
+from headlab.cli.pipe import piped
 from headlab.errors import DiskFull
 from headlab.files import write_atomic
 

@@ -14,7 +14,7 @@ from headlab.analysis.datasets import setting_keys
 from headlab.analysis.runs import Runs, mixed_data
 from headlab.cli.compare_plots import plot, plot_curves
 from headlab.files import write_atomic
-from headlab.training.results import git_sha
+from headlab.record import git_sha
 
 
 def _p(summary: dict) -> str:

@@ -49,9 +49,9 @@ def load(run_dir: Path, which: str, prog: str):
         raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
     checkpoint = checkpoint_path(run_dir, which, prog)
 
-    from headlab.cli import runtime
+    from headlab.launch import runtime
     from headlab.training import records, trust
-    from headlab.training.results import model_state
+    from headlab.training.checkpoints import model_state
     from headlab.training.run import build
 
     runtime.configure()  # the resolvers a saved config may use (${headlab.data_dir:} of the benchmarks' configs)

@@ -11,9 +11,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from headlab.cli.console import piped
+from headlab.cli.pipe import piped
 from headlab.conventions import PROGRESS
-from headlab.training.results import read_record, total_seconds
+from headlab.launch.summary import job_ranges
+from headlab.record import read_record, total_seconds
 
 ORDER = ("completed", "running", "queued", "interrupted", "failed")  # the statuses, in the order they are told
 SHOWN = 12  # lines of packs or runs in training per sweep; the rest are counted
@@ -165,20 +166,6 @@ def _validation(members: list[dict]) -> str:
         return f"val/acc {values[0]:.4f}{at}{note}"
     mean = math.fsum(values) / len(values)
     return f"val/acc {mean:.4f} [{min(values):.4f}, {max(values):.4f}]{at}{note}"
-
-
-def job_ranges(names: list[str], shown: int = 6) -> str:
-    """Job folder names for one line, consecutive numbers as ranges: 0-29, 45, 60-89 (then how many more)."""
-    numbers = sorted(int(n) for n in names if n.isdigit())
-    spans: list[list[int]] = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    items = [str(a) if a == b else f"{a}-{b}" for a, b in spans] + sorted(n for n in names if not n.isdigit())
-    more = f" and {len(items) - shown} more" if len(items) > shown else ""
-    return ", ".join(items[:shown]) + more
 
 
 def duration(seconds: float) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from headlab.analysis import figures, head_view, importance, statistics
 from headlab.files import write_json_atomic
-from headlab.training import causal_report, probe, results
+from headlab.training import causal_report, checkpoints, probe
 from headlab.training.callbacks import stop_if_signalled
 
 # The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with
@@ -288,7 +288,7 @@ class AttentionLogger(pl.Callback):
         model, best = pl_module.model, trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
         final = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if best:  # the weights the test evaluates; the final ones are put back after
-            model.load_state_dict(results.model_state(best, pl_module.device))
+            model.load_state_dict(checkpoints.model_state(best, pl_module.device))
         try:
             stop = functools.partial(stop_if_signalled, trainer)
             self.write_report(

@@ -278,14 +278,15 @@ def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     checkpoints/last.ckpt starts again from its first step."""
     from pathlib import Path
 
-    from headlab.training.results import defining_keys, recorded_config
+    from headlab.record import defining_keys
+    from headlab.training.run_config import recorded_config
 
     marks = (Path(cfg.resume) / ".hydra" / "config.yaml", Path(cfg.resume) / "checkpoints" / "last.ckpt")
     if not any(mark.exists() for mark in marks):
         fail(
             "resume", cfg.resume, "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
         )
-    from headlab.training.results import read_record
+    from headlab.record import read_record
 
     if (read_record(Path(cfg.resume)) or {}).get("status") == "completed":
         fail(

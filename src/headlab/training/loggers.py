@@ -163,7 +163,7 @@ def run_facts(fields: dict, config: dict) -> dict:
     """What a run derives from its config, as flat keys for the dashboards' configs (so that a plot can put
     accuracy against head size, parameters or compute): the resolved head sizes (resolved.d_k, ...), parameter
     counts, training FLOPs per token, the dataset and the commit. fields: results.json's (records.model_fields)."""
-    from headlab.training.results import git_sha
+    from headlab.record import git_sha
 
     dataset = config.get("data.hub") or config.get("data.files.train") or config.get("data")
     return {

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
-from headlab.training import allocator, epochs, memory, records, results, sweep
+from headlab.training import allocator, checkpoints, cores, epochs, memory, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
@@ -84,7 +84,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     checkpoint whole, never a truncated last.ckpt that a resume would trip on."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        results.save_checkpoint_atomic(checkpoint, Path(path))
+        checkpoints.save_checkpoint_atomic(checkpoint, Path(path))
 
 
 def _existing(path: Path) -> str | None:
@@ -183,7 +183,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     datamodule, model = build(cfg, run_dir / "data" if cfg.get("resume") else None)
     if cfg.get("resume"):
         records.check_same_data(run_dir, datamodule)
-    elif sweep.process_rank() == 0:
+    elif cores.process_rank() == 0:
         datamodule.keep_in(run_dir)
     module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
     resume_from = _resume_checkpoint(cfg)
@@ -196,8 +196,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         callbacks.append(RankThreads(threads))
     loggers = instantiate_all(cfg.get("logger"), "logger")
     devices = {}
-    if cfg.trainer.get("accelerator") == "gpu" and sweep.parallel_jobs() > 1:  # one GPU per job of a local sweep
-        devices = {"devices": [sweep.gpu_for_job(torch.cuda.device_count())]}
+    if cfg.trainer.get("accelerator") == "gpu" and cores.parallel_jobs() > 1:  # one GPU per job of a local sweep
+        devices = {"devices": [cores.gpu_for_job(torch.cuda.device_count())]}
     trainer: pl.Trainer = instantiate_node(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()],
         **devices, **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg),

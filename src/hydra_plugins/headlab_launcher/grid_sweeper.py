@@ -1,5 +1,5 @@
 """hydra/sweeper=grid (headlab's default): Hydra's basic sweeper, the grid of the -m overrides (one job per fold
-where the config cross-validates and names no fold), then the rounds of sweep.extend (headlab.cli.sweep_grid): arms
+where the config cross-validates and names no fold), then the rounds of sweep.extend (headlab.launch.grid): arms
 whose best value of a key is an edge of its grid get one more value beyond, launched as more jobs of the same sweep
 by the same launcher (packed, local or SLURM).
 
@@ -29,7 +29,7 @@ class GridSweeper(Sweeper):
             self.grid.validate_batch_is_legal = lambda batch: None  # job twice cost ~0.3 s a job (a resume too)
 
     def sweep(self, arguments: list[str]):
-        from headlab.cli.sweep_grid import extension_jobs, fold_sweep
+        from headlab.launch.grid import extension_jobs, fold_sweep
 
         returns = self.grid.sweep(fold_sweep(self.config, arguments))
         extend = OmegaConf.select(self.config, "sweep.extend")

@@ -1,7 +1,7 @@
 """hydra/launcher=packed: the jobs of a sweep that share an architecture trained as one vectorized model.
 
 The plugin is a thin shell: its settings and their defaults are conf/hydra/launcher/packed.yaml, the work is in
-headlab.cli.packed.
+headlab.launch.packs.
 """
 
 from collections.abc import Sequence
@@ -24,7 +24,7 @@ class PackedLauncher(Launcher):
         self.config, self.hydra_context = config, hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from headlab.cli.packed import launch
+        from headlab.launch.packs import launch
 
         return launch(
             self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack, self.n_jobs, self.submit,

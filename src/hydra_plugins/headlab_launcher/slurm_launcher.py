@@ -1,5 +1,5 @@
 """hydra/launcher=slurm: each job of a sweep as a SLURM job (submitit), run in the job as hydra-submitit-launcher
-runs it, with what headlab adds around the submission (headlab.cli.slurm): SLURM's refusals in one line, a wait
+runs it, with what headlab adds around the submission (headlab.launch.slurm): SLURM's refusals in one line, a wait
 that notices a job that ended without a result (scancel, a node failure) and records it, and the sweep summary in
 every case."""
 
@@ -17,13 +17,14 @@ log = logging.getLogger("headlab")
 class SlurmLauncher(SubmititSlurmLauncher):
     def __call__(self, *arguments) -> JobReturn:
         """A job, in SLURM: run as hydra-submitit-launcher runs it, with a requeue that survives its SIGTERM."""
-        from headlab.cli import slurm
+        from headlab.launch import runtime, slurm
 
+        runtime.configure()  # the resolvers, in the SLURM job's process
         slurm.requeue_survives_its_sigterm()
         return super().__call__(*arguments)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from headlab.cli import slurm
+        from headlab.launch import slurm
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ def bare_step(cfg: DictConfig) -> dict:
     tokens counted. The first batch is stepped once before the clock starts (one-off costs)."""
     import lightning.pytorch as pl
 
-    from headlab.cli import runtime
+    from headlab.launch import runtime
     from headlab.training import optim
     from headlab.training.run import build, configure_torch
 

@@ -16,7 +16,7 @@ from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import interleaved, synchronized
 from headlab.model import Encoder
 from headlab.training import optim
-from headlab.training.sweep import usable_cores
+from headlab.training.cores import usable_cores
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 # the default run's model and batches (pair_recall: 32 positions of two fused tokens, 19 classes), and the SST-2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from headlab.training.sweep import usable_cores
+from headlab.training.cores import usable_cores
 
 
 def synchronize(device: torch.device) -> None:

@@ -41,7 +41,8 @@ class Member:
 
 def build_member(member: Member) -> None:
     """The member's data and model exactly as its single run builds them: seeded, then built; a member that
-    continues an earlier attempt (cfg.resume) reads its data back from its run directory, and its last.ckpt."""
+    continues an earlier attempt (cfg.resume) reads its data back from its run directory (its last.ckpt:
+resume.load)."""
     resuming = bool(member.cfg.get("resume"))
     pl.seed_everything(member.cfg.seed, workers=True)
     member.datamodule, model = build(member.cfg, member.run_dir / "data" if resuming else None)
@@ -52,10 +53,6 @@ def build_member(member: Member) -> None:
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
     member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]
     member.stream = torch.get_rng_state()  # what its single run's dropout goes on to draw from
-    if resuming:
-        from headlab.training.pack import resume
-
-        resume.load(member)
 
 
 def shape_key(member: Member) -> tuple:

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from headlab.training import optim
+from headlab.training.checkpoints import model_state, save_checkpoint_atomic
 from headlab.training.pack.member import Member
 from headlab.training.pack.module import PackedModule
-from headlab.training.results import model_state, save_checkpoint_atomic
 
 MEMBER_ONLY = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "hyper_parameters", "hparams_name")
 

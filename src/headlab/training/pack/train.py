@@ -219,13 +219,15 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
 def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> list:
     """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
     and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
-    trains: in the launcher's process, or in a worker of its own (headlab.cli.pack_workers)."""
+    trains: in the launcher's process, or in a worker of its own (headlab.launch.workers)."""
     results: list = [None] * len(specs)
     members = {}
     for i, (cfg, run_dir, flat_config) in enumerate(specs):
         member = Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)
         try:
             build_member(member)
+            if member.cfg.get("resume"):
+                resume.load(member)
         except Exception as error:
             results[i] = error
             continue

@@ -17,11 +17,11 @@ from headlab.analysis.figures import render_heads, render_importance
 from headlab.training import optim, signals_held
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import LearningCurve, ThroughputMeter
+from headlab.training.checkpoints import save_checkpoint_atomic
+from headlab.training.cores import usable_cores
 from headlab.training.pack.member import Member
 from headlab.training.pack.module import PackedModule
 from headlab.training.records import TRAIN_METRICS
-from headlab.training.results import save_checkpoint_atomic
-from headlab.training.sweep import usable_cores
 
 log = logging.getLogger("headlab")
 

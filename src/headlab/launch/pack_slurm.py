@@ -8,10 +8,10 @@ import logging
 import math
 import sys
 
-from headlab.cli import console, rundir, slurm
-from headlab.cli.pack_workers import LOG_FORMAT
-from headlab.cli.train import Job, close_job, start_job
 from headlab.errors import ConfigError
+from headlab.launch import console, rundir, slurm
+from headlab.launch.job import Job
+from headlab.launch.workers import LOG_FORMAT
 
 log = logging.getLogger("headlab")
 PROCESS_GB = 2  # what a pack's process takes beside its members (torch, Lightning, data)
@@ -21,15 +21,15 @@ class PackJob:
     """What a pack's SLURM job runs: submitit calls it in the job, and again after a requeue (checkpoint)."""
 
     def __call__(self, pack_id: str, jobs: list[Job]) -> list[float]:
-        from headlab.cli import runtime
+        from headlab.launch import runtime
 
         runtime.configure()
         console.to_stderr(LOG_FORMAT)
         slurm.requeue_survives_its_sigterm()
         import torch
 
+        from headlab.training.cores import usable_cores
         from headlab.training.pack.train import train_members
-        from headlab.training.sweep import usable_cores
 
         torch.set_num_threads(usable_cores())
         for job in jobs:
@@ -38,15 +38,15 @@ class PackJob:
             if not job.cfg.get("resume") and rundir.continues(job.run_dir, job.record["config"]):
                 log.info("continuing %s from its checkpoints/last.ckpt", job.run_dir)
                 job.cfg.resume, job.continued = str(job.run_dir), True
-            start_job(job, pack_id)
+            job.start(pack_id)
         try:
             results = train_members([(job.cfg, job.run_dir, job.record["config"]) for job in jobs], pack_id, False)
         except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends
             for job in jobs:
-                close_job(job, error=interrupt, stop=False)
+                job.close(error=interrupt, stop=False)
             raise
         return [
-            close_job(job, error=r, stop=False) if isinstance(r, BaseException) else close_job(job, r)
+            job.close(error=r, stop=False) if isinstance(r, BaseException) else job.close(r)
             for job, r in zip(jobs, results, strict=True)
         ]
 
@@ -80,7 +80,7 @@ def run_on_slurm(packs: list[tuple[str, list[Job]]], params: dict) -> None:
     except ConfigError as refused:  # nothing was submitted: every job records why, said once
         for job in (job for _, jobs in packs for job in jobs):
             rundir.lock(job.run_dir)
-            close_job(job, error=refused)
+            job.close(error=refused)
         sys.exit(2)
     log.info(
         "submitted %d pack(s) as SLURM job array %s (%s GB each); waiting for them (squeue shows them)",

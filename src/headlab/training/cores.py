@@ -1,18 +1,11 @@
-"""What a job of a sweep needs beyond a single run: its share of the machine, resuming, and the sweep's summary.
+"""A job's share of the machine: its cores and torch threads, its GPU among a local sweep's jobs, its rank.
 
 Only Hydra and the standard library are imported here: this runs before torch in every job.
 """
 
-import logging
 import os
-from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
-
-from headlab.training.results import read_record, same_run
-
-log = logging.getLogger("headlab")
 
 
 def usable_cores() -> int:
@@ -43,12 +36,6 @@ def gpu_for_job(n_gpus: int) -> int:
     return HydraConfig.get().job.num % n_gpus if n_gpus else 0
 
 
-def objective(cfg: DictConfig, record: dict) -> float:
-    """What a job returns to its sweeper (Optuna maximises it): sweep.objective of its metrics, NaN if it failed."""
-    value = record.get("metrics", {}).get(cfg.sweep.objective) if record.get("status") == "completed" else None
-    return float("nan") if value is None else float(value)
-
-
 def process_rank() -> int:
     """This process's rank in a multi-process run started by re-running the command (Lightning's DDP
     subprocesses, srun tasks), read as Lightning reads it; 0 for a job's own process. Only rank 0 writes the
@@ -57,16 +44,3 @@ def process_rank() -> int:
         if key in os.environ:
             return int(os.environ[key])
     return 0
-
-
-def requeued(run_dir: Path) -> bool:
-    """A SLURM job started again (preempted or timed out, then requeued by submitit) in a run directory that
-    already holds the checkpoint its first attempt saved when it was signalled."""
-    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
-    return restarts.isdigit() and int(restarts) > 0 and (run_dir / "checkpoints" / "last.ckpt").exists()
-
-
-def completed_before(run_dir: Path, flat_config: dict) -> bool:
-    """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
-    previous = read_record(run_dir) or {}
-    return previous.get("status") == "completed" and same_run(previous.get("config"), flat_config)

@@ -13,21 +13,12 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.cli import console
-from headlab.cli.train import (
-    Job,
-    check_job,
-    close_job,
-    open_job,
-    skipped,
-    start_job,
-    stop_on_ctrl_c,
-    stop_on_sigterm,
-)
 from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
-from headlab.training import optim, sweep
+from headlab.launch import console
+from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
+from headlab.record import read_record
+from headlab.training import optim
 from headlab.training.loggers import run_identity
-from headlab.training.results import read_record
 
 log = logging.getLogger("headlab")
 # what a pack's members may differ in: their seeds, and the AdamW settings the vectorized optimizer takes per member
@@ -47,19 +38,19 @@ def prepare(cfg) -> Job | float:
     """The task each job runs under Hydra: open and check it, and resolve its config while Hydra's job
     information (its directory, its overrides) is its own. Returns the job ("queued" until its pack starts), or its
     objective when it ends here."""
-    job = open_job(cfg)
-    if (objective := skipped(job)) is not None:
-        return objective
+    job = Job.open(cfg)
+    if (earlier := job.skipped()) is not None:
+        return earlier
     job.record["status"] = "queued"
     try:
-        check_job(job)
+        job.check()
         wandb = (cfg.get("logger") or {}).get("wandb")
         with open_dict(cfg):
             if wandb is not None:
                 wandb.name, wandb.group = run_identity(wandb.name, wandb.group)
             OmegaConf.resolve(cfg)
     except BaseException as error:
-        return close_job(job, error=error)
+        return job.close(error=error)
     return job
 
 
@@ -74,7 +65,7 @@ def launch(
     slurm: dict | None,
 ):
     """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher; the packs
-    train here (submit=local) or as SLURM jobs (submit=slurm: headlab.cli.pack_slurm)."""
+    train here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
     from headlab.training.config_check import POSITIVE, fail
 
     for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
@@ -124,14 +115,14 @@ def launch(
 
     def start(k: int) -> None:
         for _, job in packs[k]:
-            start_job(job, ids[k])
+            job.start(ids[k])
 
     def close(k: int, results: list) -> None:
         for (ret, job), result in zip(packs[k], results, strict=True):
             if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
-                ret.return_value = close_job(job, error=result, stop=n_jobs == 1)
+                ret.return_value = job.close(error=result, stop=n_jobs == 1)
             else:
-                ret.return_value = close_job(job, result)
+                ret.return_value = job.close(result)
             done.add(id(job))
         closed[k] = True
         completed = sum(job.record.get("status") == "completed" for _, job in ready)
@@ -141,11 +132,11 @@ def launch(
         )  # fmt: skip
 
     if submit == "slurm":
-        from headlab.cli.pack_slurm import run_on_slurm
+        from headlab.launch.pack_slurm import run_on_slurm
 
         run_on_slurm([(pack_id, [job for _, job in pack]) for pack_id, pack in zip(ids, packs, strict=True)], slurm)
         for ret, job in ready:  # each pack's SLURM job closed its members' records
-            ret.return_value = sweep.objective(job.cfg, read_record(job.run_dir) or job.record)
+            ret.return_value = objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
     specs = [
         (ids[k], [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack]) for k, pack in enumerate(packs)
@@ -159,8 +150,8 @@ def launch(
                 start(k)
                 close(k, train_members(members, pack_id))
         else:
-            from headlab.cli.pack_workers import run_parallel
-            from headlab.training.sweep import usable_cores
+            from headlab.launch.workers import run_parallel
+            from headlab.training.cores import usable_cores
 
             accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
             n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
@@ -169,8 +160,8 @@ def launch(
         # stays queued: it never began)
         for _, job in ready:
             if id(job) not in done and job.record.get("status") == "running":
-                with contextlib.suppress(BaseException):  # close_job re-raises interrupts once recorded
-                    close_job(job, error=error)
+                with contextlib.suppress(BaseException):  # close re-raises interrupts once recorded
+                    job.close(error=error)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
             raise SystemExit(128 + signal.SIGTERM) from error
         raise

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from headlab.errors import ConfigError
-from headlab.files import write_json_atomic
-from headlab.training.results import read_record
+from headlab.record import read_record, write_record
 
 log = logging.getLogger("headlab")
 ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -167,4 +166,4 @@ def record_ended(run_dir: Path, job_id: str, state: str) -> None:
         error=f"SLURM job {job_id} ended as {state} without a result"
         + (" (scancel)" if cancelled else " (killed: a time limit past its requeues, a node failure, memory?)"),
     )
-    write_json_atomic(run_dir / "results.json", record)
+    write_record(run_dir, record)

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-from headlab.cli import console
+from headlab.launch import console
 
 log = logging.getLogger("headlab")
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the parent logs
@@ -89,7 +89,7 @@ def _work(
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # before CUDA starts in this process
     console.to_stderr(LOG_FORMAT)  # the parent's Hydra logging is not inherited: headlab's lines as it logs them
-    from headlab.cli.train import stop_on_sigterm
+    from headlab.launch.job import stop_on_sigterm
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # outside Lightning's loops too: an interrupt, recorded
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the launcher stops us

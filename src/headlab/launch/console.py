@@ -2,12 +2,10 @@
 each run's outcome, a sweep's table) and real warnings and errors; Lightning's notes and Python's warnings go to
 the run's log file (train.log) only. Quiet by default: HEADLAB_VERBOSE=1 shows everything on the console too."""
 
-import functools
 import logging
 import os
-import sys
 
-from headlab.training.results import total_seconds
+from headlab.record import total_seconds
 
 QUIET = ("lightning", "py.warnings", "torch", "wandb")  # loggers whose notes are for the log file
 
@@ -42,21 +40,6 @@ def to_stderr(fmt: str) -> None:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     quiet()
-
-
-def piped(main):
-    """A console script whose reader may stop reading (`headlab-status DIR | head`): it ends quietly, as cat does,
-    with the shell's code for a closed pipe (141), not a traceback."""
-
-    @functools.wraps(main)
-    def run(*args, **kwargs):
-        try:
-            return main(*args, **kwargs)
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit has nowhere to fail
-            sys.exit(141)
-
-    return run
 
 
 def outcome(run_dir, record: dict) -> str:

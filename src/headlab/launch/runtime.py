@@ -1,9 +1,6 @@
-"""What headlab's command-line tools set up in the process before Hydra composes a config: made in one place.
-
-configure() registers the OmegaConf resolvers that headlab's configs use (SLURM resources, the benchmarks' folder) and
-headlab's launchers with Hydra (Hydra's own scan of the hydra_plugins namespace misses them in an editable
-install). Called when headlab.cli.train is imported, so that a SLURM job unpickling its task has them too.
-"""
+"""The OmegaConf resolvers headlab's configs use (SLURM resources, the benchmarks' folder), registered in one place:
+by each console script before Hydra composes a config, and by each process that composes or resolves one without
+it (a SLURM job, a pack's SLURM job)."""
 
 import os
 from pathlib import Path
@@ -25,15 +22,6 @@ def data_dir() -> str:
 
 
 def configure() -> None:
-    from hydra.core.plugins import Plugins
-
-    from hydra_plugins.headlab_launcher.grid_sweeper import GridSweeper
-    from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
-    from hydra_plugins.headlab_launcher.slurm_launcher import SlurmLauncher
-
-    Plugins.instance().register(GridSweeper)
-    Plugins.instance().register(PackedLauncher)
-    Plugins.instance().register(SlurmLauncher)
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
     OmegaConf.register_new_resolver("headlab.data_dir", data_dir, replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

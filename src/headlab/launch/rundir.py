@@ -17,7 +17,8 @@ from pathlib import Path
 
 from headlab.conventions import PROGRESS
 from headlab.errors import UsageError
-from headlab.training.results import read_record, recorded_config, same_run
+from headlab.record import read_record, same_run
+from headlab.training.run_config import recorded_config
 
 LOCK = ".lock"
 REFUSED = ".refused"  # in a sweep's folder: "<job dir>\t<reason>" for each job that refused its directory
@@ -127,3 +128,9 @@ def take_refused(sweep_dir: Path) -> dict[Path, str]:
         return {}
     journal.unlink()
     return {sweep_dir / name: reason for name, _, reason in (line.partition("\t") for line in lines if line)}
+
+
+def completed_before(run_dir: Path, flat_config: dict) -> bool:
+    """Did this job already complete, with the same configuration? (Resuming a sweep skips it.)"""
+    previous = read_record(run_dir) or {}
+    return previous.get("status") == "completed" and same_run(previous.get("config"), flat_config)

@@ -14,9 +14,8 @@ from omegaconf import DictConfig
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
-from headlab.cli import rundir, tensorboard_sweep
-from headlab.cli.status import job_ranges
-from headlab.training.results import read_record
+from headlab.launch import rundir, tensorboard
+from headlab.record import read_record
 
 log = logging.getLogger("headlab")
 METRICS = ("val/acc_best", "test/acc")
@@ -45,7 +44,7 @@ class SweepSummary(Callback):
         done = len(statuses) - len(failed)
         if done:
             print(table(sweep_dir))
-            view = tensorboard_sweep.write(sweep_dir, str(config.get("sweep", {}).get("objective", "val/acc_best")))
+            view = tensorboard.write(sweep_dir, str(config.get("sweep", {}).get("objective", "val/acc_best")))
             if view:
                 print(f"TensorBoard, runs named by what varies: tensorboard --logdir {view}")
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
@@ -78,3 +77,17 @@ def table(sweep_dir: Path) -> str:
     widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
     return "\n".join([*lines, f"(mean +- sd over seeds; intervals, tests and plots: headlab-compare {sweep_dir})"])
+
+
+def job_ranges(names: list[str], shown: int = 6) -> str:
+    """Job folder names for one line, consecutive numbers as ranges: 0-29, 45, 60-89 (then how many more)."""
+    numbers = sorted(int(n) for n in names if n.isdigit())
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    items = [str(a) if a == b else f"{a}-{b}" for a, b in spans] + sorted(n for n in names if not n.isdigit())
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
