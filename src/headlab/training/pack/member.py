@@ -41,8 +41,8 @@ class Member:
 
 def build_member(member: Member) -> None:
     """The member's data and model exactly as its single run builds them: seeded, then built; a member that
-    continues an earlier attempt (cfg.resume) reads its data back from its run directory (its last.ckpt:
-resume.load)."""
+        continues an earlier attempt (cfg.resume) reads its data back from its run directory (its last.ckpt:
+    resume.load)."""
     resuming = bool(member.cfg.get("resume"))
     pl.seed_everything(member.cfg.seed, workers=True)
     member.datamodule, model = build(member.cfg, member.run_dir / "data" if resuming else None)
