@@ -229,7 +229,11 @@ def test_every_table_records_the_command_the_commits_and_the_hardware(sweep):
     assert list(root.glob("compare_*.png"))
     tables = root / "tables only"  # --no-plots: the same table, no figures
     main([str(root), "--solved", "test/acc>=0.75", "--no-plots", "--out", str(tables)])
-    assert sorted(p.name for p in tables.iterdir()) == ["compare.csv", "compare.md"]
+    assert sorted(p.name for p in tables.iterdir()) == ["compare.csv", "compare.json", "compare.md"]
+    assert json.loads((tables / "compare.json").read_text()) == {
+        "sources": {"dirs": [str(root)]},
+        "analysis": {"solved": "test/acc>=0.75"},
+    }
     assert (tables / "compare.md").read_text().split("\n| ")[1:] == text.split("\n| ")[1:]
 
 
@@ -453,7 +457,7 @@ def test_an_archive_holding_a_path_twice_is_reported_by_check_and_rebuilt_by_upd
     monkeypatch.chdir(tmp_path)
     compare_main(["old.tar.xz", "--metric", "test/acc", "--out", "table"])
     capsys.readouterr()
-    from headlab.cli.compare_check import check
+    from headlab.compare.check import check
 
     assert check([Path("table")]) == 1
     assert "old.tar.xz (12 members twice): each copy needs a root of its own" in capsys.readouterr().out
@@ -625,7 +629,7 @@ def test_wandb_summaries_with_max_dicts_become_numbers(monkeypatch):
     """What W&B's API returns for a run whose val/acc was defined with summary="max" (headlab's loggers do)."""
     import wandb
 
-    from headlab.cli.compare import load_wandb
+    from headlab.compare.sources import load_wandb
 
     class Run:
         summary = {"val/acc": {"max": 0.75}, "test/acc": 0.7, "heads/table": {"_type": "table-file"}, "_step": 9}
@@ -689,9 +693,7 @@ def test_learning_curves_count_the_runs_still_improving_and_are_plotted(tmp_path
 
 
 def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_stated_analysis_parses(tmp_path):
-    import argparse
-
-    from headlab.cli.compare import add_analysis_options
+    from headlab.compare import analysis
 
     for i, (heads, lr, seed) in enumerate((h, lr, k) for h in (1, 4) for lr in (1e-3, 3e-3) for k in range(10, 13)):
         acc = 0.9 - 0.1 * (heads == 1)
@@ -717,12 +719,10 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
         record.write_text(json.dumps(stored))
     with pytest.raises(SystemExit, match="experiments/heads_vs_depth.yaml states no confirmation analysis"):
         main([str(tmp_path / "sweep"), "--confirm"])
-    analysis = argparse.ArgumentParser(exit_on_error=False)
-    add_analysis_options(analysis)
     results = (Path(__file__).parents[1] / "experiments" / "RESULTS.md").read_text()
     for experiment in (Path(__file__).parents[1] / "experiments").glob("*.yaml"):
         stated = yaml.safe_load(experiment.read_text())
         for key in ("compare", "confirm"):
-            analysis.parse_args([str(a) for a in stated.get(key) or []])  # analysis options only, each valid
+            analysis.analysis(analysis.options(stated.get(key) or {}, key))  # analysis options only, each valid
         if stated.get("confirm"):  # make confirmations puts its table there
             assert results.count(f"<!-- headlab-compare: {experiment.stem}/confirm -->") == 1, experiment.stem

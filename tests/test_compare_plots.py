@@ -9,7 +9,7 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
-from headlab.cli.compare_plots import curves_figure, grid, legend_below, legend_layout, metric_figure
+from headlab.compare.figures import curves_figure, grid, legend_below, legend_layout, metric_figure
 
 HEADS = "model.attention.n_heads"
 CHANCE = {"cr": 0.64, "subj": 0.5}

@@ -81,7 +81,7 @@ def test_importance_and_pruning_figures_say_what_they_plot():
 def test_an_accuracy_axis_shows_chance_and_does_not_magnify_runs_at_chance():
     from matplotlib.figure import Figure
 
-    from headlab.cli.compare_plots import MIN_SPAN, frame_accuracy
+    from headlab.compare.figures import MIN_SPAN, frame_accuracy
 
     ax = Figure().subplots()
     ax.plot([1, 2, 4], [0.101, 0.103, 0.102])  # three arms at chance (19 classes: 0.053)

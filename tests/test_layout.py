@@ -33,7 +33,7 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
 }
 LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.launch) between launch and cli
     **{"conventions": 0, "errors": 0, "files": 0, "record": 0, "model": 1, "analysis": 1, "data": 2, "training": 3},
-    **{"launch": 4, "hydra_plugins": 4.5, "cli": 5},
+    **{"launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
 }
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 

@@ -74,7 +74,8 @@ def test_update_rewrites_a_table_and_its_block_from_the_archive(published, capsy
     assert done.value.code == 0, said
     assert "updated: results/demo/compare.md (from results/demo/runs.tar.xz and its block demo of RESULTS.md)" in said
     table = published.read_text()
-    assert "(baseline)" in table and "Command: `headlab-compare results/demo/runs.tar.xz --baseline" in table
+    assert "(baseline)" in table and "Command: `headlab-compare results/demo/runs.tar.xz --" in table
+    assert "--baseline model.attention.n_heads=4" in table
     assert table.strip() in Path("RESULTS.md").read_text() and Path("RESULTS.md").read_text().endswith("end\n")
     with pytest.raises(SystemExit) as done:
         main(["--check", "results"])

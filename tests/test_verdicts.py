@@ -14,7 +14,7 @@ from headlab.analysis import budget, inference, power, predictions, survival
 from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
-from headlab.cli.compare_report import table_rows
+from headlab.compare.tables import table_rows
 from headlab.launch.grid import job_number
 
 HEADS = "model.attention.n_heads"

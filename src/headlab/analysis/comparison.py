@@ -19,13 +19,14 @@ from headlab.analysis.contrasts import (
     solve_rate_contrast,
     within_margin,
 )
-from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
+from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, RESUME_KEYS
+from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
 
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
 # cross-validation fold (folds x seeds are the replicates of an arm)
 FOLD = "data.cv.fold"
-IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, "compare", "confirm", *RESUME_KEYS)
-METRICS = ("test/acc", "val/acc_best", "val/acc", "test/loss", "val/loss")
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, *RESUME_KEYS)
+METRICS = (TEST_ACC, VAL_ACC_BEST, "val/acc", TEST_LOSS, "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
 
 
@@ -58,7 +59,7 @@ def varying_keys(records: list[dict]) -> list[str]:
     keys = sorted({k for r in records for k in r["config"]})
     varying = []
     for key in keys:
-        if key in IGNORED_KEYS or key.endswith(PATH_SUFFIXES):
+        if key in IGNORED_KEYS or key.split(".")[0] in ANALYSIS_KEYS or key.endswith(PATH_SUFFIXES):
             continue
         if len({hashable(r["config"].get(key)) for r in records}) > 1:
             varying.append(key)
@@ -141,7 +142,7 @@ def compare(records: list[dict], design: Design) -> tuple[list, list]:
             if found:
                 seeds, values = (list(column) for column in zip(*found, strict=True))
                 row[metric] = summarise_metric(values, seeds, metric in design.log, metric)
-                if metric == "test/acc" and design.test in EXAMPLE_TESTS:
+                if metric == TEST_ACC and design.test in EXAMPLE_TESTS:
                     row[metric].update(example_summary(runs, design.test))
                 if any(_fold(r) is not None for r in runs):
                     row[metric].update(summarise_folds(runs, metric))

@@ -6,20 +6,16 @@ prepared with the tokenizer and labels the run kept (data/), in the reader's own
 the run kept; "best" is the checkpoint the run's results.json names.
 """
 
-import json
 from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
 from headlab.errors import UsageError, first_line
+from headlab.record import read_record
 
 
 def _record(run_dir: Path) -> dict:
-    try:
-        record = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    return read_record(run_dir) or {}
 
 
 def checkpoint_path(run_dir: Path, which: str, prog: str) -> Path:

@@ -5,7 +5,7 @@ the run's log file (train.log) only. Quiet by default: HEADLAB_VERBOSE=1 shows e
 import logging
 import os
 
-from headlab.record import total_seconds
+from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST, total_seconds
 
 QUIET = ("lightning", "py.warnings", "torch", "wandb")  # loggers whose notes are for the log file
 
@@ -46,7 +46,7 @@ def outcome(run_dir, record: dict) -> str:
     """One line for a finished run: where, its status and time, and its numbers (best validation, test)."""
     metrics = record.get("metrics") or {}
     seconds, attempts = total_seconds(record), len(record.get("attempts") or []) + 1
-    shown = [f"{k} {metrics[k]:.4f}" for k in ("val/acc_best", "test/acc", "test/loss") if k in metrics]
+    shown = [f"{k} {metrics[k]:.4f}" for k in (VAL_ACC_BEST, TEST_ACC, TEST_LOSS) if k in metrics]
     status = record.get("status", "?")
     said = f"{run_dir}: {status}" + (f" in {seconds:.0f} s" if seconds is not None else "")
     said += f" over {attempts} attempts" if attempts > 1 and seconds is not None else ""

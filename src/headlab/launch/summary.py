@@ -15,10 +15,10 @@ from headlab.analysis.comparison import compare
 from headlab.analysis.contrasts import Design
 from headlab.analysis.runs import load_dirs
 from headlab.launch import rundir, tensorboard
-from headlab.record import read_record
+from headlab.record import TEST_ACC, VAL_ACC_BEST, read_record
 
 log = logging.getLogger("headlab")
-METRICS = ("val/acc_best", "test/acc")
+METRICS = (VAL_ACC_BEST, TEST_ACC)
 SETTINGS = ("ConfigError", "InvalidSetting", "DataError")  # failures a rerun cannot mend: the settings must change
 
 
@@ -44,7 +44,7 @@ class SweepSummary(Callback):
         done = len(statuses) - len(failed)
         if done:
             print(table(sweep_dir))
-            view = tensorboard.write(sweep_dir, str(config.get("sweep", {}).get("objective", "val/acc_best")))
+            view = tensorboard.write(sweep_dir, str(config.get("sweep", {}).get("objective", VAL_ACC_BEST)))
             if view:
                 print(f"TensorBoard, runs named by what varies: tensorboard --logdir {view}")
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))

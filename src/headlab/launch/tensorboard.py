@@ -11,9 +11,10 @@ from pathlib import Path
 
 from headlab.analysis.comparison import varying_keys
 from headlab.analysis.runs import load_dirs
+from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
 
 FACTS = ("resolved.n_heads", "resolved.d_k", "resolved.d_v", "params.total", "params.attention", "flops_per_token")
-METRICS = ("val/acc_best", "val/acc", "test/acc", "test/loss")
+METRICS = (VAL_ACC_BEST, "val/acc", TEST_ACC, TEST_LOSS)
 FOLDER = "tensorboard"
 
 

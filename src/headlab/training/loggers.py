@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from headlab.errors import first_line
+from headlab.record import VAL_ACC_BEST
 
 log = logging.getLogger("headlab")
 INIT_TIMEOUT_S = 20  # then offline: the run goes on within 30 s of a W&B server that does not answer
@@ -243,7 +244,7 @@ def finish(loggers: list, failed: bool, summary: dict | None = None, config: dic
         if rank_zero_only.rank != 0:
             continue
         if isinstance(logger, TensorBoardLogger) and summary and not failed:
-            best = summary.get("val/acc_best", summary.get("val/acc"))
+            best = summary.get(VAL_ACC_BEST, summary.get("val/acc"))
             metrics = {**summary, "hp_metric": best} if best is not None else summary
             _hparams_session(logger, config or {}, metrics, step)
         if isinstance(logger, WandbLogger):

@@ -24,6 +24,7 @@ import lightning.pytorch as pl
 
 from headlab.conventions import PROGRESS
 from headlab.files import write_json_atomic
+from headlab.record import VAL_ACC_BEST
 from headlab.training.callbacks import LearningCurve
 
 log = logging.getLogger("headlab")
@@ -96,7 +97,7 @@ class ProgressRecord(pl.Callback):
         for (run_dir, curve), training in zip(self.runs, alive, strict=True):
             record = {**shared, "val": curve.points[-1] if curve.points else None}
             accuracies = [p["val/acc"] for p in curve.points if "val/acc" in p]
-            record["val/acc_best"] = max(accuracies) if accuracies else None
+            record[VAL_ACC_BEST] = max(accuracies) if accuracies else None
             if not training:
                 record["diverged"] = True
             try:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.model import Encoder, rules
+from headlab.record import VAL_ACC_BEST
 from headlab.training import allocator, checkpoints, cores, epochs, memory, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
@@ -225,7 +226,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         rate = _floats(trainer.callback_metrics, "perf/").get("perf/train_tokens_per_s")  # test() resets them
         best = checkpoint.best_model_path if checkpoint else ""
         if best:
-            metrics["val/acc_best"] = _best_score(checkpoint)
+            metrics[VAL_ACC_BEST] = _best_score(checkpoint)
         if datamodule.splits.get("test"):
             trainer.test(module, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
             metrics.update(_floats(trainer.callback_metrics, "test/"))

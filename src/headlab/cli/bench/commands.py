@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from headlab.cli.bench.timing import command_seconds
+from headlab.record import TEST_ACC, VAL_ACC_BEST, read_record
 
 TRAIN = [sys.executable, "-m", "headlab.cli.train"]
 
@@ -45,12 +46,12 @@ def default_run(tmp: Path) -> dict:
         timeout=900,
         env={**os.environ, "WANDB_MODE": "offline"},
     )
-    results = json.loads((run / "results.json").read_text())
+    results = read_record(run)
     heads = json.loads((run / "heads.json").read_text())
     fit = results["throughput"]["fit_s"] - heads["analysis_seconds"]
     return {
         "duration_s": results["duration_s"],
-        "test_acc": results["metrics"].get("test/acc"),
+        "test_acc": results["metrics"].get(TEST_ACC),
         "train_tokens_per_s": results["throughput"]["train_tokens_per_s"],
         "logging_s": heads["logging_seconds"],
         "logging_share": heads["logging_seconds"] / fit,
@@ -115,11 +116,11 @@ def sst2_recipe(tmp: Path, data_dir: Path) -> dict | None:
     command = [*TRAIN, *overrides, f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=os.environ | {"WANDB_MODE": "offline"})
-    record = json.loads((run_dir / "results.json").read_text())
+    record = read_record(run_dir)
     metrics = record.get("metrics", {})
     return {
         "wall_s": time.perf_counter() - start,
-        "dev": metrics.get("val/acc_best"),
-        "test": metrics.get("test/acc"),
+        "dev": metrics.get(VAL_ACC_BEST),
+        "test": metrics.get(TEST_ACC),
         "epoch_s": record.get("throughput", {}).get("fit_s", float("nan")) / (record.get("epochs") or 1),
     }

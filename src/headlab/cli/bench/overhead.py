@@ -2,7 +2,6 @@
 against a plain loop of the same step (forward, loss, backward, clipping, AdamW) over the same model, config and
 batches, the batches already on the device, with one synchronisation at each end."""
 
-import json
 import os
 import subprocess
 import time
@@ -15,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.cli.bench.commands import TRAIN, sst2_recipe_overrides
 from headlab.cli.bench.timing import synchronize
 from headlab.conventions import IGNORE_INDEX
+from headlab.record import read_record
 
 
 def bare_step(cfg: DictConfig) -> dict:
@@ -72,7 +72,7 @@ def step_overhead(tmp: Path, name: str, overrides: list[str], label: str | None 
         env=os.environ | {"WANDB_MODE": "offline"},
         check=True,
     )
-    record = json.loads((run_dir / "results.json").read_text())
+    record = read_record(run_dir)
     bare = bare_step(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
     run_rate = record["throughput"]["train_tokens_per_s"]
     return {

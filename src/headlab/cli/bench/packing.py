@@ -1,7 +1,6 @@
 """Packed training against one model at a time: training-step throughput of packs of E members, and whole sweeps
 (a packed sweep against one process per job), start to end."""
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import interleaved, synchronized
 from headlab.model import Encoder
+from headlab.record import RESULTS, TEST_ACC, read_record
 from headlab.training import optim
 from headlab.training.cores import usable_cores
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
@@ -163,13 +163,12 @@ def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
     packed_dir = tmp / f"packed-{n_jobs}"
     seeds = f"seed=range({n_jobs})"
     packed = _wall([*TRAIN, "-m", "hydra/launcher=packed", seeds, *common, f"hydra.sweep.dir={packed_dir}"], env)
-    completed = sum(json.loads(p.read_text()).get("status") == "completed" for p in packed_dir.glob("*/results.json"))
+    records = [read_record(p.parent) or {} for p in packed_dir.glob(f"*/{RESULTS}")]
+    completed = sum(r.get("status") == "completed" for r in records)
     row = {"jobs": n_jobs, "trainer": trainer, "one_run_s": one, "packed_s": packed, "completed": completed}
     if solo:
         row["solo_s"] = _wall([*TRAIN, "-m", seeds, *common, f"hydra.sweep.dir={tmp}/solo-{n_jobs}"], env)
-    accuracies = [
-        json.loads(p.read_text()).get("metrics", {}).get("test/acc") for p in packed_dir.glob("*/results.json")
-    ]
+    accuracies = [r.get("metrics", {}).get(TEST_ACC) for r in records]
     row["packed_test_acc"] = sorted(a for a in accuracies if a is not None)
     return row
 
@@ -185,7 +184,7 @@ def parallel_packs(tmp: Path, arms: str = "1,2,4,8", seeds: int = 4) -> dict:
     for n_jobs in (1, at_once):
         out = tmp / f"parallel-{n_jobs}"
         row[f"s_{n_jobs}"] = _wall([*TRAIN, *common, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={out}"], env)
-        statuses = [json.loads(p.read_text()).get("status") for p in out.glob("*/results.json")]
+        statuses = [(read_record(p.parent) or {}).get("status") for p in out.glob(f"*/{RESULTS}")]
         row[f"completed_{n_jobs}"] = statuses.count("completed")
     return row
 

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from headlab.errors import TrainingError
+from headlab.record import VAL_ACC_BEST
 from headlab.training import epochs, memory, objective, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
@@ -182,7 +183,7 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
                 results.append(TrainingError(f"{message} (the other members of its pack went on)"))
                 continue
             if member.best["score"] is not None:
-                member.metrics["val/acc_best"] = member.best["score"]
+                member.metrics[VAL_ACC_BEST] = member.best["score"]
             member.metrics.update({k: v[member.index] for k, v in test.items()})
             for logger in member.loggers:
                 logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)

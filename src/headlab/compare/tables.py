@@ -12,7 +12,7 @@ from headlab.analysis.comparison import IMPROVING_MARGIN
 from headlab.analysis.contrasts import Design
 from headlab.analysis.datasets import setting_keys
 from headlab.analysis.runs import Runs, mixed_data
-from headlab.cli.compare_plots import plot, plot_curves
+from headlab.compare.figures import plot, plot_curves
 from headlab.files import write_atomic
 from headlab.record import git_sha
 

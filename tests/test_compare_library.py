@@ -1,0 +1,81 @@
+"""headlab.compare as a library: an analysis stated as a mapping (an experiment's compare key, a compare.json) or as
+flags is one Analysis; report() makes the table headlab-compare makes; --check replays compare.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headlab.analysis.contrasts import CompareError
+from headlab.analysis.runs import load_dirs
+from headlab.cli.compare import main
+from headlab.compare import analysis
+from headlab.compare.check import check
+from headlab.compare.report import report
+from test_compare import sweep  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_a_mapping_and_the_flags_that_say_the_same_make_one_analysis():
+    flags = ["--select", "optim.lr", "--baseline", "design=plain", "--effect", "0.02", "--metric", "test/acc"]
+    mapping = {"select": "optim.lr", "baseline": "design=plain", "effect": "0.02", "metric": "test/acc"}
+    from_flags = analysis.analysis(analysis.options(flags, "flags"))
+    from_mapping = analysis.analysis(analysis.options(mapping, "mapping"))
+    assert from_flags == from_mapping
+    design = from_mapping.design
+    assert design.baseline == ("design", "plain") and design.effect == 0.02 and design.metrics == ["test/acc"]
+    assert design.select == ("optim.lr", "val/acc_best")
+    assert analysis.to_flags(analysis.options(mapping, "mapping")) == flags
+
+
+@pytest.mark.parametrize(
+    ("stated", "says"),
+    [
+        ({"baseline": "design=plain", "efect": 0.02}, "the key: efect is not an analysis option; they are metric,"),
+        ({"effect": "large", "baseline": "a=b"}, "the key: effect takes a number, got 'large'"),
+        ({"power": True}, "--power needs --baseline (power is a contrast's)"),
+        ({"baseline": "design"}, "--baseline takes KEY=VALUE, got 'design'"),
+    ],
+)
+def test_an_analysis_that_means_nothing_is_refused_naming_the_option(stated, says):
+    with pytest.raises(CompareError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        analysis.analysis(analysis.options(stated, "the key"))
+
+
+def test_every_experiment_states_its_analysis_as_a_mapping_that_checks():
+    for path in sorted((ROOT / "experiments").glob("*.yaml")):
+        stated = yaml.safe_load(path.read_text())
+        for key in ("compare", "confirm"):
+            if stated.get(key) is not None:
+                assert isinstance(stated[key], dict), f"{path.name}: {key} is not a mapping"
+                analysis.analysis(analysis.options(stated[key], f"{path.name}'s {key}"))
+
+
+def test_report_from_python_writes_the_table_the_command_writes(sweep, tmp_path):  # noqa: F811
+    root, _ = sweep
+    main([str(root), "--baseline", "model.attention.n_heads=1", "--metric", "test/acc", "--out", str(tmp_path / "a")])
+    chosen = analysis.analysis(analysis.options({"baseline": "model.attention.n_heads=1", "metric": "test/acc"}, "x"))
+    done = report(load_dirs([root]), chosen, tmp_path / "b", {"dirs": [str(root)]}, plots=False)
+    rows = lambda folder: [line for line in (folder / "compare.md").read_text().splitlines() if line.startswith("|")]  # noqa: E731
+    assert rows(tmp_path / "a") == rows(tmp_path / "b") and len(rows(tmp_path / "b")) == 2 + len(done.rows)
+    assert done.keys == ["model.attention.n_heads", "model.attention.scoring"] and done.n_runs == 12
+    recorded = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert recorded == {
+        "sources": {"dirs": [str(root)]},
+        "analysis": {"baseline": "model.attention.n_heads=1", "metric": ["test/acc"]},
+    }
+
+
+def test_check_replays_the_analysis_compare_json_records(sweep, tmp_path, monkeypatch, capsys):  # noqa: F811
+    root, _ = sweep
+    monkeypatch.chdir(tmp_path)
+    main([str(root), "--metric", "test/acc", "--out", "table", "--archive", "table/runs.tar.xz"])
+    capsys.readouterr()
+    assert check([Path("table")]) == 0 and "same: table/compare.md" in capsys.readouterr().out
+    record = json.loads(Path("table/compare.json").read_text())
+    record["analysis"]["baseline"] = "model.attention.n_heads=1"  # another analysis than the table's
+    Path("table/compare.json").write_text(json.dumps(record))
+    assert check([Path("table")]) == 1
+    assert "differs: table/compare.md" in capsys.readouterr().out
