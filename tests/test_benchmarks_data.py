@@ -13,12 +13,12 @@ import pytest
 from scipy import stats
 
 from conftest import cli_env, train_here
-from headlab.analysis.comparison import compare
-from headlab.analysis.contrasts import Design
-from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main as compare_main
 from headlab.data import folds, text_files
 from headlab.errors import DataError
+from headlab.stats.comparison import compare
+from headlab.stats.contrasts import Design
+from headlab.stats.runs import load_dirs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 QUICK = ["model.d_model=16", "trainer.max_epochs=1", "logger=csv", "callbacks.progress_bar=null",
@@ -184,7 +184,7 @@ def test_cross_validated_intervals_and_tests_are_nadeau_and_bengios_corrected_on
 def test_the_corrected_tests_power_is_its_rejection_rate_under_nadeau_and_bengios_model():
     """Ten folds whose differences are exchangeable normals of correlation 1/10, simulated: the share of corrected
     tests that reject at 0.05 is the power cv_paired_power gives (30,000 simulations: standard error 0.003)."""
-    from headlab.analysis import inference, power
+    from headlab.stats import inference, power
 
     k, rho, delta, rng = 10, 0.1, 1.0, np.random.default_rng(0)
     shared = rng.normal(size=(30_000, 1)) * np.sqrt(rho)

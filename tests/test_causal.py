@@ -1,4 +1,4 @@
-"""What a head does, causally (headlab.analysis.causal): a model whose weights are set by hand so that head 0 copies
+"""What a head does, causally (headlab.heads.causal): a model whose weights are set by hand so that head 0 copies
 key a's value and head 1 key b's is read correctly by patching, ablation and roles; mean- and resample-ablation
 equal a hand computation; a run records all of it in heads.json."""
 
@@ -13,10 +13,10 @@ from scipy import stats
 from torch import nn
 
 from conftest import TINY, cli_here, train_here
-from headlab.analysis import causal
-from headlab.analysis.importance import _per_example_loss
-from headlab.analysis.statistics import head_report, role_shares
 from headlab.data.recall import AssociativeRecall
+from headlab.heads import causal
+from headlab.heads.importance import _per_example_loss
+from headlab.heads.statistics import head_report, role_shares
 from headlab.model import MultiHeadAttention
 
 K, V, P, Q = 8, 4, 4, 3  # keys, values, context pairs, queries
@@ -248,7 +248,7 @@ def test_patching_by_position_finds_the_query_the_answer_is_read_at():
 def test_ablations_of_a_cls_model_on_padded_batches_of_different_lengths():
     """Sequence classification with the cls vector first (the attention sees n + 1 positions) on batches of two
     lengths: zero-ablation is masking the head, measured as importance.accuracies measures it."""
-    from headlab.analysis.importance import accuracies
+    from headlab.heads.importance import accuracies
     from headlab.model import Encoder
 
     torch.manual_seed(0)

@@ -15,12 +15,12 @@ import yaml
 from scipy import stats
 
 from conftest import TINY, as_interrupted, cli_here
-from headlab.analysis import inference
-from headlab.analysis.comparison import compare
-from headlab.analysis.contrasts import Design
-from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
 from headlab.record import read_record
+from headlab.stats import inference
+from headlab.stats.comparison import compare
+from headlab.stats.contrasts import Design
+from headlab.stats.runs import load_dirs
 
 
 def write_run(path, heads, scoring, seed, acc, status="completed", val=None, **config):
@@ -439,8 +439,8 @@ def test_an_archive_holding_a_path_twice_is_reported_by_check_and_rebuilt_by_upd
     """Two sweeps of one root name archived before roots got names of their own: sweep/0/results.json twice, so
     `tar -x` keeps one and a continued sweep loses runs. --check says so; --update rebuilds it (sweep, sweep-2),
     after which tar -x holds every run and the table is the same."""
-    from headlab.analysis import archive
     from headlab.cli.compare import main as compare_main
+    from headlab.stats import archive
 
     root, _ = sweep
     defective = tmp_path / "old.tar.xz"
@@ -470,7 +470,7 @@ def test_an_archive_holding_a_path_twice_is_reported_by_check_and_rebuilt_by_upd
 
 
 def test_archives_of_roots_of_one_name_hold_every_run_once_for_tar(tmp_path):
-    from headlab.analysis import archive
+    from headlab.stats import archive
 
     for where in ("one/sweep", "two/sweep"):
         (tmp_path / where / "0").mkdir(parents=True)

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headlab.analysis.contrasts import CompareError
-from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
 from headlab.compare import analysis
 from headlab.compare.check import check
 from headlab.compare.report import report
+from headlab.stats.contrasts import CompareError
+from headlab.stats.runs import load_dirs
 from test_compare import sweep  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).parents[1]

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from headlab.analysis.comparison import compare
-from headlab.analysis.contrasts import Design
-from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
 from headlab.compare.figures import curves_figure, grid, legend_below, legend_layout, metric_figure
+from headlab.stats.comparison import compare
+from headlab.stats.contrasts import Design
+from headlab.stats.runs import load_dirs
 
 HEADS = "model.attention.n_heads"
 CHANCE = {"cr": 0.64, "subj": 0.5}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY, train_here
-from headlab.analysis import statistics
+from headlab.heads import statistics
 from wandb_records import read_run
 
 pytestmark = pytest.mark.e2e

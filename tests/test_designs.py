@@ -238,7 +238,7 @@ def test_statistics_of_rows_that_do_not_sum_to_one_read_their_mass_and_their_dis
     w = torch.tensor([[[[0.25, 0.25, 0.0], [0.6, -0.2, 0.0]]]])  # (B=1, H=1, n=2 queries... padded to 3 keys)
     w = torch.nn.functional.pad(w, (0, 0, 0, 1))  # (1, 1, 3, 3): a third query of zeros, padded
     padding = torch.tensor([[False, False, True]])
-    from headlab.analysis.statistics import head_statistics
+    from headlab.heads.statistics import head_statistics
 
     stats = head_statistics(w, padding)
     assert stats["mass"].item() == pytest.approx((0.5 + 0.4) / 2)
@@ -253,7 +253,7 @@ def test_statistics_of_rows_that_do_not_sum_to_one_read_their_mass_and_their_dis
 def test_one_hot_and_disjoint_heads_have_finite_statistics_and_similarity():
     """float32 one-hot rows beside rows whose weights underflow (a sharp softmax): nothing infinite, disjoint
     heads at the largest divergence, ln 2."""
-    from headlab.analysis.statistics import head_report
+    from headlab.heads.statistics import head_report
 
     n = 4
     one_hot = torch.eye(n)[None, None]  # (1, 1, n, n): each query on itself
@@ -271,7 +271,7 @@ def test_score_std_is_the_spread_of_the_logits_the_normaliser_was_given():
     torch.manual_seed(0)
     attn = MultiHeadAttention(8, 2, normalizer="sigmoid")
     x, padding = torch.randn(2, 5, 8), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
-    from headlab.analysis.statistics import head_statistics
+    from headlab.heads.statistics import head_statistics
     from headlab.model.hooks import recorded
 
     with torch.no_grad(), recorded(attn, "hook_attn_scores") as scores:
@@ -315,7 +315,7 @@ def test_the_probe_reports_each_gates_mean_and_each_layers_mixing():
 
 
 def test_signed_maps_are_drawn_on_a_diverging_scale_and_mixing_matrices_as_a_figure():
-    from headlab.analysis import figures, head_view
+    from headlab.heads import figures, head_view
 
     signed = torch.tensor([[[[0.9, -0.3], [0.2, 0.5]]]])  # (E, H, n, n)
     fig = figures.attention_maps(signed)

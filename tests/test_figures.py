@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from headlab.analysis import figures
+from headlab.heads import figures
 
 
 def attention(E: int, H: int, n: int, seed: int = 0) -> np.ndarray:

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from headlab.analysis.importance import accuracies, curve_masks, head_importance, pruning_curve, pruning_curves
-from headlab.analysis.statistics import head_similarity, head_statistics, js_divergence
+from headlab.heads.importance import accuracies, curve_masks, head_importance, pruning_curve, pruning_curves
+from headlab.heads.statistics import head_similarity, head_statistics, js_divergence
 from headlab.model.encoder import Encoder
 
 

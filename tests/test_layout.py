@@ -32,8 +32,8 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
     "data.tokenizer.kind": TOKENIZERS,
 }
 LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.launch) between launch and cli
-    **{"conventions": 0, "errors": 0, "files": 0, "record": 0, "model": 1, "analysis": 1, "data": 2, "training": 3},
-    **{"launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
+    **{"conventions": 0, "errors": 0, "files": 0, "record": 0, "model": 1, "heads": 1, "stats": 1},
+    **{"data": 2, "training": 3, "launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
 }
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 
@@ -108,11 +108,11 @@ def test_the_command_line_layer_is_arguments_and_rendering():
 
 
 def test_the_science_imports_without_any_framework():
-    """headlab.model and headlab.analysis, every module of them, with the frameworks made unimportable (the
+    """headlab.model, headlab.heads and headlab.stats, every module of them, with the frameworks made unimportable (the
     Triton kernels where Triton is installed: it comes with CUDA builds of torch)."""
     modules = sorted(
         "headlab." + ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
-        for package in ("model", "analysis")
+        for package in ("model", "heads", "stats")
         for p in (SRC / package).rglob("*.py")
         if p.stem != "additive_triton" or importlib.util.find_spec("triton")
     )

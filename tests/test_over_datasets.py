@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headlab.analysis import inference, meta
 from headlab.cli.compare import main
+from headlab.stats import inference, meta
 
 HEADS = "model.attention.n_heads"
 
@@ -163,8 +163,8 @@ def test_meta_pairs_over_seeds_with_paired_and_refuses_what_it_cannot_pool(tmp_p
     mr = dict(part.split("=") for part in row["datasets"].split(";"))["mr"]
     assert tuple(map(float, mr.split(":"))) == pytest.approx((np.mean(d), np.std(d, ddof=1) / math.sqrt(6)))
     assert inference.holm([float(row["p_value"])]) == [pytest.approx(float(row["p_holm"]))]  # one arm: Holm is p
-    from headlab.analysis.comparison import compare
-    from headlab.analysis.contrasts import Design
+    from headlab.stats.comparison import compare
+    from headlab.stats.contrasts import Design
 
     apart = [{"config": {HEADS: h, "seed": s}, "metrics": {"test/acc": 0.8}} for h, s in ((1, 0), (1, 1), (4, 2))]
     four = compare(apart, Design(["test/acc"], baseline=(HEADS, "1"), paired=True))[1][1]["test/acc"]

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from headlab.analysis.importance import accuracies, head_importance
+from headlab.heads.importance import accuracies, head_importance
 from headlab.model.encoder import Encoder
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.pack.analysis import MembersModel, analyse_members

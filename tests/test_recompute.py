@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from headlab.analysis import archive
-from headlab.analysis.runs import load_dirs
 from headlab.cli.compare import main
+from headlab.stats import archive
+from headlab.stats.runs import load_dirs
 from test_compare import write_run
 
 ROOT = Path(__file__).parents[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import as_interrupted, cli_env, cli_here, train_here
-from headlab.analysis import head_view
 from headlab.data import subwords
+from headlab.heads import head_view
 
 FAULTS_ENV = cli_env() | {"PYTHONPATH": str(Path(__file__).parent)}
 WORDS = ["film", "plot", "cast", "scene", "story", "score", "music", "actor", "script", "ending"]

@@ -10,12 +10,12 @@ import pytest
 from scipy import stats
 
 from conftest import TINY
-from headlab.analysis import budget, inference, power, predictions, survival
-from headlab.analysis.comparison import compare
-from headlab.analysis.contrasts import Design
 from headlab.cli.compare import main
 from headlab.compare.tables import table_rows
 from headlab.launch.grid import job_number
+from headlab.stats import budget, inference, power, predictions, survival
+from headlab.stats.comparison import compare
+from headlab.stats.contrasts import Design
 
 HEADS = "model.attention.n_heads"
 

@@ -9,7 +9,7 @@ Runs of an experiment are read with its pre-stated analysis (the experiment file
 option is given. --into FILE puts the table into FILE's block for that experiment (experiments/RESULTS.md),
 between <!-- headlab-compare: NAME --> and <!-- /headlab-compare: NAME --> (with --confirm, NAME/confirm: the
 confirmation's block beside the first reading's). --archive FILE.tar.xz writes the runs' records
-(headlab.analysis.archive), which headlab-compare reads in place of the directories: a table recomputes from the
+(headlab.stats.archive), which headlab-compare reads in place of the directories: a table recomputes from the
 archive kept beside it (--check).
 """
 
@@ -20,9 +20,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from headlab.analysis import archive
-from headlab.analysis.contrasts import CompareError
-from headlab.analysis.runs import mixed_data
 from headlab.cli.pipe import piped
 from headlab.compare import analysis, blocks, experiment, sources
 from headlab.compare.check import check
@@ -30,6 +27,9 @@ from headlab.compare.over_datasets import across_table, meta_table
 from headlab.compare.report import report
 from headlab.compare.tables import print_table
 from headlab.errors import DiskFull
+from headlab.stats import archive
+from headlab.stats.contrasts import CompareError
+from headlab.stats.runs import mixed_data
 
 
 def make_parser() -> argparse.ArgumentParser:

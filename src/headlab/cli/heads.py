@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from headlab.analysis import figures, head_view, statistics
     from headlab.cli import saved_run
+    from headlab.heads import figures, head_view, statistics
     from headlab.training import causal_report, probe
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")

@@ -10,10 +10,10 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from headlab.analysis import budget
-from headlab.analysis.comparison import METRICS
-from headlab.analysis.contrasts import TESTS, CompareError, Design
 from headlab.record import VAL_ACC_BEST
+from headlab.stats import budget
+from headlab.stats.comparison import METRICS
+from headlab.stats.contrasts import TESTS, CompareError, Design
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

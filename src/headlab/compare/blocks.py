@@ -4,8 +4,8 @@
 import re
 from pathlib import Path
 
-from headlab.analysis.contrasts import CompareError
 from headlab.files import write_atomic
+from headlab.stats.contrasts import CompareError
 
 
 def splice(path: Path, name: str, text: str) -> None:

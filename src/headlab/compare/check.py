@@ -23,11 +23,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from headlab.analysis import archive
-from headlab.analysis.contrasts import CompareError
-from headlab.analysis.runs import load_dirs
 from headlab.compare import analysis, blocks
 from headlab.compare.report import RECORD, report
+from headlab.stats import archive
+from headlab.stats.contrasts import CompareError
+from headlab.stats.runs import load_dirs
 
 ELSEWHERE = ("--out", "--into", "--block", "--archive", "--wandb", "--group")  # a command's flags beside the analysis
 PLAIN = ("--no-plots", "--confirm")  # flags without a value beside the analysis's

@@ -7,8 +7,8 @@ from importlib.resources import files
 
 from omegaconf import OmegaConf
 
-from headlab.analysis.contrasts import CompareError
 from headlab.compare import analysis
+from headlab.stats.contrasts import CompareError
 
 
 def name_of(records: list[dict]) -> str | None:

@@ -5,9 +5,9 @@ import math
 import textwrap
 from pathlib import Path
 
-from headlab.analysis.comparison import group_runs, hashable
-from headlab.analysis.contrasts import Design
-from headlab.analysis.datasets import setting_keys
+from headlab.stats.comparison import group_runs, hashable
+from headlab.stats.contrasts import Design
+from headlab.stats.datasets import setting_keys
 
 MIN_SPAN = 0.1  # an accuracy axis spans at least this much: differences of a few examples do not fill a plot
 PANEL_COLUMNS = 3

@@ -1,4 +1,4 @@
-"""headlab-compare's readings over several datasets, rendered from headlab.analysis.datasets: each contrast pooled
+"""headlab-compare's readings over several datasets, rendered from headlab.stats.datasets: each contrast pooled
 over the datasets (--meta: a table below compare.md's, and compare_meta.csv) and settings ranked across them
 (--across: the same, and compare_across.csv)."""
 
@@ -6,7 +6,7 @@ import csv
 import math
 from pathlib import Path
 
-from headlab.analysis.contrasts import Design
+from headlab.stats.contrasts import Design
 
 
 def meta_verdict(result: dict, effect: float | None) -> str:

@@ -6,16 +6,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headlab.analysis import datasets
-from headlab.analysis.comparison import check_metrics, compare, pruning_summary, same_value, select_best
-from headlab.analysis.contrasts import CompareError, Design
-from headlab.analysis.roles import role_counts
-from headlab.analysis.runs import Runs
 from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
 from headlab.compare.over_datasets import write_across, write_meta
 from headlab.compare.tables import pruning_table, roles_table, write_outputs
 from headlab.files import write_atomic
+from headlab.stats import datasets
+from headlab.stats.comparison import check_metrics, compare, pruning_summary, same_value, select_best
+from headlab.stats.contrasts import CompareError, Design
+from headlab.stats.roles import role_counts
+from headlab.stats.runs import Runs
 
 RECORD = "compare.json"  # beside compare.md: {"sources": [...], "analysis": {option: value}, "writes": {...}}
 

@@ -1,10 +1,10 @@
 """Where compared runs come from: sweep directories, results.json files and run archives
-(headlab.analysis.runs.load_dirs), or a W&B project's runs through its public API."""
+(headlab.stats.runs.load_dirs), or a W&B project's runs through its public API."""
 
 from pathlib import Path
 
-from headlab.analysis.runs import Runs, head_means, load_dirs
 from headlab.record import VAL_ACC_BEST
+from headlab.stats.runs import Runs, head_means, load_dirs
 
 
 def load(dirs: list[Path], wandb: str | None = None, group: str | None = None) -> Runs:

@@ -1,5 +1,5 @@
 """headlab-compare's outputs: the table (markdown, CSV, the console), its provenance, and the pruning table, rendered
-from what headlab.analysis.comparison computed."""
+from what headlab.stats.comparison computed."""
 
 import csv
 import io
@@ -7,14 +7,14 @@ import math
 import shlex
 from pathlib import Path
 
-from headlab.analysis.causal import ROLES_BEYOND_FETCHING
-from headlab.analysis.comparison import IMPROVING_MARGIN
-from headlab.analysis.contrasts import Design
-from headlab.analysis.datasets import setting_keys
-from headlab.analysis.runs import Runs, mixed_data
 from headlab.compare.figures import plot, plot_curves
 from headlab.files import write_atomic
+from headlab.heads.causal import ROLES_BEYOND_FETCHING
 from headlab.record import git_sha
+from headlab.stats.comparison import IMPROVING_MARGIN
+from headlab.stats.contrasts import Design
+from headlab.stats.datasets import setting_keys
+from headlab.stats.runs import Runs, mixed_data
 
 
 def _p(summary: dict) -> str:

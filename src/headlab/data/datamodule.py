@@ -249,7 +249,7 @@ class ExampleDataModule(SplitLoaders, pl.LightningDataModule):
 
     @property
     def corruptions(self) -> tuple[str, ...]:
-        """The corruptions of a task's inputs for activation patching (headlab.analysis.causal), by the role they
+        """The corruptions of a task's inputs for activation patching (headlab.heads.causal), by the role they
         change: none for text, which has no natural minimal change with another answer."""
         return ()
 

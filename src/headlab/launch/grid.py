@@ -3,7 +3,7 @@
 Cross-validation: one job per fold where the composed config has folds and the overrides name none.
 sweep.extend: after the grid, each arm whose best value of a key (the learning rate) is an edge of its grid gets one
 more value beyond that edge, as new jobs of the same sweep, until every arm's best value is bracketed or the limit
-of rounds is reached. An arm is a group of the other varying keys (headlab.analysis.comparison); its best value has
+of rounds is reached. An arm is a group of the other varying keys (headlab.stats.comparison); its best value has
 the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it. Each round decides
 from the jobs numbered before it (the grid's and the earlier rounds'), so a resumed sweep replays the same rounds
 into the same job directories, and finds their jobs done.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.analysis.comparison import group_runs, select_best, varying_keys
-from headlab.analysis.runs import load_dirs
+from headlab.stats.comparison import group_runs, select_best, varying_keys
+from headlab.stats.runs import load_dirs
 
 
 def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:

@@ -11,11 +11,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.analysis.comparison import compare
-from headlab.analysis.contrasts import Design
-from headlab.analysis.runs import load_dirs
 from headlab.launch import rundir, tensorboard
 from headlab.record import TEST_ACC, VAL_ACC_BEST, read_record
+from headlab.stats.comparison import compare
+from headlab.stats.contrasts import Design
+from headlab.stats.runs import load_dirs
 
 log = logging.getLogger("headlab")
 METRICS = (VAL_ACC_BEST, TEST_ACC)

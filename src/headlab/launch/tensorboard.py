@@ -9,9 +9,9 @@ import os
 import shutil
 from pathlib import Path
 
-from headlab.analysis.comparison import varying_keys
-from headlab.analysis.runs import load_dirs
 from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
+from headlab.stats.comparison import varying_keys
+from headlab.stats.runs import load_dirs
 
 FACTS = ("resolved.n_heads", "resolved.d_k", "resolved.d_v", "params.total", "params.attention", "flops_per_token")
 METRICS = (VAL_ACC_BEST, "val/acc", TEST_ACC, TEST_LOSS)

@@ -7,7 +7,7 @@
                                                                  Xiao et al. 2023 on attention sinks)
 
 Padded keys get exactly zero weight from each. Only softmax's rows sum to 1: softmax1's and sink's give the rest to
-no key (a sink), sigmoid's weigh each key on its own (headlab.analysis.statistics reads both as a row's mass).
+no key (a sink), sigmoid's weigh each key on its own (headlab.heads.statistics reads both as a row's mass).
 
 A normaliser is a subclass of Normalizer: `weights` is its definition; `fused` may give weights @ v by a path that
 never stores the (B, H, n, m) weights (None: the explicit path runs); `add_parameters` registers its learned

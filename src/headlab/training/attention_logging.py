@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from headlab.analysis import figures, head_view, importance, statistics
 from headlab.files import write_json_atomic
+from headlab.heads import figures, head_view, importance, statistics
 from headlab.training import causal_report, checkpoints, probe
 from headlab.training.callbacks import stop_if_signalled
 

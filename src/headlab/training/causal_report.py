@@ -1,4 +1,4 @@
-"""A run's causal head analysis (headlab.analysis.causal) for heads.json: each head's zero-, mean- and
+"""A run's causal head analysis (headlab.heads.causal) for heads.json: each head's zero-, mean- and
 resample-ablation effects on the pruning split (means over the importance split), the same per key/value group
 under grouped-query attention, their rank agreement with gradient importance, activation patching for each
 corruption the task defines, and each head's role. Shapes: L layers, H heads, G key/value heads."""
@@ -6,7 +6,7 @@ corruption the task defines, and each head's role. Shapes: L layers, H heads, G 
 import numpy as np
 import torch
 
-from headlab.analysis import causal
+from headlab.heads import causal
 
 
 def corrupted(datamodule, batch: dict, role: str, seed: int) -> tuple[dict, torch.Tensor]:

@@ -1,9 +1,9 @@
 """Test predictions gathered batch by batch, for each member of a run or a pack, to keep in results.json
-(headlab.analysis.predictions says the format)."""
+(headlab.stats.predictions says the format)."""
 
 import torch
 
-from headlab.analysis import predictions
+from headlab.stats import predictions
 from headlab.training import objective
 
 

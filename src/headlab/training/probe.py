@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from headlab.analysis import head_view, statistics
 from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
+from headlab.heads import head_view, statistics
 from headlab.model.hooks import recorded
 
 

@@ -45,7 +45,7 @@ def run_fields(
     """metrics: val/, test/ and TRAIN_METRICS numbers; model_facts: model_fields; throughput: train_tokens_per_s,
     fit_s (and a member's pack_train_tokens_per_s); resources: threads, devices, accelerator; checkpoints: best,
     last (paths or None); progress: epochs, global_step, curve; wandb: {id, url}; predictions: the test
-    predictions (headlab.analysis.predictions) or None; pack: {id, size, index}."""
+    predictions (headlab.stats.predictions) or None; pack: {id, size, index}."""
     fields = {
         "metrics": dict(metrics),
         **model_facts,

@@ -9,13 +9,13 @@ import time
 
 import torch
 
-from headlab.analysis import importance
+from headlab.heads import importance
 from headlab.training.attention_logging import AttentionLogger, HeadAnalysis
 from headlab.training.vectorized import Stacked
 
 
 class MembersModel:
-    """A pack's members as one model for headlab.analysis.importance: inputs (E, B, ...), head masks
+    """A pack's members as one model for headlab.heads.importance: inputs (E, B, ...), head masks
     (E, B, L, H) -> ((E, B, C) logits, None)."""
 
     def __init__(self, stack: Stacked):

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from headlab.analysis.figures import render_heads, render_importance
+from headlab.heads.figures import render_heads, render_importance
 from headlab.training import optim, signals_held
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import LearningCurve, ThroughputMeter
@@ -111,7 +111,7 @@ class MemberWriter(pl.Callback):
             from concurrent.futures import ProcessPoolExecutor
 
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["headlab.analysis.figures"])
+            context.set_forkserver_preload(["headlab.heads.figures"])
             workers = max(1, min(len(self.members), usable_cores() - 1))
             self._pool = ProcessPoolExecutor(workers, mp_context=context)
         return self._pool

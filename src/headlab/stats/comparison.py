@@ -1,14 +1,16 @@
 """A sweep as groups of runs and their statistics: the configuration keys that vary, runs grouped by them (seeds
 pooled), each metric summarised over seeds (or folds), a value chosen per arm on validation, and each group compared
-with a baseline group (headlab.analysis.contrasts). What headlab-compare prints is rendered from what this computes.
+with a baseline group (headlab.stats.contrasts). What headlab-compare prints is rendered from what this computes.
 """
 
 import itertools
 import json
 import math
 
-from headlab.analysis import budget, inference, power, survival
-from headlab.analysis.contrasts import (
+from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, RESUME_KEYS
+from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
+from headlab.stats import budget, inference, power, survival
+from headlab.stats.contrasts import (
     EXAMPLE_TESTS,
     CompareError,
     Design,
@@ -19,8 +21,6 @@ from headlab.analysis.contrasts import (
     solve_rate_contrast,
     within_margin,
 )
-from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, RESUME_KEYS
-from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
 
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
 # cross-validation fold (folds x seeds are the replicates of an arm)
@@ -206,7 +206,7 @@ def _chance(record: dict) -> float | None:
 
 def _metric(record: dict, metric: str):
     """A metric of the run; "val/acc@step=N" or "val/acc@flops=F": the curve's value at its last validation within
-    that budget (None for a run whose training ended before it: headlab.analysis.budget)."""
+    that budget (None for a run whose training ended before it: headlab.stats.budget)."""
     if at := budget.parse(metric):
         return budget.at_budget(record, *at)
     return (record.get("metrics") or {}).get(metric)
@@ -214,7 +214,7 @@ def _metric(record: dict, metric: str):
 
 def reach_summary(runs: list[dict], metric: str, op: str, threshold: float) -> dict | None:
     """Steps to reach metric op threshold on the validation curve, per run (censored where it never did), as a
-    Kaplan-Meier summary (headlab.analysis.survival), with the times and outcomes the log-rank test takes."""
+    Kaplan-Meier summary (headlab.stats.survival), with the times and outcomes the log-rank test takes."""
     found = [survival.time_to_reach(r.get("curve") or [], metric, op == ">=", threshold) for r in runs]
     found = [f for f in found if f is not None]
     if not found:

@@ -1,11 +1,11 @@
 """Head roles across the seeds of an arm: per group of runs, how many runs have a head in each role (heads.json
-rows' `role`, headlab.analysis.causal.head_role), with exact Clopper-Pearson intervals. A head's index means
+rows' `role`, headlab.heads.causal.head_role), with exact Clopper-Pearson intervals. A head's index means
 nothing from one seed to another: heads are matched across seeds by their role. With a solve threshold, the runs
 that solved and those that did not are counted apart (what a head does when the arm succeeds, and when it fails)."""
 
-from headlab.analysis import inference
-from headlab.analysis.causal import ROLES_BEYOND_FETCHING
-from headlab.analysis.comparison import group_runs
+from headlab.heads.causal import ROLES_BEYOND_FETCHING
+from headlab.stats import inference
+from headlab.stats.comparison import group_runs
 
 
 def role_counts(records: list[dict], keys: list[str], solved: tuple[str, float] | None = None) -> list[dict]:

@@ -1,5 +1,5 @@
 """A sweep's run records read back: every results.json below some directories, or in a run archive
-(headlab.analysis.archive), with each run's heads.json and learning curve. Failed, missing and corrupt records are
+(headlab.stats.archive), with each run's heads.json and learning curve. Failed, missing and corrupt records are
 kept apart with the reason, never silently dropped.
 """
 
@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headlab.analysis import archive
 from headlab.conventions import as_now
+from headlab.stats import archive
 
 LN2 = math.log(2)  # the largest Jensen-Shannon divergence, in nats
 HEAD_KEY = re.compile(r"heads/L\d+/H\d+/(\w+)$")  # one head's statistic, as logged and in W&B summaries
@@ -28,7 +28,7 @@ class Runs:
 
 def load_dirs(dirs: list[Path]) -> Runs:
     """The runs below sweep directories (or any directories with results.json below them), results.json files,
-    or run archives (headlab.analysis.archive)."""
+    or run archives (headlab.stats.archive)."""
     runs = Runs()
     seen: dict[tuple[int, int], str] = {}  # (device, inode) of each record or archive read -> where it was read
     for root in dirs:

@@ -71,5 +71,5 @@ def script_json(data) -> str:
 
 def render(data: dict) -> str:
     """The HTML page for page_data's dict."""
-    template = files("headlab.analysis").joinpath("head_view.html").read_text()
+    template = files("headlab.heads").joinpath("head_view.html").read_text()
     return template.replace("/*DATA*/null", script_json(data))

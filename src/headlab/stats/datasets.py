@@ -1,4 +1,4 @@
-"""Readings over several datasets, from the rows headlab.analysis.comparison computed per dataset: each arm's
+"""Readings over several datasets, from the rows headlab.stats.comparison computed per dataset: each arm's
 contrast pooled over the datasets by a random-effects meta-analysis (pool, --meta KEY), and settings ranked by how
 far each falls from every dataset's own best (across, --across KEY: how defaults that transfer are chosen).
 
@@ -6,9 +6,9 @@ A key with one value per dataset (its files, its folds) belongs to the dataset, 
 
 import math
 
-from headlab.analysis import inference, meta
-from headlab.analysis.comparison import hashable
-from headlab.analysis.contrasts import Design, contrast_effect, t_interval
+from headlab.stats import inference, meta
+from headlab.stats.comparison import hashable
+from headlab.stats.contrasts import Design, contrast_effect, t_interval
 
 
 def setting_keys(rows: list[dict], keys: list[str], dataset: str, design: Design) -> list[str]:

@@ -1,6 +1,6 @@
 """How an arm is compared with its baseline: the design of a comparison (which test, paired or not, the log scale,
 the effect power is computed for), each test's p-value (over seeds, folds or test examples), and the power and
-seeds a contrast needs (headlab.analysis.inference and .power hold the statistics)."""
+seeds a contrast needs (headlab.stats.inference and .power hold the statistics)."""
 
 import math
 from dataclasses import dataclass, field
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from headlab.analysis import inference, power, predictions
+from headlab.stats import inference, power, predictions
 
 
 class CompareError(ValueError):

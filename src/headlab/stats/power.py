@@ -15,7 +15,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from headlab.analysis import inference
+from headlab.stats import inference
 
 ALPHA = 0.05
 TARGET = 0.8  # the power a planned sweep aims at

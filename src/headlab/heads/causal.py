@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 import torch
 from scipy import stats
 
-from headlab.analysis.importance import _per_example_loss
 from headlab.conventions import IGNORE_INDEX
+from headlab.heads.importance import _per_example_loss
 
 KINDS = ("zero", "mean", "resample")  # ablations
 

@@ -1,4 +1,0 @@
-"""What each head learned: per-head statistics, head similarity, importance, pruning curves, and figures.
-
-Pure torch, numpy and matplotlib (no Lightning, Hydra, W&B or datasets).
-"""
