@@ -233,7 +233,7 @@ def _continue_csv(logger, resumed_step: int) -> None:
 def finish(loggers: list, failed: bool, summary: dict | None = None, config: dict | None = None, step: int = 0) -> dict:
     """Close the loggers with the run's final numbers (summary: metric -> float): W&B's summary holds them as plain
     numbers; TensorBoard gets one HParams session with the config and them (what its HParams dashboard compares;
-    the experiment, which hyperparameters and metrics the dashboard shows, is the sweep's: cli.tensorboard_sweep).
+    the experiment, which hyperparameters and metrics the dashboard shows, is the sweep's: headlab.launch.tensorboard).
     Returns the W&B run's {"id", "url"} for results.json (one W&B run per job, also in a multirun)."""
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only

@@ -1,5 +1,5 @@
 """The fields of results.json that a run owns once it has trained, stated once for single runs and pack members
-(the job around it adds status, config, seed, commit and versions: headlab.cli.train)."""
+(the job around it adds status, config, seed, commit and versions: headlab.launch.job)."""
 
 import json
 import logging
