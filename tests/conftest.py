@@ -40,6 +40,8 @@ def pytest_configure(config):
         torch.set_num_threads(len(share))
 
 
+TESTS = Path(__file__).parent  # helpers (faults.py, the Triton runners) and fixtures/ live here
+ROOT = TESTS.parent  # the repository
 TINY = [  # a run of a few seconds: small data, two short epochs
     "data.n_train=256",
     "data.n_val=64",

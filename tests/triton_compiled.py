@@ -1,7 +1,7 @@
 """The Triton kernels of additive attention compiled ahead of time for NVIDIA GPUs, down to machine code (cubin,
 through Triton's bundled ptxas), on a machine without one: what the interpreter cannot show (layouts, tl.dot
 shapes, registers and shared memory a real GPU must provide). Not collected with the suite: Triton is off the
-path of the suite's process, so tests/test_attention.py runs this file in a process of its own."""
+path of the suite's process, so tests/model/test_attention.py runs this file in a process of its own."""
 
 import os
 
@@ -9,7 +9,7 @@ import pytest
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip(
-        "compiles for GPUs: run without TRITON_INTERPRET (tests/test_attention.py does)", allow_module_level=True
+        "compiles for GPUs: run without TRITON_INTERPRET (tests/model/test_attention.py does)", allow_module_level=True
     )
 
 from triton import compile as compile_kernel  # noqa: E402

@@ -1,6 +1,6 @@
 """The Triton kernels of additive attention (headlab.model.kernels.additive_triton) run by Triton's interpreter on
 the CPU, against the naive formula. Not collected with the suite: Triton decides whether to interpret when it is
-first imported, so tests/test_attention.py runs this file in a process of its own with TRITON_INTERPRET=1."""
+first imported, so tests/model/test_attention.py runs this file in a process of its own with TRITON_INTERPRET=1."""
 
 import os
 
@@ -10,7 +10,7 @@ import torch
 from headlab.model.additive import additive_scores_naive
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run with TRITON_INTERPRET=1 (tests/test_attention.py does)", allow_module_level=True)
+    pytest.skip("run with TRITON_INTERPRET=1 (tests/model/test_attention.py does)", allow_module_level=True)
 
 from headlab.model.kernels.additive_triton import TritonAdditiveAttention  # noqa: E402
 

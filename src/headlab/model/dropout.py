@@ -6,7 +6,7 @@ torch's CPU dropout draws a random number per element from one serial generator:
 is p rounded to a multiple of 2^-15 (0.1 -> 0.100006; FlashAttention rounds it to 2^-8), and survivors are scaled
 by 1 / (1 - that probability), so the expectation is exact. The mask is one byte per element, as torch's.
 Masking float32 tensors with torch on one thread runs in native code (headlab.model.kernels, dropout.c: one pass
-over memory each way); elsewhere, and without a C compiler, torch ops give the same bits (tests/test_dropout.py).
+over memory each way); elsewhere, and without a C compiler, torch ops give the same bits (tests/model/test_dropout.py).
 Elsewhere (CUDA, torch.compile, torch.func transforms) it is F.dropout, whose generators are fast there.
 """
 

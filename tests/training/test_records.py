@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import as_interrupted, cli_env, cli_here, train_here
+from conftest import TESTS, as_interrupted, cli_env, cli_here, train_here
 from headlab.data import subwords
 from headlab.heads import head_view
 
-FAULTS_ENV = cli_env() | {"PYTHONPATH": str(Path(__file__).parent)}
+FAULTS_ENV = cli_env() | {"PYTHONPATH": str(TESTS)}
 WORDS = ["film", "plot", "cast", "scene", "story", "score", "music", "actor", "script", "ending"]
 
 

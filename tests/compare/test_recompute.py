@@ -6,13 +6,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from test_compare import write_run
 
+from conftest import ROOT
 from headlab.cli.compare import main
 from headlab.stats import archive
 from headlab.stats.runs import load_dirs
-from test_compare import write_run
-
-ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture

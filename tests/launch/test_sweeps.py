@@ -15,13 +15,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import TINY, cli_env
+from conftest import ROOT, TINY, cli_env
 from headlab.launch import runtime
 from headlab.launch.packs import PER_MEMBER
 from headlab.training.config_check import check_config
 
 runtime.configure()  # the resolvers the launcher configs use
-ROOT = Path(__file__).parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
 SST2 = ROOT / ".." / "shared" / "data" / "sst2"
 SST2_FILES = ["data=files", f"data.files.train={SST2 / 'train.tsv'}", "data.text_column=sentence"]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from conftest import TINY, as_interrupted, cli_here
+from conftest import ROOT, TINY, as_interrupted, cli_here
 from headlab.cli.compare import main
 from headlab.record import read_record
 from headlab.stats import inference
@@ -719,8 +719,8 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
         record.write_text(json.dumps(stored))
     with pytest.raises(SystemExit, match="experiments/heads_vs_depth.yaml states no confirmation analysis"):
         main([str(tmp_path / "sweep"), "--confirm"])
-    results = (Path(__file__).parents[1] / "experiments" / "RESULTS.md").read_text()
-    for experiment in (Path(__file__).parents[1] / "experiments").glob("*.yaml"):
+    results = (ROOT / "experiments" / "RESULTS.md").read_text()
+    for experiment in (ROOT / "experiments").glob("*.yaml"):
         stated = yaml.safe_load(experiment.read_text())
         for key in ("compare", "confirm"):
             analysis.analysis(analysis.options(stated.get(key) or {}, key))  # analysis options only, each valid

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY, as_interrupted, cli_here, headlab_train
+from conftest import ROOT, TINY, as_interrupted, cli_here, headlab_train
 
-DESIGNS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "design").glob("*.yaml"))
+DESIGNS = sorted(p.stem for p in (ROOT / "conf" / "design").glob("*.yaml"))
 COMMON = [*TINY, "logger=csv", "model.d_model=32"]  # 32: the latent's rank 16 is below the width
 
 

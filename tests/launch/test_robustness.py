@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TINY, as_interrupted, cli_env, headlab_train, train_here
+from conftest import TESTS, TINY, as_interrupted, cli_env, headlab_train, train_here
 from headlab.model.attention import MultiHeadAttention
 
 
@@ -66,7 +66,7 @@ def signal_at(tmp_path, moment: str, epoch: int = 0, batch: int = 0, signum: int
     ]
 
 
-FAULTS_ENV = cli_env() | {"PYTHONPATH": str(Path(__file__).parent)}  # faults.py importable by the CLI
+FAULTS_ENV = cli_env() | {"PYTHONPATH": str(TESTS)}  # faults.py importable by the CLI
 
 
 @pytest.mark.e2e

@@ -6,13 +6,12 @@ import logging
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import cli_env, train_here
+from conftest import ROOT, cli_env, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.data import folds, text_files
 from headlab.errors import DataError
@@ -20,7 +19,7 @@ from headlab.stats.comparison import compare
 from headlab.stats.contrasts import Design
 from headlab.stats.runs import load_dirs
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = ROOT.resolve().parent / "shared" / "data"
 QUICK = ["model.d_model=16", "trainer.max_epochs=1", "logger=csv", "callbacks.progress_bar=null",
          "data.tokenizer.vocab_size=80", "data.batch_size=16"]  # fmt: skip
 WORDS = ["good", "bad", "film", "plot", "dull", "great", "story", "actor", "café", "naïve"]

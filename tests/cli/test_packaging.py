@@ -3,11 +3,11 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from conftest import ROOT
+
 pytestmark = pytest.mark.e2e
 
 

@@ -301,7 +301,7 @@ def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(t
     """A worker killed outright fails its own pack's members only and the next pack takes its place; a worker
     stopped by SIGTERM interrupts its own pack's members only; SIGTERM to the launcher stops every worker
     (each member's last.ckpt saved, every record interrupted) and leaves no process behind (a launcher killed
-    outright: tests/test_status.py)."""
+    outright: tests/launch/test_status.py)."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
     packed = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2"]
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import TESTS
 from headlab.model import dispatch
 from headlab.model.additive import AdditiveAttention, additive_scores_naive
 from headlab.model.attention import MultiHeadAttention
@@ -370,7 +371,7 @@ def test_triton_kernels_pass_their_tests_in_a_process_of_their_own(test_file, in
     aside = Path(sys.prefix) / "triton"
     if importlib.util.find_spec("triton") is None and not (aside / "triton").is_dir():
         pytest.skip("Triton is not installed (make install puts it in .venv/triton)")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name(test_file))]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / test_file)]
     path = os.pathsep.join(p for p in (str(aside), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": interpret, "PYTHONPATH": path, "TRITON_DEFAULT_FP_FUSION": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)

@@ -3,16 +3,16 @@ independently, example by example over the real keys only (padding is cut off, n
 named is the model as it was before the designs, bit for bit, and its checkpoints load."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import TESTS
 from headlab.errors import InvalidSetting
 from headlab.model import Encoder, MultiHeadAttention, count_parameters, flops_per_token
 
-FIXTURE = Path(__file__).parent / "fixtures" / "attention_before_designs.pt"
+FIXTURE = TESTS / "fixtures" / "attention_before_designs.pt"
 DESIGNS = {  # each design alone, and together with the head split's other keys
     "gate headwise": dict(gate="headwise"),
     "gate elementwise": dict(gate="elementwise"),

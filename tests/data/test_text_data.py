@@ -13,12 +13,13 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from conftest import ROOT
 from headlab.data.datamodule import BucketBatchSampler
 from headlab.data.text import TextDataModule
 from headlab.data.text_pipeline import read_column
 from headlab.errors import DataError
 
-SST2 = Path(__file__).parents[1] / ".." / "shared" / "data" / "sst2"
+SST2 = ROOT / ".." / "shared" / "data" / "sst2"
 needs_sst2 = pytest.mark.skipif(not (SST2 / "train.tsv").exists(), reason="../shared/data is absent")
 
 

@@ -3,18 +3,18 @@
 import gc
 import itertools
 import multiprocessing
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT
 from headlab.conventions import IGNORE_INDEX as IGNORE
 from headlab.data.datamodule import TaskDataModule, collate
 from headlab.data.listops import OPERATORS, VOCAB, ListOps, evaluate, evaluate_string, to_string, tokens
 from headlab.data.recall import AssociativeRecall
 
-LISTOPS_TEST = Path(__file__).parents[1] / ".." / "shared" / "data" / "listops" / "test_d20s.tsv"
+LISTOPS_TEST = ROOT / ".." / "shared" / "data" / "listops" / "test_d20s.tsv"
 
 
 @pytest.mark.skipif(not LISTOPS_TEST.exists(), reason="../shared/data is absent")

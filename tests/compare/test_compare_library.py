@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_compare import sweep  # noqa: F401 (a fixture)
 
+from conftest import ROOT
 from headlab.cli.compare import main
 from headlab.compare import analysis
 from headlab.compare.check import check
 from headlab.compare.report import report
 from headlab.stats.contrasts import CompareError
 from headlab.stats.runs import load_dirs
-from test_compare import sweep  # noqa: F401 (a fixture)
-
-ROOT = Path(__file__).parents[1]
 
 
 def test_a_mapping_and_the_flags_that_say_the_same_make_one_analysis():
