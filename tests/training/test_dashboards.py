@@ -83,6 +83,7 @@ def test_compare_reads_what_the_wandb_api_returns_for_these_runs(run, tmp_path, 
     import wandb
 
     from headlab.cli import compare
+    from headlab.compare.sources import load_wandb
 
     logged = read_run(run)
 
@@ -103,7 +104,7 @@ def test_compare_reads_what_the_wandb_api_returns_for_these_runs(run, tmp_path, 
             return api_runs
 
     monkeypatch.setattr(wandb, "Api", Api)
-    runs = compare.load_wandb("entity/project", None)
+    runs = load_wandb("entity/project", None)
     assert len(runs.completed) == 3 and not runs.failed
     compare.main(["--wandb", "entity/project", "--out", str(tmp_path / "cmp")])
     table = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()

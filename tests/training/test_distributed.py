@@ -58,6 +58,8 @@ AS_MANY_CORES = """import sys
 from headlab.training import cores
 cores.cpu_threads = lambda: {cores}  # this job's share of the machine, as on a {cores}-core host
 from headlab.cli.train import main
+from hydra_plugins.headlab_launcher import register
+register()  # as headlab-train does before Hydra composes
 sys.argv[0] = "headlab-train"
 main()
 """
