@@ -46,3 +46,9 @@ def as_now(flat: dict) -> dict:
     if "model.attention.n_heads" not in flat:
         return flat
     return {**{k: v for k, v in ADDED_KEYS.items() if k not in flat}, **flat}
+
+
+def data_dir() -> Path:
+    """Where the released text benchmarks are (conf/data/mr.yaml, ...): $HEADLAB_DATA, else ../shared/data, as an
+    absolute path (a run records where its files were)."""
+    return Path(os.environ.get("HEADLAB_DATA") or "../shared/data").expanduser().resolve()

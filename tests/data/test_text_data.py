@@ -186,6 +186,15 @@ def test_missing_file_names_the_path(tmp_path):
     assert bad(tmp_path) == f"data.files.train: cannot read {tmp_path / 'train.csv'}: no such file"
 
 
+def test_a_missing_released_benchmark_names_headlab_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADLAB_DATA", str(tmp_path / "released"))
+    missing = tmp_path / "released" / "mr" / "rt-polarity.all"
+    assert bad(tmp_path, files={"train": str(missing)}) == (
+        f"data.files.train: cannot read {missing}: no such file (the released benchmarks are read from "
+        f"$HEADLAB_DATA, now {tmp_path / 'released'})"
+    )
+
+
 def test_unreadable_file_names_the_path(tmp_path):
     (tmp_path / "train.parquet").write_text("this is not parquet")
     message = bad(tmp_path, files={"train": str(tmp_path / "train.parquet")})

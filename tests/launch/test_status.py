@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY, cli_env, cli_here, session_processes, train_here
 from headlab.cli.status import duration
 from headlab.launch.rundir import earlier_attempts
-from headlab.launch.summary import job_ranges
+from headlab.launch.summary import job_ranges, table
 from headlab.record import total_seconds
 
 
@@ -26,6 +26,18 @@ def test_job_folders_read_as_ranges_and_durations_in_words():
     assert job_ranges(["3", "1", "2", "5"]) == "1-3, 5"
     assert job_ranges([str(n) for n in range(0, 20, 2)], shown=3) == "0, 2, 4 and 7 more"
     assert [duration(s) for s in (12, 600, 7380, 7199)] == ["12 s", "10 min", "2 h 3 min", "2 h 0 min"]
+
+
+def test_a_sweeps_table_says_what_its_replicates_are(tmp_path):
+    """Runs of a cross-validated sweep replicate over folds, not seeds: the summary's last line says which."""
+    for cv in (False, True):
+        for i, (heads, k) in enumerate((h, k) for h in (1, 4) for k in range(2)):
+            config = {"model.attention.n_heads": heads, "seed": 0 if cv else k, "data.cv.fold": k if cv else None}
+            record = {"status": "completed", "config": config, "metrics": {"val/acc_best": 0.5, "test/acc": 0.5}}
+            (tmp_path / str(cv) / str(i)).mkdir(parents=True)
+            (tmp_path / str(cv) / str(i) / "results.json").write_text(json.dumps(record))
+        over = "folds" if cv else "seeds"
+        assert table(tmp_path / str(cv)).splitlines()[-1].startswith(f"(mean +- sd over {over}; intervals")
 
 
 def test_a_continued_runs_time_counts_its_earlier_attempts_and_status_says_so(tmp_path):

@@ -200,7 +200,8 @@ def test_slurm_launcher_asks_for_what_the_trainer_uses():
 def test_wandb_sweep_passes_hydra_overrides_to_headlab_train():
     spec = yaml.safe_load((ROOT / "sweeps" / "wandb_heads.yaml").read_text())
     assert spec["command"] == ["${env}", "headlab-train", "${args_no_hyphens}"]
-    assert spec["metric"] == {"name": "val/acc", "goal": "maximize"}
+    objective = compose_job().sweep.objective  # what every run (and Optuna) is selected on
+    assert spec["metric"] == {"name": objective, "goal": "maximize"} and objective == "val/acc_best"
     values = {key: p["values"] for key, p in spec["parameters"].items()}
     for combination in itertools.product(*values.values()):
         overrides = [f"{k}={v}" for k, v in zip(values, combination, strict=True)]  # what ${args_no_hyphens} gives

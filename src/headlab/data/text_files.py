@@ -11,7 +11,7 @@ import logging
 import re
 from pathlib import Path
 
-from headlab.conventions import SPLITS
+from headlab.conventions import SPLITS, data_dir
 from headlab.errors import DataError, first_line
 
 log = logging.getLogger("headlab")
@@ -45,7 +45,10 @@ def local_paths(files: dict) -> dict[str, Path]:
         if path.is_dir():
             raise DataError(f"data.files.{role}: {path} is a directory: give a file ({_DESCRIBED})")
         if not path.is_file():
-            raise DataError(f"data.files.{role}: cannot read {path}: no such file")
+            hint = ""
+            if path.resolve().is_relative_to(data_dir()):  # a released benchmark (conf/data/mr.yaml, ...)
+                hint = f" (the released benchmarks are read from $HEADLAB_DATA, now {data_dir()})"
+            raise DataError(f"data.files.{role}: cannot read {path}: no such file{hint}")
         paths[role] = path
     return paths
 

@@ -2,10 +2,9 @@
 by each console script before Hydra composes a config, and by each process that composes or resolves one without
 it (a SLURM job, a pack's SLURM job)."""
 
-import os
-from pathlib import Path
-
 from omegaconf import OmegaConf
+
+from headlab.conventions import data_dir
 
 
 def gpus_per_node(accelerator: str, devices) -> int:
@@ -15,13 +14,7 @@ def gpus_per_node(accelerator: str, devices) -> int:
     return len(devices) if isinstance(devices, list | tuple) else int(devices)
 
 
-def data_dir() -> str:
-    """Where the released text benchmarks are (conf/data/mr.yaml, ...): $HEADLAB_DATA, else ../shared/data, as an
-    absolute path (a run records where its files were)."""
-    return str(Path(os.environ.get("HEADLAB_DATA") or "../shared/data").expanduser().resolve())
-
-
 def configure() -> None:
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
-    OmegaConf.register_new_resolver("headlab.data_dir", data_dir, replace=True)
+    OmegaConf.register_new_resolver("headlab.data_dir", lambda: str(data_dir()), replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

@@ -62,8 +62,11 @@ class SweepSummary(Callback):
 
 
 def table(sweep_dir: Path) -> str:
-    """The completed runs grouped by the keys that vary, each metric's mean and standard deviation over seeds."""
-    keys, rows = compare(load_dirs([sweep_dir]).completed, Design(list(METRICS)))
+    """The completed runs grouped by the keys that vary, each metric's mean and standard deviation over seeds (or
+    folds)."""
+    completed = load_dirs([sweep_dir]).completed
+    keys, rows = compare(completed, Design(list(METRICS)))
+    over = "folds" if any(r["config"].get("data.cv.fold") is not None for r in completed) else "seeds"
     header = [*(k.rsplit(".", 1)[-1] if k.count(".") > 1 else k for k in keys), "runs", *METRICS]
     body = []
     for row in rows:
@@ -76,7 +79,7 @@ def table(sweep_dir: Path) -> str:
         body.append(cells)
     widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
-    return "\n".join([*lines, f"(mean +- sd over seeds; intervals, tests and plots: headlab-compare {sweep_dir})"])
+    return "\n".join([*lines, f"(mean +- sd over {over}; intervals, tests and plots: headlab-compare {sweep_dir})"])
 
 
 def job_ranges(names: list[str], shown: int = 6) -> str:
