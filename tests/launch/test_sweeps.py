@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, cli_env
 from headlab.launch import runtime
-from headlab.launch.packs import PER_MEMBER
+from headlab.launch.plan import PER_MEMBER
 from headlab.training.config_check import check_config
 
 runtime.configure()  # the resolvers the launcher configs use

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
-from headlab.launch.packs import pack_key
+from headlab.launch.plan import pack_key
 from headlab.launch.workers import gpu_for_slot
 from headlab.training import signals_held
 from headlab.training.cores import usable_cores

@@ -5,16 +5,15 @@ last.ckpt. The submitting process waits for the array and records a pack that en
 """
 
 import logging
-import math
 import sys
 
 from headlab.errors import ConfigError
 from headlab.launch import console, rundir, slurm
 from headlab.launch.job import Job
+from headlab.launch.plan import Pack
 from headlab.launch.workers import LOG_FORMAT
 
 log = logging.getLogger("headlab")
-PROCESS_GB = 2  # what a pack's process takes beside its members (torch, Lightning, data)
 
 
 class PackJob:
@@ -57,28 +56,20 @@ class PackJob:
         return submitit.helpers.DelayedSubmission(self, *args)
 
 
-def mem_gb(jobs: list[Job]) -> int:
-    """The memory to ask SLURM for a pack: its members' estimate (headlab.training.memory), plus a process."""
-    from headlab.training import memory
-
-    cfg = jobs[0].cfg
-    return math.ceil(len(jobs) * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
-
-
-def run_on_slurm(packs: list[tuple[str, list[Job]]], params: dict) -> None:
-    """Submit each pack (id, its jobs, opened and checked) as a task of one SLURM job array and wait for them."""
+def run_on_slurm(packs: list[Pack], params: dict) -> None:
+    """Submit each pack (its jobs opened and checked) as a task of one SLURM job array and wait for them."""
     params = dict(params)
     if params.get("mem_gb") is None:
-        params["mem_gb"] = max(mem_gb(jobs) for _, jobs in packs)
-    for _, jobs in packs:
-        for job in jobs:
+        params["mem_gb"] = max(pack.mem_gb() for pack in packs)
+    for pack in packs:
+        for job in pack.jobs:
             rundir.release(job.run_dir)  # the pack's SLURM job takes the lock
-    ids, members = zip(*packs, strict=True)
+    ids, members = [pack.id for pack in packs], [pack.jobs for pack in packs]
     folder = params["submitit_folder"]
     try:
-        submitted = slurm.submit(folder, params, PackJob(), list(ids), list(members), prefix="hydra.launcher.slurm")
+        submitted = slurm.submit(folder, params, PackJob(), ids, members, prefix="hydra.launcher.slurm")
     except ConfigError as refused:  # nothing was submitted: every job records why, said once
-        for job in (job for _, jobs in packs for job in jobs):
+        for job in (job for pack in packs for job in pack.jobs):
             rundir.lock(job.run_dir)
             job.close(error=refused)
         sys.exit(2)
@@ -88,7 +79,7 @@ def run_on_slurm(packs: list[tuple[str, list[Job]]], params: dict) -> None:
     )  # fmt: skip
 
     def ended(k: int, state: str) -> None:
-        for job in packs[k][1]:
+        for job in packs[k].jobs:
             slurm.record_ended(job.run_dir, submitted[k].job_id, state)
 
     slurm.wait(submitted, ended)

@@ -1,7 +1,7 @@
 """The packed launcher's work: open every job of a sweep, group the jobs that can share one vectorized model into
 packs, train each pack, and close every job as headlab-train closes a single one.
 
-Jobs can share a pack when their configurations differ only in PER_MEMBER keys (and in where they write).
+Which jobs share a pack is headlab.launch.plan's (the same plan for packs as SLURM jobs, headlab.launch.pack_slurm).
 """
 
 import contextlib
@@ -13,25 +13,13 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
 from headlab.launch import console
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
+from headlab.launch.plan import plan
 from headlab.record import read_record
-from headlab.training import optim
 from headlab.training.loggers import run_identity
 
 log = logging.getLogger("headlab")
-# what a pack's members may differ in: their seeds, and the AdamW settings the vectorized optimizer takes per member
-PER_MEMBER = ("seed", "data.seed", "callbacks.attention.seed", *(f"optim.{key}" for key in optim.PER_MEMBER))
-PER_JOB = ("logger.wandb.name", "logger.wandb.group")  # set for each job from Hydra's job information
-
-
-def pack_key(flat_config: dict) -> tuple:
-    """Everything that must be equal within a pack: the configuration without its per-member keys and paths."""
-    skip = set(PER_MEMBER) | set(RESUME_KEYS) | set(PER_JOB)
-    return tuple(
-        sorted((k, repr(v)) for k, v in flat_config.items() if k not in skip and not k.endswith(PATH_SUFFIXES))
-    )
 
 
 def prepare(cfg) -> Job | float:
@@ -99,10 +87,7 @@ def launch(
         )
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     ready = [(ret, ret._return_value) for ret in returns if isinstance(ret._return_value, Job)]
-    groups: dict[tuple, list] = {}
-    for ret, job in ready:
-        groups.setdefault(pack_key(job.record["config"]), []).append((ret, job))
-    packs = [group[i : i + max_pack] for group in groups.values() for i in range(0, len(group), max_pack)]
+    packs = plan(ready, max_pack, sweep_dir.name)
     n_jobs = min(n_jobs, len(packs)) or 1
     log.info(
         "packed launcher: %d jobs to train in %d pack(s) of at most %d, %d at a time",
@@ -111,14 +96,13 @@ def launch(
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         return returns
     done, closed = set(), [False] * len(packs)
-    ids = [f"{sweep_dir.name}-pack{k}" for k in range(len(packs))]
 
     def start(k: int) -> None:
-        for _, job in packs[k]:
-            job.start(ids[k])
+        for job in packs[k].jobs:
+            job.start(packs[k].id)
 
     def close(k: int, results: list) -> None:
-        for (ret, job), result in zip(packs[k], results, strict=True):
+        for ret, job, result in zip(packs[k].returns, packs[k].jobs, results, strict=True):
             if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
                 ret.return_value = job.close(error=result, stop=n_jobs == 1)
             else:
@@ -134,13 +118,11 @@ def launch(
     if submit == "slurm":
         from headlab.launch.pack_slurm import run_on_slurm
 
-        run_on_slurm([(pack_id, [job for _, job in pack]) for pack_id, pack in zip(ids, packs, strict=True)], slurm)
+        run_on_slurm(packs, slurm)
         for ret, job in ready:  # each pack's SLURM job closed its members' records
             ret.return_value = objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
-    specs = [
-        (ids[k], [(job.cfg, job.run_dir, job.record["config"]) for _, job in pack]) for k, pack in enumerate(packs)
-    ]
+    specs = [(pack.id, pack.members()) for pack in packs]
     try:
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
