@@ -430,3 +430,13 @@ def test_a_pack_refuses_callbacks_it_would_never_call(override, message):
 def test_values_in_messages_are_written_as_an_override_writes_them():
     values = (None, True, False, 1, 0, 1.5, "cls")
     assert [as_written(v) for v in values] == ["null", "true", "false", "1", "0", "1.5", "'cls'"]
+
+
+def test_a_misspelt_extension_key_is_refused_before_any_job(run_cli, tmp_path):
+    done = run_cli("-m", "optim.lr=1e-3,3e-3", "sweep.extend.key=optim.lrr", "hydra.sweep.dir=sweep")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "headlab-train: invalid config: sweep.extend.key='optim.lrr' is invalid: expected a key the sweep varies: "
+        "one of optim.lr"
+    )
+    assert not list((tmp_path / "sweep").glob("*/results.json"))

@@ -1,6 +1,7 @@
 """headlab.compare as a library: an analysis stated as a mapping (an experiment's compare key, a compare.json) or as
 flags is one Analysis; report() makes the table headlab-compare makes; --check replays compare.json."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from headlab.cli.compare import main
 from headlab.compare import analysis
 from headlab.compare.check import check
 from headlab.compare.report import report
+from headlab.stats import archive
 from headlab.stats.contrasts import CompareError
 from headlab.stats.runs import load_dirs
 
@@ -78,3 +80,49 @@ def test_check_replays_the_analysis_compare_json_records(sweep, tmp_path, monkey
     Path("table/compare.json").write_text(json.dumps(record))
     assert check([Path("table")]) == 1
     assert "differs: table/compare.md" in capsys.readouterr().out
+
+
+def test_a_metric_that_is_not_a_finite_number_is_left_out_as_corrupt(sweep, capsys):  # noqa: F811
+    root, _ = sweep
+    record = json.loads((root / "0" / "results.json").read_text())
+    record["metrics"]["test/acc"] = float("inf")  # json writes Infinity, and reads it back as a float
+    (root / "0" / "results.json").write_text(json.dumps(record))
+    main([str(root), "--metric", "test/acc", "--no-plots"])
+    assert f"skipped {root / '0'}/results.json: metric test/acc is inf, not a finite number: left out" in (
+        capsys.readouterr().err
+    )
+    with (root / "compare.csv").open() as f:
+        rows = {(r["model.attention.n_heads"], r["model.attention.scoring"]): r for r in csv.DictReader(f)}
+    assert rows[("1", "dot")]["test/acc_n"] == "2"  # the arm's mean is of the two runs with a finite test/acc
+
+
+def test_check_replays_no_abbreviated_option_of_a_received_command_line(tmp_path, monkeypatch, capsys):
+    """A received compare.md without compare.json: its Command line's abbreviations (--int for --into, --wan for
+    --wandb) are not options of the replay, which fails in one line and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "RESULTS.md"
+    victim.write_text("<!-- headlab-compare: mine -->\nmine\n<!-- /headlab-compare: mine -->\n")
+    table = tmp_path / "table" / "compare.md"
+    table.parent.mkdir()
+    table.write_text(f"Command: `headlab-compare runs.tar.xz --int {victim} --blo mine --wan evil/proj`\n| a |\n")
+    (tmp_path / "runs" / "0").mkdir(parents=True)
+    (tmp_path / "runs" / "0" / "results.json").write_text(json.dumps({"status": "failed"}))
+    archive.write(tmp_path / "runs.tar.xz", [tmp_path / "runs"])
+    assert check([table], update=True) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("failed: ") and "--int is not an analysis option" in said
+    assert victim.read_text().endswith("mine\n<!-- /headlab-compare: mine -->\n")
+
+
+def test_a_damaged_or_oversized_archive_is_refused_in_one_line(sweep, tmp_path, monkeypatch, capsys):  # noqa: F811
+    root, _ = sweep
+    damaged = tmp_path / "damaged.tar.xz"
+    damaged.write_bytes(b"not an archive")
+    with pytest.raises(SystemExit, match="no completed runs to compare"):
+        main([str(damaged), "--no-plots", "--out", str(tmp_path / "out")])
+    assert f"skipped {damaged}: not a readable archive" in capsys.readouterr().err
+    archive.write(tmp_path / "runs.tar.xz", [root])
+    monkeypatch.setattr(archive, "MAX_RECORD_BYTES", 100)  # a record past the limit: refused before it is read
+    with pytest.raises(SystemExit, match="no completed runs to compare"):
+        main([str(tmp_path / "runs.tar.xz"), "--no-plots", "--out", str(tmp_path / "out")])
+    assert "results.json is" in (said := capsys.readouterr().err) and "over the 100 a record may be" in said

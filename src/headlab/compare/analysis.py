@@ -64,7 +64,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, add_help=False)
+    parser = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False, exit_on_error=False)
     add_options(parser)
     return parser
 
@@ -77,9 +77,15 @@ TYPES = {a.dest: a.type for a in _parser("")._actions if a.type is not None}  # 
 
 def from_flags(flags: list[str], prog: str) -> dict:
     """The options a list of flags states (["--select", "optim.lr", "--power"]), in the order first given; anything
-    but analysis options is refused, in argparse's words, under prog."""
+    but analysis options, written out in full, is a CompareError naming where it was stated (prog)."""
     parser = _parser(prog)
-    given = vars(parser.parse_args([str(f) for f in flags]))
+    try:
+        parsed, rest = parser.parse_known_args([str(f) for f in flags])
+    except argparse.ArgumentError as error:
+        raise CompareError(f"{prog}: {error}") from None
+    if rest:  # exactly the analysis's options, written out: --int is not --into, nor anything else
+        raise CompareError(f"{prog}: {rest[0]} is not an analysis option")
+    given = vars(parsed)
     dests = {flag: a.dest for a in parser._actions for flag in a.option_strings}
     order = dict.fromkeys(dests[f.split("=", 1)[0]] for f in map(str, flags) if f.split("=", 1)[0] in dests)
     return {k: given[k] for k in order if given[k] != DEFAULTS[k]}

@@ -112,7 +112,10 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
         inputs = [resolve(s, table) for s in sources]
     else:
         return "not archived", "its runs were not kept"
-    repeated = {_shown(i): n for i in inputs if i.is_file() and (n := len(archive.duplicates(i)))}
+    try:
+        repeated = {_shown(i): n for i in inputs if i.is_file() and (n := len(archive.duplicates(i)))}
+    except archive.UNREADABLE as error:
+        return "failed", f"not a readable archive: {error}"
     if repeated and update:
         for source in repeated:
             archive.rebuild(Path(source))
@@ -124,8 +127,8 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     try:
         values = analysis.options(stated, f"{table}'s analysis")
         again = _replay(inputs, values, None)
-    except (CompareError, SystemExit) as error:
-        return "failed", str(error.code if isinstance(error, SystemExit) else error)
+    except CompareError as error:
+        return "failed", str(error)
     if _rows(again) == _rows(committed) and (into is None or committed.strip() in into.read_text()):
         rebuilt = f"; rebuilt {', '.join(repeated)} with a root for each copy" if repeated else ""
         if update and not (table.parent / RECORD).is_file():

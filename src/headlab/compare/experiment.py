@@ -44,7 +44,7 @@ def _recorded(config: dict, key: str):
     if key in config:
         try:
             return _frozen(analysis.stated(analysis.options(config[key] or {}, key)))
-        except (CompareError, SystemExit):
+        except CompareError:
             return None
     given = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith(f"{key}.")}
     try:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from headlab.stats.comparison import group_runs, select_best, varying_keys
 from headlab.stats.runs import load_dirs
+from headlab.training.config_check import fail
 
 
 def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:
@@ -25,6 +26,18 @@ def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:
     if not k or any(a.split("=", 1)[0].lstrip("+~") == "data.cv.fold" for a in arguments):
         return arguments
     return [*arguments, f"data.cv.fold=range({k})"]
+
+
+def check_extension(key: str, arguments: list[str], params: dict | None) -> None:
+    """sweep.extend.key names a key the sweep varies, given on the command line or in the sweeper's params (an
+    experiment's): a misspelt key would otherwise read as "every arm's best is inside its grid"."""
+    sweeps = ("range(", "choice(", "interval(", "glob(")
+    given = [a.split("=", 1) for a in arguments if "=" in a]
+    swept = {k.lstrip("+~") for k, v in given if "," in v or v.startswith(sweeps)} | {
+        k.lstrip("+~") for k in params or {}
+    }
+    if key not in swept:
+        fail("sweep.extend.key", key, f"a key the sweep varies: one of {', '.join(sorted(swept)) or 'none'}")
 
 
 def beyond(value: float, grid: list[float], factor: float) -> float:

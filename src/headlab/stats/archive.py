@@ -14,6 +14,12 @@ from pathlib import Path
 
 RECORDS = ("results.json", "heads.json", "metrics.csv", ".hydra/config.yaml", ".hydra/overrides.yaml")
 SUFFIXES = (".tar.xz", ".tar.gz", ".tar")
+MAX_RECORD_BYTES = 64 * 2**20  # a run's record is KB to a few MB: a larger one (a decompression bomb) is refused
+UNREADABLE = (tarfile.TarError, OSError, EOFError, UnicodeDecodeError)  # what a damaged archive raises when read
+
+
+class TooLarge(ValueError):
+    """A record past MAX_RECORD_BYTES, refused before a byte of it is read."""
 
 
 def is_archive(path: Path) -> bool:
@@ -97,6 +103,8 @@ def read(path: Path) -> dict[str, dict[str, str]]:
             name = next((r for r in RECORDS if member.name.endswith("/" + r)), None)
             if name is None:
                 continue
+            if member.size > MAX_RECORD_BYTES:
+                raise TooLarge(f"{member.name} is {member.size:,} bytes, over the {MAX_RECORD_BYTES:,} a record may be")
             root, _, below = member.name[: -len(name) - 1].partition("/")
             if name in runs.get(_run(path, root, copy.get(root, 1), below), {}):
                 copy[root] = copy.get(root, 1) + 1

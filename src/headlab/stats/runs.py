@@ -36,7 +36,11 @@ def load_dirs(dirs: list[Path]) -> Runs:
             if (first := _once(seen, root, str(root))) is not None:
                 runs.unreadable.append((str(root), f"the same archive as {first}: read once"))
                 continue
-            found = {where: files.get for where, files in archive.read(root).items()}
+            try:
+                found = {where: files.get for where, files in archive.read(root).items()}
+            except (*archive.UNREADABLE, archive.TooLarge) as error:
+                runs.unreadable.append((str(root), f"not a readable archive: {error}"))
+                continue
             files = list(found)
         else:
             files = [root] if root.name == "results.json" else sorted(root.rglob("results.json"))
@@ -86,7 +90,9 @@ def _add_run(runs: Runs, where: str, read) -> None:
         record["config"] = as_now(record["config"])
         not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not _is_number(v)}
         for key, value in not_numbers.items():
-            runs.unreadable.append((f"{where}/results.json", f"metric {key} is {value!r}, not a number: left out"))
+            runs.unreadable.append(
+                (f"{where}/results.json", f"metric {key} is {value!r}, not a finite number: left out")
+            )
         record["metrics"] = {k: v for k, v in record["metrics"].items() if k not in not_numbers}
         record["head_analysis"] = _read_heads(read("heads.json"))  # ("heads": the resolved sizes in results.json)
         if record["head_analysis"] is None:
@@ -102,7 +108,10 @@ def _add_run(runs: Runs, where: str, read) -> None:
 
 
 def _text(run_dir: Path, name: str) -> str | None:
+    """A record's text; None when it is absent, unreadable, or larger than a record may be (its size is read first)."""
     try:
+        if (run_dir / name).stat().st_size > archive.MAX_RECORD_BYTES:
+            return None
         return (run_dir / name).read_text()
     except (OSError, UnicodeDecodeError):
         return None
@@ -118,7 +127,8 @@ def _csv_curve(text: str | None) -> list[dict]:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite number (Infinity and NaN in a record are not a measurement)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _read_heads(text: str | None) -> dict | None:

@@ -29,10 +29,13 @@ class GridSweeper(Sweeper):
             self.grid.validate_batch_is_legal = lambda batch: None  # job twice cost ~0.3 s a job (a resume too)
 
     def sweep(self, arguments: list[str]):
-        from headlab.launch.grid import extension_jobs, fold_sweep
+        from headlab.launch.grid import check_extension, extension_jobs, fold_sweep
 
-        returns = self.grid.sweep(fold_sweep(self.config, arguments))
         extend = OmegaConf.select(self.config, "sweep.extend")
+        if extend and extend.get("key"):  # before any job: a misspelt key costs nothing
+            params = OmegaConf.select(self.config, "hydra.sweeper.params")
+            check_extension(extend.key, arguments, OmegaConf.to_container(params) if params else None)
+        returns = self.grid.sweep(fold_sweep(self.config, arguments))
         if not extend or not extend.get("key"):
             return returns
         sweep_dir, done = Path(str(self.config.hydra.sweep.dir)), sum(len(batch) for batch in returns)
