@@ -440,3 +440,13 @@ def test_a_misspelt_extension_key_is_refused_before_any_job(run_cli, tmp_path):
         "one of optim.lr"
     )
     assert not list((tmp_path / "sweep").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("storage", ["sqlite:///missing/folder/study.db", "bogus://study", "sqlite:///not_a_db"])
+def test_a_study_storage_that_cannot_be_opened_is_one_line(run_cli, tmp_path, storage):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    (tmp_path / "not_a_db").write_text("these bytes are no SQLite database")
+    done = run_cli("-m", "hydra/sweeper=search", "hydra.sweeper.n_trials=1", f"hydra.sweeper.storage={storage}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("headlab-train: invalid config: hydra.sweeper.storage: the study cannot be opened: ")
