@@ -211,6 +211,30 @@ def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("logger.csv.name", "../../../outside"),
+        ("callbacks.model_checkpoint.filename", "../../../../elsewhere/best"),
+        ("logger.tensorboard.version", "/tmp/absolute"),
+    ],
+)
+def test_a_received_config_names_no_file_outside_its_run(tmp_path, key, value):
+    """resume= of a received run: a name a logger or a callback joins to its folder cannot leave the run (the
+    folders themselves are checked as paths); a plain name is fine."""
+    from omegaconf import OmegaConf
+
+    from headlab.errors import ConfigError
+    from headlab.training import trust
+
+    cfg = OmegaConf.create({})
+    OmegaConf.update(cfg, key, value, force_add=True)
+    with pytest.raises(ConfigError, match=rf"^{key}='{value}' is invalid: expected a name inside its folder"):
+        trust.check_paths(cfg, tmp_path)
+    OmegaConf.update(cfg, key, "best-{epoch}", force_add=True)
+    trust.check_paths(cfg, tmp_path)
+
+
 def test_the_head_view_page_holds_any_string_inside_its_script():
     hostile = "</script><!--<script>alert(1)</script>&\u2028"
     data = {"title": hostile, "tokens": [hostile, "<b>"], "n": 1}

@@ -71,14 +71,21 @@ def check_targets(cfg: DictConfig, source: str, given: set[str] = frozenset()) -
             )
 
 
+NAMED_IN_PATHS = ("name", "version", "filename", "sub_dir", "prefix")  # joined to a logger's or callback's folder
+
+
 def check_paths(cfg: DictConfig, run_dir: Path) -> None:
-    """Every key that says where a run writes (PATH_SUFFIXES) points inside run_dir."""
+    """Every key that says where a run writes (PATH_SUFFIXES) points inside run_dir, and no name a logger or a
+    callback joins to its folder (logger.csv.name, callbacks.model_checkpoint.filename) leaves it (.., absolute)."""
     root = Path(run_dir).resolve()
     for key, value in _leaves(OmegaConf.to_container(cfg, resolve=True)):
         if key.endswith(PATH_SUFFIXES) and isinstance(value, str) and value:
             path = Path(value).resolve()
             if path != root and root not in path.parents:
                 raise ConfigError(f"{key}={value!r} is invalid: expected a path inside the run directory {run_dir}")
+        named = key.startswith(("logger.", "callbacks.")) and key.rsplit(".", 1)[-1] in NAMED_IN_PATHS
+        if named and isinstance(value, str) and (Path(value).is_absolute() or ".." in Path(value).parts):
+            raise ConfigError(f"{key}={value!r} is invalid: expected a name inside its folder (no .., not absolute)")
 
 
 def _leaves(tree, prefix: str = ""):
