@@ -211,6 +211,29 @@ def test_a_run_directory_cannot_make_a_reader_build_what_headlab_would_not(text_
     )
 
 
+def test_a_run_still_training_is_not_evaluated_until_it_ends(text_run, tmp_path):
+    """headlab-eval and headlab-heads on a run whose lock another process holds (it trains) refuse in one line:
+    last.ckpt and the records would be of different epochs."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(text_run / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, str(os.getpid()).encode())\n"
+         "print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for name in ("eval", "heads"):
+            refused = tool(name, str(text_run), "--checkpoint", "last") if name == "eval" else tool(name, str(text_run))
+            assert refused.returncode == 1 and refused.stderr.strip() == (
+                f"headlab-{name}: {text_run} is being written by another process (pid {holder.pid}); wait for it to end"
+            )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tool("eval", str(text_run), "--checkpoint", "last").returncode == 0  # once it has ended
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [

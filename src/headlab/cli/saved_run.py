@@ -45,7 +45,14 @@ def load(run_dir: Path, which: str, prog: str):
         raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
     checkpoint = checkpoint_path(run_dir, which, prog)
 
-    from headlab.launch import runtime
+    from headlab.launch import rundir, runtime
+
+    try:
+        rundir.lock(run_dir)  # a run still training (another process holds it) is read once it ends
+    except UsageError as error:
+        raise SystemExit(f"{prog}: {error}") from None
+    except OSError:  # a run this user may read but not write: no process of theirs trains it
+        pass
     from headlab.training import records, trust
     from headlab.training.checkpoints import model_state
     from headlab.training.run import build
