@@ -129,6 +129,20 @@ def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "packed_slurm"])
+def test_a_sweep_waits_while_its_array_is_queued_behind_a_busy_node(cluster, tmp_path, launcher):
+    """Another job holds every CPU of the node, so the sweep's array waits in the queue (PENDING, listed by squeue
+    as 5_[0-1] until it starts): the sweep waits for it, and every job completes."""
+    busy = cluster.run("sbatch", "-p", "debug", "-c", str(os.cpu_count()), "--wrap", "sleep 25")
+    assert busy.returncode == 0, busy.stderr
+    prefix = "hydra.launcher" if launcher == "slurm" else "hydra.launcher.slurm"
+    slurm = [f"hydra/launcher={launcher}", f"{prefix}.partition=debug", f"{prefix}.cpus_per_task=1"]
+    process = start(cluster, tmp_path, *slurm, f"{prefix}.mem_gb=2", "seed=0,1", *QUICK, "hydra.sweep.dir=sweep")
+    _, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    assert [r["status"] for r in records(tmp_path / "sweep", 2)] == ["completed", "completed"]
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "packed_slurm"])
 def test_a_partition_slurm_refuses_is_one_line(cluster, tmp_path, launcher):
     key = "hydra.launcher.partition" if launcher == "slurm" else "hydra.launcher.slurm.partition"
     process = start(cluster, tmp_path, f"hydra/launcher={launcher}", f"{key}=nope", "seed=0,1", "hydra.sweep.dir=s")

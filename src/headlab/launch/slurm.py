@@ -102,8 +102,11 @@ def states(job_ids: list[str]) -> dict[str, str]:
     those it no longer lists, sacct where accounting runs; a job neither knows is absent."""
     found: dict[str, str] = {}
     mains = sorted({i.split("_")[0] for i in job_ids})
-    queue = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-j", ",".join(mains), "-o", "%i %T"], capture_output=True, text=True, timeout=60
+    queue = subprocess.run(  # -r: one line per array task, also while the array waits in the queue (not 5_[0-1])
+        ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(mains), "-o", "%i %T"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     for line in queue.stdout.splitlines():
         job, _, state = line.strip().partition(" ")
