@@ -126,3 +126,11 @@ def test_a_damaged_or_oversized_archive_is_refused_in_one_line(sweep, tmp_path, 
     with pytest.raises(SystemExit, match="no completed runs to compare"):
         main([str(tmp_path / "runs.tar.xz"), "--no-plots", "--out", str(tmp_path / "out")])
     assert "results.json is" in (said := capsys.readouterr().err) and "over the 100 a record may be" in said
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(sweep, tmp_path):  # noqa: F811
+    root, _ = sweep
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as refused:
+        main([str(root), "--out", str(tmp_path / "a_file" / "tables")])
+    assert refused.value.code == f"headlab-compare: cannot write {tmp_path / 'a_file' / 'tables'}: Not a directory"

@@ -400,3 +400,54 @@ def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_
     }
     assert again.returncode == 0 and (again.stdout + again.stderr).count("completed before with the same config") == 2
     assert "headlab.launch.packs" in imported and not {"torch", "lightning"} & imported
+
+
+def csv_rows(run_dir) -> list[dict]:
+    """metrics.csv without its timing columns and the training means of an epoch (a resumed epoch averages over
+    its steps after the resume only)."""
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [
+            {k: v for k, v in row.items() if not k.startswith(("perf/", "train/loss_epoch", "train/acc"))}
+            for row in csv.DictReader(f)
+        ]
+
+
+@pytest.mark.e2e
+def test_a_pack_stopped_mid_epoch_and_resumed_keeps_every_row_its_members_logged(tmp_path):
+    """SIGTERM to a packed sweep in its second epoch saves every member's last.ckpt at the next step; resumed with
+    sweep.resume=true, each member's metrics.csv holds the rows logged before the stop, none twice, and equals its
+    twin left alone."""
+    slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null", "seed=0,1"]
+    command = ["-m", "hydra/launcher=packed", *slow]
+    alone = train_here(*command, "hydra.sweep.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    sweep = tmp_path / "stopped"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headlab.cli.train", *command, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 240  # the members are in their second epoch: a validation's rows are logged
+        while time.time() < deadline and process.poll() is None:
+            files = [sweep / str(n) / "progress.json" for n in range(2)]
+            if all(f.is_file() and json.loads(f.read_text())["step"] > 80 for f in files):
+                break
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, process.stderr.read().decode()[-2000:]
+    before = [csv_rows(sweep / str(n)) for n in range(2)]
+    assert all(len(rows) >= 2 for rows in before)  # the first epoch's validation at least
+    resumed = train_here(*command, f"hydra.sweep.dir={sweep}", "sweep.resume=true", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    for n in range(2):
+        rows, twin = csv_rows(sweep / str(n)), csv_rows(tmp_path / "alone" / str(n))
+        assert rows[: len(before[n]) - 1] == before[n][: len(before[n]) - 1]  # what was logged before is kept
+        assert [(r["epoch"], r["step"], sorted(k for k, v in r.items() if v)) for r in rows] == [
+            (r["epoch"], r["step"], sorted(k for k, v in r.items() if v)) for r in twin
+        ]  # every row once, in its place, with the same columns filled
+        numbers = lambda rows: [float(v) for r in rows for k, v in r.items() if v and k not in ("epoch", "step")]  # noqa: E731
+        assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8)  # float64: summation order aside

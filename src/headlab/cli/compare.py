@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"headlab-compare: {error}: nothing written is half written") from None
     except KeyboardInterrupt:
         raise SystemExit("headlab-compare: interrupted: nothing written is half written") from None
+    except OSError as error:  # --out under a file, a folder without write permission
+        raise SystemExit(f"headlab-compare: cannot write {error.filename}: {error.strerror}") from None
 
 
 def compare_command(argv: list[str]) -> None:

@@ -134,7 +134,11 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
         member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
     with ThreadPoolExecutor(8) as pool:  # W&B runs start slowly, mostly waiting on its service: in parallel
         configs = [member_config(m, pack_id, size) for m in members]
-        starts = [pool.submit(loggers_.start, m.loggers, c) for m, c in zip(members, configs, strict=True)]
+        resumed = [m.start_step if m.checkpoint is not None else None for m in members]  # rows before it are kept
+        starts = [
+            pool.submit(loggers_.start, m.loggers, c, step)
+            for m, c, step in zip(members, configs, resumed, strict=True)
+        ]
         for started in starts:
             started.result()
     meter = ThroughputMeter()

@@ -149,13 +149,17 @@ class MemberWriter(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         """SIGTERM between two training steps (how SLURM preempts; Lightning stops at the next step): every member's
         last.ckpt where training stopped, as a single run's SaveOnInterrupt. Anywhere else, and after Ctrl-C (which
-        can land inside an optimizer step), last.ckpt stays the one of the last validation."""
+        can land inside an optimizer step), last.ckpt stays the one of the last validation. Either way each
+        member's logged rows are written out (a resume keeps those before its checkpoint's step)."""
         if isinstance(exception, SIGTERMException) and trainer.training:
             pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             with signals_held.held():
                 for member, alive in zip(self.members, self._alive(pl_module), strict=True):
                     if alive:
                         self.save(member, pl_module, trainer, pack_checkpoint, best=False)
+        for member in self.members:
+            for logger in member.loggers:
+                logger.save()
 
     @staticmethod
     def member_model(member: Member, pl_module: PackedModule):
