@@ -2,6 +2,7 @@
 headlab-eval (any checkpoint of a run on any split)."""
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -84,6 +85,16 @@ def test_eval_of_any_checkpoint_on_the_training_split(finished):
     assert written["examples"] == 256 and 0 <= written["metrics"]["train/acc"] <= 1
     last = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
     assert written["checkpoint"].endswith("last.ckpt") and last["global_step"] == results(finished)["global_step"]
+
+
+def test_a_checkpoint_from_elsewhere_never_takes_the_place_of_the_runs_own_evaluation(finished, tmp_path):
+    assert headlab_eval(str(finished), "--checkpoint", "last").returncode == 0
+    own = json.loads((finished / "eval" / "test-last.json").read_text())
+    shutil.copy(finished / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt")  # another run's, named the same
+    assert headlab_eval(str(finished), "--checkpoint", str(tmp_path / "last.ckpt")).returncode == 0
+    assert json.loads((finished / "eval" / "test-last.json").read_text()) == own
+    other = json.loads((finished / "eval" / "test-other-last.json").read_text())
+    assert other["checkpoint"] == str(tmp_path / "last.ckpt")
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,17 @@
 
 headlab-eval RUN_DIR [SPLIT] [--checkpoint best|last|FILE] runs a Lightning test of the checkpoint (default: the
 best, selected on validation) on the split (train, val or test; default test), prints its metrics and writes them
-to RUN_DIR/eval/<split>-<checkpoint>.json.
+to RUN_DIR/eval/<split>-<checkpoint>.json (a checkpoint from outside the run's checkpoints/ folder: <split>-other-
+<checkpoint>.json, never in place of the run's own).
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from headlab.conventions import SPLITS
+from headlab.files import write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,9 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         "metrics": metrics,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    out = args.run_dir / "eval" / f"{args.split}-{checkpoint.stem}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    own = checkpoint.resolve().parent == (args.run_dir / "checkpoints").resolve()
+    out = args.run_dir / "eval" / f"{args.split}-{'' if own else 'other-'}{checkpoint.stem}.json"
+    write_json_atomic(out, record)
     for key, value in metrics.items():
         print(f"{key}\t{value:.4f}")
     print(f"wrote {out}", file=sys.stderr)
