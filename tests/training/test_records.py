@@ -126,6 +126,15 @@ def test_a_text_run_keeps_its_tokenizer_labels_and_digests_and_every_reload_uses
 
 
 @pytest.mark.e2e
+@pytest.mark.e2e
+def test_headlab_heads_probes_the_sentences_given_and_nothing_else(text_run, tmp_path):
+    done = tool("heads", str(text_run), "--text", "a good film", "--text", "a dull one", "--out", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(2 probe examples)" in " ".join(done.stdout.split())
+    more = tool("heads", str(text_run), "--text", "a good film", "--n-probe", "3", "--out", str(tmp_path / "b"))
+    assert "(4 probe examples)" in " ".join(more.stdout.split())
+
+
 def test_best_is_the_checkpoint_the_record_names(text_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(text_run, run)

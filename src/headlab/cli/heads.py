@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path, help="a run directory written by headlab-train")
     parser.add_argument("--text", action="append", default=[], help="a sentence to probe (text datasets; repeatable)")
     parser.add_argument("--out", type=Path, help="where to write (default: RUN_DIR/heads)")
-    parser.add_argument("--n-probe", type=int, default=16, help="validation examples in the probe set")
+    parser.add_argument(
+        "--n-probe",
+        type=int,
+        help="validation examples in the probe set (default 16; with --text: 0, the sentences alone)",
+    )
     parser.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")
     args = parser.parse_args(argv)
 
@@ -42,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:
-        batch = datamodule.probe_batch(args.n_probe, args.text)
+        n_probe = args.n_probe if args.n_probe is not None else 0 if args.text else 16  # a user's sentences first
+        batch = datamodule.probe_batch(n_probe, args.text)
     except ValueError as error:
         raise SystemExit(f"headlab-heads: {error}") from None
     seen = probe.attention(model, datamodule, batch)
