@@ -132,7 +132,7 @@ def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting
 def test_a_sweep_waits_while_its_array_is_queued_behind_a_busy_node(cluster, tmp_path, launcher):
     """Another job holds every CPU of the node, so the sweep's array waits in the queue (PENDING, listed by squeue
     as 5_[0-1] until it starts): the sweep waits for it, and every job completes."""
-    busy = cluster.run("sbatch", "-p", "debug", "-c", str(os.cpu_count()), "--wrap", "sleep 25")
+    busy = cluster.run("sbatch", "-p", "debug", "-c", str(os.cpu_count()), "-o", "/dev/null", "--wrap", "sleep 25")
     assert busy.returncode == 0, busy.stderr
     prefix = "hydra.launcher" if launcher == "slurm" else "hydra.launcher.slurm"
     slurm = [f"hydra/launcher={launcher}", f"{prefix}.partition=debug", f"{prefix}.cpus_per_task=1"]
