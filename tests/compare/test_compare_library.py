@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_compare import sweep  # noqa: F401 (a fixture)
+from test_compare import sweep, write_run  # noqa: F401 (sweep: a fixture)
 
 from conftest import ROOT
 from headlab.cli.compare import main
@@ -134,3 +134,23 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(sweep, tmp_path):  # n
     with pytest.raises(SystemExit) as refused:
         main([str(root), "--out", str(tmp_path / "a_file" / "tables")])
     assert refused.value.code == f"headlab-compare: cannot write {tmp_path / 'a_file' / 'tables'}: Not a directory"
+
+
+def test_keys_that_describe_the_baseline_key_do_not_keep_rows_from_their_baseline(tmp_path):
+    """Arms named by one key (design) whose settings vary with it (n_heads: 4 for plain, 2 for differential): each
+    arm is compared with design=plain, as the stated contrast says, across the keys that follow from design."""
+    for i, (design, heads, seed) in enumerate(
+        (d, h, s) for d, h in (("plain", 4), ("diff", 2), ("gate", 4)) for s in range(3)
+    ):
+        write_run(
+            tmp_path / "sweep" / str(i),
+            heads,
+            "dot",
+            seed,
+            0.5 + 0.1 * (design != "plain") + 0.01 * seed,
+            design=design,
+        )
+    chosen = analysis.analysis(analysis.options({"baseline": "design=plain", "metric": "test/acc"}, "x"))
+    done = report(load_dirs([tmp_path / "sweep"]), chosen, tmp_path / "out", {"dirs": []}, plots=False)
+    deltas = {row["design"]: row["test/acc"].get("delta") for row in done.rows}
+    assert deltas == pytest.approx({"plain": 0.0, "diff": 0.1, "gate": 0.1})

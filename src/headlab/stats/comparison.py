@@ -270,13 +270,19 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
 
 def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     """Difference of each group to the group with key=value and the other keys equal (a selected key may
-    differ): the design's test (contrasts.contrast_p), solve rates by Fisher's test or paired over seeds
+    differ, and so may a key that follows from key's value, one value of it for each value of key): the design's
+    test (contrasts.contrast_p), solve rates by Fisher's test or paired over seeds
     (contrasts.solve_rate_contrast), and Holm's correction over all the comparisons of a metric (of a metric and
     dataset with --meta: each dataset read as it would be alone)."""
     key, value = design.baseline
     if key not in keys:
         raise CompareError(f"--baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
-    others = design.within or [k for k in keys if k != key and (not design.select or k != design.select[0])]
+    values = {hashable(r[key]) for r in rows}  # keys with one value per value of key describe it (design=plain:
+    # gate none, ...), so no row can share them with its baseline
+    follows = [k for k in keys if k != key and len({(hashable(r[key]), hashable(r[k])) for r in rows}) == len(values)]
+    others = design.within or [
+        k for k in keys if k != key and k not in follows and (not design.select or k != design.select[0])
+    ]
     if unknown := [k for k in design.within if k not in keys]:
         raise CompareError(f"--within key(s) {', '.join(unknown)} do not vary; varying: {', '.join(keys)}")
     if not any(same_value(r[key], value) for r in rows):
