@@ -18,7 +18,7 @@ PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_f
 # logger is the same run under another
 REPORTING_GROUPS = ("logger",)
 # keys that say how a run's results are read (an experiment's pre-stated analysis), not what it computes
-ANALYSIS_KEYS = ("compare", "confirm")
+ANALYSIS_KEYS = ("compare", "confirm", "claims")
 # keys added to the config after runs were recorded without them, with the value such a record counts as (a resume,
 # a sweep's completed jobs, compare's grouping): the model keys' values those runs had; the causal analysis, which
 # changes nothing a run trains, at its default, so that an older sweep continues without rerunning its jobs

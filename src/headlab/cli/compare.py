@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from headlab.cli.pipe import piped
-from headlab.compare import analysis, blocks, experiment, sources
+from headlab.compare import analysis, blocks, experiment, findings, sources
 from headlab.compare.check import check
 from headlab.compare.over_datasets import across_table, meta_table
 from headlab.compare.report import report
@@ -131,6 +131,8 @@ def compare_command(argv: list[str]) -> None:
         blocks.splice(
             args.into, args.block or name + ("/confirm" if args.confirm else ""), (out / "compare.md").read_text()
         )
+        if findings.refresh(args.into):
+            print(f"refreshed the findings table of {args.into}", file=sys.stderr)
     print_table(done.keys, done.rows, done.design, done.n_runs)
     if done.roles is not None:
         print("\n".join(done.roles))

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from headlab.compare import analysis, blocks
+from headlab.compare import analysis, blocks, findings
 from headlab.compare.report import RECORD, report
 from headlab.stats import archive
 from headlab.stats.contrasts import CompareError
@@ -90,6 +90,7 @@ def check(paths: list[Path], update: bool = False, say: Callable[[str], None] = 
         say(f"{verdict}: {table}" + (f" ({detail})" if detail else ""))
     intos = {(parts[2].get("into"), table) for table, parts in made.items() if parts}
     for file in sorted({found for into, table in intos if into and (found := resolve(into, table))}):
+        failed += _check_findings(file, update, say)
         for line in blocks.pasted(file):
             failed += 1
             say(
@@ -97,6 +98,29 @@ def check(paths: list[Path], update: bool = False, say: Callable[[str], None] = 
                 f"cannot keep true: write it with --into {_shown(file)} --block NAME)"
             )
     return 1 if failed else 0
+
+
+def _check_findings(file: Path, update: bool, say: Callable[[str], None]) -> int:
+    """1 where the findings table of a results file is not what its tables give (with update: rewritten), else 0."""
+    try:
+        both = findings.held(file)
+    except CompareError as error:
+        say(f"failed: {_shown(file)}'s findings table ({error})")
+        return 1
+    if both is None:
+        return 0
+    if both[0] == both[1]:
+        say(f"same: {_shown(file)}'s findings table")
+        return 0
+    if update:
+        findings.refresh(file)
+        say(f"updated: {_shown(file)}'s findings table")
+        return 0
+    said = "\n".join(
+        list(difflib.unified_diff(*(x.splitlines() for x in both), "committed", "recomputed", lineterm=""))[2:14]
+    )
+    say(f"differs: {_shown(file)}'s findings table\n{said}")
+    return 1
 
 
 def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tuple[str, str]:
@@ -126,10 +150,12 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     committed = table.read_text()
     try:
         values = analysis.options(stated, f"{table}'s analysis")
-        again = _replay(inputs, values, None)
+        again, numbers = _replay(inputs, values, None)
     except CompareError as error:
         return "failed", str(error)
-    if _rows(again) == _rows(committed) and (into is None or committed.strip() in into.read_text()):
+    written = (table.parent / "compare.csv").read_text() if (table.parent / "compare.csv").is_file() else ""
+    in_block = into is None or blocks.shown(committed) in into.read_text()
+    if _rows(again) == _rows(committed) and numbers == written and in_block:
         rebuilt = f"; rebuilt {', '.join(repeated)} with a root for each copy" if repeated else ""
         if update and not (table.parent / RECORD).is_file():
             _record(table.parent, sources, values, elsewhere)
@@ -138,6 +164,8 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     if not update:
         if _rows(again) != _rows(committed):
             return "differs", "\n" + _diff(_rows(committed), _rows(again))
+        if numbers != written:
+            return "differs", "its compare.csv is not the one its runs give (--check --update rewrites it)"
         return "differs", f"{elsewhere['into']} no longer holds this table"
     if into and not into.resolve().is_relative_to(Path.cwd().resolve()):
         return "failed", f"--into {elsewhere['into']} lies outside the working directory: not written"
@@ -145,7 +173,7 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     if into and block is None:
         return "failed", f"no block of {elsewhere['into']} holds this table: put it back first"
     kept = {k: elsewhere[k] for k in ("into", "block") if k in elsewhere} if block else {}
-    again = _replay(inputs, values, table.parent, {**kept, "block": block} if block else {})
+    again, _ = _replay(inputs, values, table.parent, {**kept, "block": block} if block else {})
     if block:
         blocks.splice(into, block, again)
     return "updated", f"from {', '.join(map(_shown, inputs))}" + (
@@ -153,14 +181,16 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     )
 
 
-def _replay(inputs: list[Path], values: dict, out: Path | None, into: dict | None = None) -> str:
-    """The table the runs of inputs give under the analysis: its compare.md, written into out with its figures
-    (the archive recorded as its source, and the block it fills), or, tables only, into a temporary folder."""
+def _replay(inputs: list[Path], values: dict, out: Path | None, into: dict | None = None) -> tuple[str, str]:
+    """The table the runs of inputs give under the analysis: its compare.md and compare.csv, written into out with
+    its figures (the archive recorded as its source, and the block it fills), or, tables only, into a temporary
+    folder."""
     sources = {"dirs": [_shown(i) for i in inputs], **(into or {})}
     said = ["headlab-compare", *sources["dirs"], *analysis.to_flags(values), "--out", _shown(out)] if out else None
     with tempfile.TemporaryDirectory() as temporary:
         report(load_dirs(inputs), analysis.analysis(values), out or Path(temporary), sources, said, plots=bool(out))
-        return ((out or Path(temporary)) / "compare.md").read_text()
+        folder = out or Path(temporary)
+        return (folder / "compare.md").read_text(), (folder / "compare.csv").read_text()
 
 
 def _record(folder: Path, sources: list[str], values: dict, elsewhere: dict) -> None:

@@ -12,7 +12,7 @@ from headlab.files import write_atomic
 from headlab.heads.causal import ROLES_BEYOND_FETCHING
 from headlab.record import git_sha
 from headlab.stats.comparison import IMPROVING_MARGIN
-from headlab.stats.contrasts import Design
+from headlab.stats.contrasts import Design, difference_interval
 from headlab.stats.datasets import setting_keys
 from headlab.stats.runs import Runs, mixed_data
 
@@ -170,6 +170,23 @@ _CROSS_VALIDATED = (
 )
 
 
+def legend() -> list[str]:
+    """The legend a file holding several tables states once (blocks.LEGEND: their blocks leave it out): every
+    variant of _verdicts' paragraph, and the cross-validated runs' intervals."""
+    return [
+        "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at the margin, --effect in "
+        "the table's Command line, or without one at the observed difference, was below 0.5: the seeds could not "
+        "have told it from none); no difference found (not, with power 0.5 or more and the difference's 95% "
+        "interval within ±margin; inconclusive where it reaches it); without a margin, not significant (no "
+        "difference can be shown absent). Power: the t-test's (noncentral t), for rank and permutation tests too, "
+        "over folds the corrected test's (its corrected variance); test/acc over seeds and test examples (--test "
+        "examples): the normal approximation at the two-way bootstrap's standard error, its interval the "
+        "bootstrap's; solve rates: Fisher's, simulated (paired over seeds: exact McNemar's, summed exactly). "
+        "Converged: no run of the arm improved val/acc at its last validation.",
+        _CROSS_VALIDATED,
+    ]
+
+
 def _verdicts(design: Design) -> str:
     x = design.effect
     at = f"a difference of {x}" if x is not None else "the observed difference"
@@ -285,23 +302,33 @@ def write_outputs(
 
 def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
     """compare.csv's text: a row per group, every statistic of every metric in its own column."""
-    fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm")
+    fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm", "effect", "effect_low", "effect_high", "verdict")
+    rate_fields = ("k", "n", "low", "high", "p_value", "p_holm", "verdict")
     with io.StringIO(newline="") as f:
         writer = csv.writer(f)
-        solved = ["solved_k", "solved_n", "solved_low", "solved_high"] if design.solved else []
+        solved = [f"solved_{s}" for s in rate_fields] if design.solved else []
         writer.writerow(
             [*keys, "runs", *(f"{m}_{s}" for m in design.metrics for s in fields), *solved]
             + ["improving_k", "improving_n", "params", "flops_per_token", "train_flops", "tokens_per_s"]
         )
         for row in rows:
-            stats_ = [row.get(m, {}).get(s, "") for m in design.metrics for s in fields]
-            rate = [(row.get("solved") or {}).get(s, "") for s in ("k", "n", "low", "high")] if design.solved else []
+            stats_ = [_with_interval(row.get(m, {})).get(s, "") for m in design.metrics for s in fields]
+            rate = [(row.get("solved") or {}).get(s, "") for s in rate_fields] if design.solved else []
             improving = list(row["improving"] or ("", ""))
             writer.writerow(
                 [*(spreadsheet_safe(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
         return f.getvalue()
+
+
+def _with_interval(summary: dict) -> dict:
+    """A metric's summary with its difference to the baseline's 95% interval (effect_low, effect_high: on the
+    test's scale, logs with --log), as compare.csv gives it."""
+    if "se" not in summary:
+        return summary
+    low, high = difference_interval(summary)
+    return {**summary, "effect_low": low, "effect_high": high}
 
 
 def pruning_table(summary: list[dict]) -> list[str]:

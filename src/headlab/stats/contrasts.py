@@ -144,9 +144,17 @@ def contrast_effect(a: dict, b: dict, design: Design) -> tuple[float, float, flo
         by_a, by_b = _by_seed(a), _by_seed(b)
         d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
         return (_mean(d), _sd(d) / math.sqrt(len(d)), len(d) - 1) if d else (math.nan,) * 3  # no seed in common
-    (va, na), (vb, nb) = ((_sd(x["values"]) ** 2 / len(x["values"]), len(x["values"])) for x in (a, b))
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else math.nan
-    return _mean(a["values"]) - _mean(b["values"]), math.sqrt(va + vb), df
+    return welch(
+        _mean(a["values"]), _sd(a["values"]), len(a["values"]), _mean(b["values"]), _sd(b["values"]), len(b["values"])
+    )
+
+
+def welch(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int) -> tuple[float, float, float]:
+    """Welch's difference of two means from their summaries: (difference, its standard error, the
+    Welch-Satterthwaite degrees of freedom)."""
+    va, vb = sd_a**2 / n_a, sd_b**2 / n_b
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1)) if va + vb > 0 else math.nan
+    return mean_a - mean_b, math.sqrt(va + vb), df
 
 
 def t_interval(effect: float, se: float, df: float) -> tuple[float, float]:
@@ -161,8 +169,16 @@ def within_margin(summary: dict, effect: float | None) -> bool | None:
     reading behind "no difference found". None without a margin or without an interval (solve rates, McNemar)."""
     if effect is None or "se" not in summary:
         return None
-    low, high = summary.get("interval") or t_interval(summary["effect"], summary["se"], summary["df"])
+    low, high = difference_interval(summary)
     return -effect < low and high < effect  # nan compares False: no interval, no equivalence
+
+
+def difference_interval(summary: dict) -> tuple[float, float]:
+    """The 95% interval of an arm's difference to its baseline, on its test's scale: contrast_effect's t interval,
+    over seeds and test examples the bootstrap's; (nan, nan) for a baseline or without one."""
+    if "se" not in summary:
+        return math.nan, math.nan
+    return summary.get("interval") or t_interval(summary["effect"], summary["se"], summary["df"])
 
 
 def example_p(a: dict, b: dict, test: str) -> float:

@@ -1,0 +1,194 @@
+"""The findings table of a results file (experiments/RESULTS.md): each claim an experiment states (the `claims` key of
+its file in experiments/) read from the table its analysis wrote (results/<block>/compare.csv; a claim pooled over
+datasets, compare_meta.csv) and from its confirmation's (results/<block>/confirm), between the lines
+<!-- headlab-findings --> and <!-- /headlab-findings -->. Generated, never typed: headlab-compare --into refreshes
+it with each table, and --check says whether it is what the tables give."""
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from headlab.compare import blocks
+from headlab.compare.tables import legend
+from headlab.stats.contrasts import CompareError, t_interval, welch
+from headlab.stats.power import ALPHA
+
+START, END = "<!-- headlab-findings -->", "<!-- /headlab-findings -->"
+EXPECTED = {"lower": -1, "higher": 1, "same": 0, "not lower": 0}  # a claim's direction: the arm against its baseline
+
+LEGEND = (
+    "Reading: **supported** where the contrast is significant (Holm p < 0.05) in the claimed direction (for a "
+    'claimed match: no difference found, the difference\'s 95% interval within the stated margin; for "not worse": '
+    "either), **contradicted** where it is significant the other way, else the table's verdict: inconclusive (power "
+    "below 0.5 at the margin, or at the observed difference without one: the seeds could not have told it from "
+    "none), not significant (without a margin no difference can be shown absent), no difference found. Δ: the arm "
+    "minus its baseline, each at its own selected learning rate, with the test's 95% interval (tables whose runs "
+    "were not kept: Welch's, from their summaries). Seeds 10-19: the same claim read from the confirmation stated "
+    "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it."
+)
+
+
+@dataclass
+class Claim:
+    """One pre-stated contrast: the arm (KEY=VALUE conditions on the table's rows) against its baseline on a metric,
+    in the claimed direction (EXPECTED), read from the block's table."""
+
+    experiment: str
+    claim: str
+    arm: list[str]
+    metric: str
+    expect: str
+    block: str
+    pooled: bool = False  # read from the meta-analysis over datasets (compare_meta.csv)
+
+
+def claims(experiments: Path) -> list[Claim]:
+    """Every claim the experiment files of the folder state, in file order; a CompareError naming the file and key
+    for a claim without its fields or with another direction than EXPECTED's."""
+    found = []
+    for path in sorted(experiments.glob("*.yaml")):
+        stated = OmegaConf.to_container(OmegaConf.create(path.read_text())).get("claims") or []
+        for i, c in enumerate(stated):
+            where = f"{path.name}'s claims[{i}]"
+            missing = [k for k in ("claim", "arm", "metric", "expect") if k not in c]
+            if missing:
+                raise CompareError(f"{where} needs {', '.join(missing)}")
+            if c["expect"] not in EXPECTED:
+                raise CompareError(f"{where}: expect {c['expect']!r} is not one of {', '.join(EXPECTED)}")
+            arm = [c["arm"]] if isinstance(c["arm"], str) else list(c["arm"])
+            block = c.get("block", path.stem)
+            found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, c.get("pooled", False)))
+    return found
+
+
+def table(experiments: Path) -> str:
+    """The findings block's text: the legend, then a row per claim and one line per experiment's runs."""
+    lines = [
+        "| experiment | claim | arm, metric | Δ [95% CI] | Holm p | reading | seeds 10-19 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in claims(experiments):
+        first = read(c, experiments / "results" / c.block)
+        confirm = experiments / "results" / c.block / "confirm"
+        again = read(c, confirm) if (confirm / "compare.csv").is_file() else None
+        shown = f"[{c.experiment}](results/{c.block}/compare.md)"
+        if first is None:
+            lines.append(f"| {shown} | {c.claim} | {_arm(c)} | not run | | | |")
+            continue
+        if again is None:
+            confirmed = "not run" if not (confirm / "compare.csv").is_file() else f"{c.metric} not read"
+        else:
+            confirmed = reading(c, again)
+        interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
+        lines.append(
+            f"| {shown} | {c.claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
+            f"{reading(c, first)} | {confirmed} |"
+        )
+    return "\n\n".join([*legend(), LEGEND, "\n".join(lines)])
+
+
+def held(path: Path) -> tuple[str, str] | None:
+    """(what the findings block of a results file holds, what the tables and experiment files beside it give
+    now); None for a file without the block."""
+    text = path.read_text()
+    if START not in text or END not in text:
+        return None
+    return text.split(START, 1)[1].split(END, 1)[0].strip(), table(path.parent)
+
+
+def refresh(path: Path) -> bool:
+    """Rewrite the findings block of a results file from the tables beside it; False where it has none."""
+    if held(path) is None:
+        return False
+    blocks.put(path, START, END, table(path.parent))
+    return True
+
+
+def read(c: Claim, folder: Path) -> dict | None:
+    """{effect, low, high, p_holm, verdict} of the claim in the table of folder; None where the folder has no table
+    or no row of the arm (a confirmation that did not state the metric)."""
+    name = "compare_meta.csv" if c.pooled else "compare.csv"
+    if not (folder / name).is_file():
+        return None
+    with (folder / name).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if c.pooled:
+        arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
+        if not arm:
+            return None
+        r = arm[0]
+        return {k: float(r[k]) for k in ("effect", "low", "high", "p_holm")} | {"verdict": r["verdict"]}
+    arm = [r for r in rows if _holds(r, c.arm) and r.get(f"{c.metric}_mean")]
+    if len(arm) != 1:
+        if not arm:
+            return None
+        raise CompareError(f"{c.experiment}'s claim {c.claim!r}: {len(arm)} rows of {folder}/{name} hold {c.arm}")
+    r = {k[len(c.metric) + 1 :]: v for k, v in arm[0].items() if k.startswith(f"{c.metric}_")}
+    if r.get("effect_low") is not None:  # tables from the commit that writes the contrast's interval on
+        return {
+            "effect": float(r["effect"]),
+            "low": float(r["effect_low"] or "nan"),
+            "high": float(r["effect_high"] or "nan"),
+            "p_holm": float(r["p_holm"]),
+            "verdict": r["verdict"],
+        }
+    base = _baseline(rows, arm[0], c)  # a table whose runs were not kept: Welch from the two arms' summaries
+    effect, se, df = welch(*(float(x[f"{c.metric}_{s}"]) for x in (arm[0], base) for s in ("mean", "std", "n")))
+    low, high = t_interval(effect, se, df)
+    p_holm = float(r["p_holm"])
+    return {"effect": effect, "low": low, "high": high, "p_holm": p_holm, "verdict": _verdict(p_holm)}
+
+
+def reading(c: Claim, found: dict) -> str:
+    """What the contrast says of the claim (LEGEND)."""
+    direction = math.copysign(1, found["effect"])
+    if found["verdict"] == "significant":
+        wanted = EXPECTED[c.expect]
+        if wanted == direction or (c.expect == "not lower" and direction > 0):
+            return "**supported**"
+        return "**contradicted**"
+    if found["verdict"] == "no difference found" and c.expect in ("same", "not lower"):
+        return "**supported**"
+    return found["verdict"] or "not tested"
+
+
+def _baseline(rows: list[dict], arm: dict, c: Claim) -> dict:
+    """The row an arm of an older table was compared with: the one without a p-value that shares the arm's
+    values of every key the claim does not name."""
+    named = {condition.partition("=")[0] for condition in c.arm}
+    columns = list(rows[0])
+    keys = [k for k in columns[: columns.index("runs")] if k not in named and k != "optim.lr"]  # compare.csv's keys
+    for r in rows:
+        if r.get(f"{c.metric}_p_value") in ("", "nan") and all(r[k] == arm[k] for k in keys):
+            return r
+    raise CompareError(f"{c.experiment}'s claim {c.claim!r}: no baseline row beside {c.arm}")
+
+
+def _verdict(p_holm: float) -> str:
+    return "significant" if p_holm < ALPHA else "not significant"
+
+
+def _holds(row: dict, conditions: list[str]) -> bool:
+    """Whether a CSV row has each KEY=VALUE: null for an empty cell, numbers by value, text in any case."""
+    return all(key in row and _same(row[key], value) for key, _, value in (c.partition("=") for c in conditions))
+
+
+def _same(cell: str, value: str) -> bool:
+    if value in ("null", "None") or cell == "":
+        return value in ("null", "None") and cell == ""
+    try:
+        return float(cell) == float(value)
+    except ValueError:
+        return cell.lower() == value.lower()
+
+
+def _arm(c: Claim) -> str:
+    shown = ", ".join(condition.rsplit(".", 1)[-1] for condition in c.arm)
+    return f"{shown}{' (pooled)' if c.pooled else ''}; {c.metric}"
+
+
+def _p(p: float) -> str:
+    return "" if math.isnan(p) else f"{p:.2g}"

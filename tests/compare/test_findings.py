@@ -1,0 +1,137 @@
+"""The findings table of a results file: each claim an experiment file states, read from the tables (never typed),
+refreshed by --into, checked and rewritten by --check [--update]; the verdict legend stated once there."""
+
+import csv
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from scipy import stats
+from test_compare import write_run
+
+from headlab.cli.compare import main
+from headlab.compare import findings
+from headlab.stats.contrasts import CompareError
+
+CLAIMS = """compare:
+  baseline: model.attention.n_heads=4
+  metric: [test/acc]
+claims:
+  - {claim: one head is worse, arm: model.attention.n_heads=1, metric: test/acc, expect: lower}
+  - {claim: one head matches, arm: model.attention.n_heads=1, metric: test/acc, expect: same}
+"""
+ACC = {1: [0.625, 0.635, 0.645], 4: [0.70, 0.71, 0.72]}  # test/acc of each seed
+
+
+def welch_by_hand(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """The difference of means and its 95% Welch interval, written out."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    d = statistics.mean(a) - statistics.mean(b)
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    return d, d - half, d + half
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """An experiment file with two claims, its runs read into RESULTS.md (with a findings block) and archived."""
+    monkeypatch.chdir(tmp_path)
+    Path("demo.yaml").write_text(CLAIMS)
+    for i, (heads, seed) in enumerate((h, s) for h in (1, 4) for s in range(3)):
+        write_run(Path("sweep") / str(i), heads, "dot", seed, ACC[heads][seed], experiment="demo")
+    Path("RESULTS.md").write_text(
+        f"# Results\n{findings.START}\n{findings.END}\n"
+        "<!-- headlab-compare: demo -->\n<!-- /headlab-compare: demo -->\n"
+    )
+    options = ["--baseline", "model.attention.n_heads=4", "--metric", "test/acc"]
+    main(["sweep", *options, "--out", "results/demo", "--into", "RESULTS.md", "--archive", "results/demo/runs.tar.xz"])
+    return Path("RESULTS.md")
+
+
+def _row(text: str, claim: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith("| [demo]") and f"| {claim} |" in line)
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_each_claim_reads_its_contrast_from_the_table_with_its_interval(results):
+    d, low, high = welch_by_hand(ACC[1], ACC[4])
+    row = _row(results.read_text(), "one head is worse")
+    assert row[0] == "[demo](results/demo/compare.md)" and row[2] == "n_heads=1; test/acc"
+    assert row[3] == f"{d:+.3f} [{low:+.3f}, {high:+.3f}]" == "-0.075 [-0.098, -0.052]"
+    p = stats.ttest_ind(ACC[1], ACC[4], equal_var=False).pvalue  # one contrast: Holm leaves it as it is
+    assert row[4] == f"{p:.2g}"
+    assert row[5] == "**supported**" and row[6] == "not run"
+    assert _row(results.read_text(), "one head matches")[5] == "**contradicted**"
+    # the compare.csv it is read from carries the same interval
+    with open("results/demo/compare.csv", newline="") as f:
+        arm = next(r for r in csv.DictReader(f) if r["model.attention.n_heads"] == "1")
+    assert float(arm["test/acc_effect_low"]) == pytest.approx(low) and arm["test/acc_verdict"] == "significant"
+
+
+def test_a_confirmation_is_read_beside_the_first_reading(results):
+    for i, seed in enumerate(range(10, 13)):  # new seeds where one head is as good as four
+        for heads in (1, 4):
+            write_run(Path("confirm") / f"{heads}-{i}", heads, "dot", seed, 0.7 + 0.001 * i, experiment="demo")
+    Path("RESULTS.md").write_text(
+        Path("RESULTS.md").read_text()
+        + "<!-- headlab-compare: demo/confirm -->\n<!-- /headlab-compare: demo/confirm -->\n"
+    )
+    options = ["--baseline", "model.attention.n_heads=4", "--metric", "test/acc", "--effect", "0.02"]
+    main(["confirm", *options, "--out", "results/demo/confirm", "--into", "RESULTS.md", "--block", "demo/confirm"])
+    text = results.read_text()
+    assert _row(text, "one head is worse")[6] == "no difference found"
+    assert _row(text, "one head matches")[6] == "**supported**"
+
+
+def test_the_verdict_legend_is_stated_once_and_the_blocks_leave_it_out(results):
+    text = results.read_text()
+    table = Path("results/demo/compare.md").read_text()
+    assert "\nVerdicts: " in table  # compare.md on its own keeps its legend
+    assert text.count("\nVerdicts: ") == 1 and text.index("Verdicts: ") < text.index(findings.END)
+    block = text.split("<!-- headlab-compare: demo -->")[1]
+    assert "Verdicts: " not in block and "| 1 | 3 |" in block
+
+
+def test_check_finds_a_findings_table_edited_by_hand_and_update_rewrites_it(results, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "results"])
+    said = capsys.readouterr().out
+    assert done.value.code == 0 and "same: RESULTS.md's findings table" in said, said
+    generated = results.read_text()
+    results.write_text(generated.replace("| **supported** |", "| **replicated** |", 1))
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "results"])
+    said = capsys.readouterr().out
+    assert done.value.code == 1 and "differs: RESULTS.md's findings table" in said and "+| [demo]" in said
+    with pytest.raises(SystemExit) as done:
+        main(["--check", "--update", "results"])
+    assert done.value.code == 0 and "updated: RESULTS.md's findings table" in capsys.readouterr().out
+    assert results.read_text() == generated
+
+
+def test_a_table_written_before_the_contrasts_interval_reads_as_welch_from_its_summaries(results):
+    path = Path("results/demo/compare.csv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [k for k in rows[0] if not k.endswith(("_effect", "_effect_low", "_effect_high", "_verdict"))]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, kept, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    claim = findings.claims(Path("."))[0]
+    found = findings.read(claim, Path("results/demo"))
+    d, low, high = welch_by_hand(ACC[1], ACC[4])
+    assert (found["effect"], found["low"], found["high"]) == pytest.approx((d, low, high))
+    assert found["verdict"] == "significant"
+
+
+def test_a_claim_with_another_direction_names_its_file_and_the_directions(tmp_path):
+    (tmp_path / "bad.yaml").write_text(
+        "claims:\n  - {claim: x, arm: model.attention.n_heads=1, metric: test/acc, expect: worse}\n"
+    )
+    with pytest.raises(CompareError, match=r"bad.yaml's claims\[0\]: expect 'worse' is not one of lower, higher"):
+        findings.claims(tmp_path)
+    (tmp_path / "bad.yaml").write_text("claims:\n  - {claim: x, metric: test/acc}\n")
+    with pytest.raises(CompareError, match=r"bad.yaml's claims\[0\] needs arm, expect"):
+        findings.claims(tmp_path)
