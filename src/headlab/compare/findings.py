@@ -65,7 +65,7 @@ def claims(experiments: Path) -> list[Claim]:
 
 
 def table(experiments: Path) -> str:
-    """The findings block's text: the legend, then a row per claim and one line per experiment's runs."""
+    """The findings block's text: a row per claim, then the legend."""
     lines = [
         "| experiment | claim | arm, metric | Δ [95% CI] | Holm p | reading | seeds 10-19 |",
         "|---|---|---|---|---|---|---|",
@@ -87,7 +87,7 @@ def table(experiments: Path) -> str:
             f"| {shown} | {c.claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
             f"{reading(c, first)} | {confirmed} |"
         )
-    return "\n\n".join([*legend(), LEGEND, "\n".join(lines)])
+    return "\n\n".join(["\n".join(lines), LEGEND, *legend()])
 
 
 def held(path: Path) -> tuple[str, str] | None:
