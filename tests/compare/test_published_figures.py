@@ -1,0 +1,63 @@
+"""The figures README.md and docs/data.md state of the text defaults are the ones the archived search's tables give
+(experiments/results/text_defaults_search/stage3: compare.csv, compare_across.csv, which --check recomputes)."""
+
+import csv
+import re
+
+from conftest import ROOT
+
+STAGE3 = ROOT / "experiments" / "results" / "text_defaults_search" / "stage3"
+DEFAULTS = {"auto_epochs.scale": "1", "model.dropout": "0.3", "optim.lr": "0.003"}
+NAMES = {"SST-2 (SentEval test)": "files", "CR": "cr", "MPQA": "mpqa", "MR": "mr", "SUBJ": "subj", "SST-5": "sst5"}
+
+
+def _defaults_gaps() -> dict[str, dict]:
+    """Each dataset's row of the defaults' test accuracy and gap to its best, as compare_across.csv has them."""
+    with (STAGE3 / "compare_across.csv").open(newline="") as f:
+        rows = [
+            r for r in csv.DictReader(f) if r["metric"] == "test/acc" and all(r[k] == v for k, v in DEFAULTS.items())
+        ]
+    return {r["data"]: r for r in rows}
+
+
+def test_the_text_defaults_table_of_docs_data_md_is_the_archived_searchs():
+    gaps = _defaults_gaps()
+    rows = [line for line in (ROOT / "docs" / "data.md").read_text().splitlines() if line.startswith("| ")]
+    seen = set()
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] not in NAMES:
+            continue
+        r = gaps[NAMES[cells[0]]]
+        seen.add(cells[0])
+        mean, low, high = (float(x) for x in re.findall(r"\d\.\d+", cells[1]))
+        assert (mean, low, high) == (round(float(r["mean"]), 3), round(float(r["low"]), 3), round(float(r["high"]), 3))
+        if r["gap"] == "0.0":
+            assert cells[5].startswith("0: met")
+            continue
+        assert float(cells[4]) == round(float(r["mean"]) + float(r["gap"]), 3)  # the best's test accuracy
+        gap, gap_low, gap_high = (float(x) for x in re.findall(r"[+-]\d\.\d+", cells[5]))
+        assert gap == round(float(r["gap"]), 3) and cells[5].endswith(r["target"])
+        assert (gap_low, gap_high) == (round(float(r["gap_low"]), 3), round(float(r["gap_high"]), 3))
+    assert seen == set(NAMES)
+
+
+def test_the_readmes_text_figures_are_the_archived_searchs():
+    gaps = _defaults_gaps()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = dict(re.findall(r"(CR|MPQA|MR|SUBJ|SST-5|SST-2) (0\.\d{3})", readme.split("Test accuracy over 10 folds")[1]))
+    assert {name: float(v) for name, v in said.items()} == {
+        name: round(float(gaps[key]["mean"]), 3)
+        for name, key in (
+            ("CR", "cr"),
+            ("MPQA", "mpqa"),
+            ("MR", "mr"),
+            ("SUBJ", "subj"),
+            ("SST-5", "sst5"),
+            ("SST-2", "files"),
+        )
+    }
+    small = [float(gaps[k]["gap"]) for k in ("cr", "mpqa", "mr", "subj")]
+    assert f"{min(small):.3f}-{max(small):.3f} higher in mean" in readme
+    above = [k for k in ("cr", "mpqa", "mr", "subj") if float(gaps[k]["gap_low"]) > 0.01]
+    assert above == ["mpqa"] and "shown above 0.01 on MPQA only" in readme
