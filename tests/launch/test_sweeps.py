@@ -79,6 +79,29 @@ def test_a_setting_every_job_shares_is_reported_once_not_once_per_job(run_cli, t
     assert [status(sweep / str(j))["status"] for j in range(12)] == ["failed"] * 12
 
 
+@pytest.mark.parametrize("launcher", ["basic", "packed"])
+def test_jobs_given_one_run_directory_are_refused_before_any_trains(run_cli, tmp_path, launcher):
+    args = ["-m", *QUICK, "seed=0,1", f"hydra/launcher={launcher}", "hydra.sweep.subdir=same"]
+    result = run_cli(*args, "hydra.sweep.dir=sweep")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        "headlab-train: invalid config: hydra.sweep.subdir='same' is invalid: expected a name that differs between "
+        "the sweep's 2 jobs" in result.stderr
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_job_refused_where_another_job_of_the_sweep_ran_counts_beside_it(run_cli, tmp_path):
+    """A subdir with an interpolation can still name one directory twice (here the data's seed, the same for both
+    jobs): the first job's run is counted, the second's refusal too."""
+    args = ["-m", *QUICK, "optim.lr=1e-3,3e-3", "hydra.sweep.subdir=seed_${seed}", "hydra.sweep.dir=sweep"]
+    result = run_cli(*args)
+    assert result.returncode == 1
+    assert status(tmp_path / "sweep" / "seed_0")["status"] == "completed"
+    assert "sweep sweep: 1 of 2 jobs completed" in result.stdout + result.stderr
+    assert "headlab-train: 1 of 2 jobs did not complete" in result.stderr
+
+
 @pytest.mark.e2e
 def test_local_launcher_runs_two_jobs_at_once_sharing_the_cores(run_cli, tmp_path):
     result = run_cli("-m", *QUICK, "hydra/launcher=local", "seed=0,1", "hydra.sweep.dir=sweep")

@@ -40,6 +40,18 @@ def check_extension(key: str, arguments: list[str], params: dict | None) -> None
         fail("sweep.extend.key", key, f"a key the sweep varies: one of {', '.join(sorted(swept)) or 'none'}")
 
 
+def check_subdir(subdir, jobs: int) -> None:
+    """A sweep of several jobs gives each its own run directory: hydra.sweep.subdir, where it names no value of the
+    job (no interpolation), would make every job after the first refuse the directory the first one wrote."""
+    if jobs > 1:
+        fail(
+            "hydra.sweep.subdir",
+            subdir,
+            f"a name that differs between the sweep's {jobs} jobs: one with an "
+            "interpolation such as ${hydra.job.num} (headlab's default) or ${hydra.job.override_dirname}",
+        )
+
+
 def beyond(value: float, grid: list[float], factor: float) -> float:
     """The next value past the edge `value` of grid: x factor past the top, / factor past the bottom."""
     return float(f"{(value * factor if value == grid[-1] else value / factor):.6g}")

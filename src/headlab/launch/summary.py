@@ -6,6 +6,7 @@ did not complete, whatever that directory's records say."""
 import logging
 import math
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -23,18 +24,23 @@ SETTINGS = ("ConfigError", "InvalidSetting", "DataError")  # failures a rerun ca
 
 
 class SweepSummary(Callback):
+    began = ""  # when this sweep started (a record's started_at): a run it made counts beside a job refused there
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         rundir.take_refused(Path(config.hydra.sweep.dir))  # refusals of an earlier sweep that never ended
+        self.began = datetime.now(timezone.utc).isoformat()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
-        statuses = {path.parent: read_record(path.parent) or {"status": "unreadable"} for path in runs}
-        refused = {d: {"status": "refused", "error": why} for d, why in rundir.take_refused(sweep_dir).items()}
-        statuses.update(refused)
-        failed = {d: r for d, r in statuses.items() if r.get("status") != "completed"}
+        statuses = [(path.parent, read_record(path.parent) or {"status": "unreadable"}) for path in runs]
+        refused = rundir.take_refused(sweep_dir)
+        ours = lambda r: str(r.get("started_at", "")) >= self.began  # noqa: E731 (a run this sweep made)
+        statuses = [(d, r) for d, r in statuses if d not in refused or ours(r)]  # another run's records: not a job
+        statuses += [(d, {"status": "refused", "error": why}) for d, why in refused.items()]
+        failed = [(d, r) for d, r in statuses if r.get("status") != "completed"]
         by_reason: dict[str, list[str]] = {}  # a setting every job shares fails every job alike: said once
-        for job_dir, record in failed.items():
+        for job_dir, record in failed:
             reason = f"{record.get('status')}: {record['error']}" if record.get("error") else str(record.get("status"))
             by_reason.setdefault(reason, []).append(job_dir.name)
         for reason, names in by_reason.items():
@@ -50,7 +56,7 @@ class SweepSummary(Callback):
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
         if not failed:
             return
-        mend = [r for r in failed.values() if r.get("status") != "refused"]  # a refused job needs another directory
+        mend = [r for _, r in failed if r.get("status") != "refused"]  # a refused job needs another directory
         settings = all(str(r.get("error", "")).startswith(SETTINGS) for r in mend)
         then = (
             "fix the settings above and run the sweep again"

@@ -29,13 +29,21 @@ class GridSweeper(Sweeper):
             self.grid.validate_batch_is_legal = lambda batch: None  # job twice cost ~0.3 s a job (a resume too)
 
     def sweep(self, arguments: list[str]):
-        from headlab.launch.grid import check_extension, extension_jobs, fold_sweep
+        from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep
 
         extend = OmegaConf.select(self.config, "sweep.extend")
         if extend and extend.get("key"):  # before any job: a misspelt key costs nothing
             params = OmegaConf.select(self.config, "hydra.sweeper.params")
             check_extension(extend.key, arguments, OmegaConf.to_container(params) if params else None)
-        returns = self.grid.sweep(fold_sweep(self.config, arguments))
+        arguments = fold_sweep(self.config, arguments)
+        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+        if "${" not in str(subdir):  # one name for every job: refused before the first one trains
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            parser = OverridesParser.create(config_loader=self.grid.hydra_context.config_loader)
+            batches = self.grid.split_arguments(parser.parse_overrides(self.grid._parse_config() + arguments), None)
+            check_subdir(subdir, sum(len(batch) for batch in batches))
+        returns = self.grid.sweep(arguments)
         if not extend or not extend.get("key"):
             return returns
         sweep_dir, done = Path(str(self.config.hydra.sweep.dir)), sum(len(batch) for batch in returns)
