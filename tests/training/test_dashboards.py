@@ -133,6 +133,20 @@ def test_tensorboard_has_the_figures_and_one_hparams_session_with_the_final_metr
     assert events.Scalars("hp_metric")[-1].value == pytest.approx(metrics["val/acc_best"])
     assert events.Scalars("test/acc")[-1].value == pytest.approx(metrics["test/acc"])
     assert not [k for k in hparams if k.endswith("experiment")]  # a sweep's view states the experiment
+    # in the order they were written, a run's steps never go back (TensorBoard reads that as a restart): the
+    # heads' statistics of an epoch share its metrics' step
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    written = sorted((run / "tensorboard").rglob("events.out.tfevents*"), key=lambda f: f.name.rsplit(".", 2)[-2:])
+    steps = [
+        (e.step, e.summary.value[0].tag)
+        for f in written
+        for e in EventFileLoader(str(f)).Load()
+        if e.summary.value and not e.summary.value[0].tag.startswith("_hparams_/")
+    ]
+    back = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if b[0] < a[0]]
+    assert not back, back[:3]
+    assert {t for s, t in steps if t.startswith("heads/L0/H0/")} and steps[-1][0] == results(run)["global_step"]
 
 
 @pytest.mark.e2e
@@ -163,6 +177,29 @@ def test_a_sweeps_tensorboard_names_runs_by_what_varies_and_opens_hparams_on_the
         start = plugin_data_pb2.HParamsPluginData.FromString(content[name]["_hparams_/session_start_info"])
         assert start.session_start_info.hparams["model.attention.n_heads"].number_value == float(name[8])
         assert runs.Scalars(name, "val/acc_best")
+
+
+def test_a_cross_validated_sweeps_runs_are_named_and_listed_by_their_fold():
+    """Runs of one setting differ by fold (one seed): each TensorBoard run says its fold, and the HParams table
+    lists it, where the fold was left out and runs of one setting were told apart only by their job's number."""
+    from headlab.launch.tensorboard import labels, replicates
+
+    runs = [
+        {"config": {"model.attention.n_heads": h, "seed": 1, "data.cv.fold": f}, "where": f"sweep/{2 * i + f}"}
+        for i, h in enumerate((1, 4))
+        for f in (0, 1)
+    ]
+    assert replicates(runs) == ["data.cv.fold"]
+    assert labels(runs, ["model.attention.n_heads"]) == [
+        "n_heads=1,fold=0",
+        "n_heads=1,fold=1",
+        "n_heads=4,fold=0",
+        "n_heads=4,fold=1",
+    ]
+    for run, seed in zip(runs, (0, 1, 0, 1), strict=True):
+        run["config"]["seed"] = seed
+    assert replicates(runs) == ["seed", "data.cv.fold"]
+    assert labels(runs, ["model.attention.n_heads"])[1] == "n_heads=1,seed=1,fold=1"
 
 
 def probe_attention(run: Path, checkpoint: str) -> tuple[list[str], list]:

@@ -10,12 +10,13 @@ import shutil
 from pathlib import Path
 
 from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
-from headlab.stats.comparison import varying_keys
+from headlab.stats.comparison import FOLD, varying_keys
 from headlab.stats.runs import load_dirs
 
 FACTS = ("resolved.n_heads", "resolved.d_k", "resolved.d_v", "params.total", "params.attention", "flops_per_token")
 METRICS = (VAL_ACC_BEST, "val/acc", TEST_ACC, TEST_LOSS)
 FOLDER = "tensorboard"
+REPLICATES = ("seed", FOLD)  # named in a run's label and the HParams table where they differ
 
 
 def short(key: str) -> str:
@@ -23,10 +24,14 @@ def short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+def replicates(runs: list[dict]) -> list[str]:
+    """The keys that make runs of one setting replicates (seed, data.cv.fold) and differ between these runs."""
+    return [k for k in REPLICATES if len({r["config"].get(k) for r in runs}) > 1]
+
+
 def labels(runs: list[dict], keys: list[str]) -> list[str]:
-    """Each run's name: its values of the varying keys (and its seed where seeds differ); unique."""
-    seeds = len({r["config"].get("seed") for r in runs}) > 1
-    named = [*keys, "seed"] if seeds else keys
+    """Each run's name: its values of the varying keys, then its seed and fold where those differ; unique."""
+    named = [*keys, *replicates(runs)]
     out, seen = [], set()
     for run in runs:
         label = ",".join(f"{short(k)}={run['config'].get(k)}" for k in named) or "run"
@@ -69,7 +74,7 @@ def write(sweep_dir: Path, objective: str) -> Path | None:
             except OSError:
                 shutil.copy2(event, target)
     first = {**runs[0]["config"], **facts(runs[0])}
-    shown = [*keys, *(k for k in FACTS if k not in keys and k in first)]
+    shown = [*keys, *replicates(runs), *(k for k in FACTS if k not in keys and k in first)]
     values = {k: first.get(k) for k in shown}
     values = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in values.items() if v is not None}
     metrics = dict.fromkeys([objective, *(m for m in METRICS if m != objective)], 0.0)

@@ -278,8 +278,9 @@ class AttentionLogger(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        if self.is_due(trainer.current_epoch, trainer.max_epochs):
-            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, trainer.global_step, pl_module.device)
+        if self.is_due(trainer.current_epoch, trainer.max_epochs):  # at the step of the epoch's own metrics
+            step = trainer.global_step - 1  # (Lightning's: the last training step's), so steps never go back
+            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, step, pl_module.device)
 
     @run_eagerly
     def on_fit_end(self, trainer, pl_module):

@@ -90,7 +90,7 @@ class MemberWriter(pl.Callback):
             attention = member.callback(AttentionLogger)
             if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
                 model = self.member_model(member, pl_module)
-                step, device = trainer.global_step, pl_module.device
+                step, device = trainer.global_step - 1, pl_module.device  # the step of the epoch's metrics
                 snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, media=False)
                 if snapshot is not None:
                     snapshots.append((member, snapshot))
