@@ -147,6 +147,9 @@ def test_tensorboard_has_the_figures_and_one_hparams_session_with_the_final_metr
     back = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if b[0] < a[0]]
     assert not back, back[:3]
     assert {t for s, t in steps if t.startswith("heads/L0/H0/")} and steps[-1][0] == results(run)["global_step"]
+    # the head view's title names one step: the checkpoint its weights are from
+    best = Path(results(run)["checkpoints"]["best"]).name
+    assert f'"title":"{run.name}: heads of {best}"' in (run / "heads" / "view.html").read_text()
 
 
 @pytest.mark.e2e

@@ -212,7 +212,8 @@ class AttentionLogger(pl.Callback):
         write_json_atomic(self.out_dir / "heads.json", result)
         snapshot = probe.snapshot(model, datamodule, batch, seen, step, head_view.MAX_EXAMPLES)
         view = self.out_dir / "heads" / "view.html"
-        title = f"{self.out_dir.name}: heads at step {step}" + (f" ({Path(checkpoint).name})" if checkpoint else "")
+        # one step: the weights' own (a checkpoint's name gives its step), not the step training ended at
+        title = f"{self.out_dir.name}: heads of " + (Path(checkpoint).name if checkpoint else f"step {step}")
         probe.write_head_view(view, snapshot, title)
         for logger in _wandb_loggers(loggers):
             import wandb
