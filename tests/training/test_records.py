@@ -126,11 +126,23 @@ def test_a_text_run_keeps_its_tokenizer_labels_and_digests_and_every_reload_uses
 
 
 @pytest.mark.e2e
-@pytest.mark.e2e
 def test_headlab_heads_probes_the_sentences_given_and_nothing_else(text_run, tmp_path):
     done = tool("heads", str(text_run), "--text", "a good film", "--text", "a dull one", "--out", str(tmp_path / "a"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "(2 probe examples)" in " ".join(done.stdout.split())
+    # by position most keys of a sentence are "elsewhere": the last row says what attention spread evenly gives,
+    # here counted by hand over the two sentences' real tokens (self, previous, next, first, elsewhere)
+    page = (tmp_path / "a" / "view.html").read_text()
+    data = json.loads(page.split("<script>const DATA = ")[1].split(";</script>")[0])
+    lengths = [len(e["tokens"]) for e in data["examples"]]
+    counts = [0.0] * 5
+    for n in lengths:
+        for i in range(n):
+            for j in range(n):
+                role = 0 if i == j else 1 if j == i - 1 else 2 if j == i + 1 else 3 if j == 0 else 4
+                counts[role] += 1 / n / sum(lengths)
+    uniform = next(line for line in done.stdout.splitlines() if "uniform" in line)
+    assert [int(c.strip().rstrip("%")) for c in uniform.split("│")[3:-1]] == [round(100 * c) for c in counts]
     more = tool("heads", str(text_run), "--text", "a good film", "--n-probe", "3", "--out", str(tmp_path / "b"))
     assert "(4 probe examples)" in " ".join(more.stdout.split())
 

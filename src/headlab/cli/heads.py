@@ -90,12 +90,16 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=max(Console().width, 130))
     console.print(table)
     names, share = seen["roles"]["names"], seen["roles"]["share"]  # (L, H, R)
-    where = Table(title="where each head looks: the share of attention per key, over all probe queries")
+    where = Table(
+        title="where each head looks: the share of attention per key, over all probe queries; last row: the shares "
+        "of attention spread evenly (a head prefers a key where it gives more)"
+    )
     for c in ["layer", "head", *names]:
         where.add_column(c, justify="right")
     for layer, heads in enumerate(share):
         for head, row in enumerate(heads):
             where.add_row(str(layer), str(head), *(f"{v:.0%}" for v in row))
+    where.add_row("", "uniform", *(f"{v:.0%}" for v in seen["roles"]["uniform"]))
     console.print(where)
     print(f"wrote {out}", file=sys.stderr)
 

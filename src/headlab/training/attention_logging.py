@@ -192,7 +192,7 @@ class AttentionLogger(pl.Callback):
             "rows": report["rows"],
             "similarity": report["similarity"].tolist(),
             "probe_size": len(batch["tokens"]),
-            "attention_roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"].tolist()},
+            "attention_roles": {k: v if k == "names" else v.tolist() for k, v in seen["roles"].items()},
             "logging_seconds": round(self.logging_seconds, 3),  # attention logging during training
             **({"mixing": seen["mixing"]} if seen["mixing"] else {}),  # talking heads' matrices
         }

@@ -49,7 +49,9 @@ def mixing(model) -> dict[str, list]:
 
 def roles(model, datamodule, batch: dict, weights: list) -> dict:
     """The share of attention each key role gets from each head, over every counted probe query (scored positions
-    of a token task, every real position otherwise): the division of labour between heads, at a glance."""
+    of a token task, every real position otherwise): the division of labour between heads, at a glance; and
+    "uniform", the shares attention spread evenly over the real keys would give (by position, most keys of a
+    sentence are "elsewhere": a head prefers a role where its share exceeds that)."""
     tokens, padding = batch["tokens"].cpu().numpy(), batch["padding_mask"].cpu().numpy()
     names, by_position = datamodule.attention_roles(tokens, padding)  # (B, n, n)
     labels = batch["labels"].cpu()
@@ -64,7 +66,9 @@ def roles(model, datamodule, batch: dict, weights: list) -> dict:
     keys = torch.as_tensor(by_position)  # (B, n', n')
     real = ~model.attention_padding_mask(batch["padding_mask"].cpu())
     share = statistics.role_shares([w.cpu() for w in weights], keys, counted & real, len(names))  # (L, H, R)
-    return {"names": names, "share": share.numpy()}
+    even = real[:, None, None, :].float().expand(-1, 1, real.shape[1], -1)  # (B, 1, n', n'): every real key alike
+    uniform = statistics.role_shares([even], keys, counted & real, len(names))[0, 0]  # (R,): what no preference gives
+    return {"names": names, "share": share.numpy(), "uniform": uniform.numpy()}
 
 
 def snapshot(model, datamodule, batch: dict, seen: dict, step: int, examples: int) -> dict:
