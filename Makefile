@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 TORCH := torch==2.13.0
 
 .PHONY: help install train sweep experiments confirmations text-experiments test test-fast bench lint format clean
@@ -10,18 +11,23 @@ TORCH := torch==2.13.0
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
 
-install: $(STAMP)  ## create .venv: torch 2.13.0 (CPU) first, then headlab with dev and optuna extras
+install: $(STAMP)  ## create .venv for training: torch 2.13.0 (CPU) first, then headlab (the tests add their own)
 
-# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build. Triton (for the GPU
-# kernel's tests in its interpreter, tests/triton_interpreted.py) goes to .venv/triton, off the path: torch
-# imports an installed Triton in every process, 0.2-0.3 s each, over a hundred CLI runs in the tests
+# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(STAMP)
+
+# what the tests and lint need beside: the dev and optuna extras, and Triton (for the GPU kernel's tests in its
+# interpreter, tests/triton_interpreted.py) in .venv/triton, off the path: torch imports an installed Triton in
+# every process, 0.2-0.3 s each, over a hundred CLI runs in the tests
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,optuna]'
 	$(BIN)/python -m pip install --quiet --upgrade --target $(VENV)/triton 'triton>=3.0'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 train: $(STAMP)  ## train the default model (ARGS='key=value ...' overrides)
 	$(BIN)/headlab-train $(ARGS)
@@ -88,20 +94,20 @@ PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && 
 # one pytest-xdist worker per core, up to 4 (tests/conftest.py gives each its own cores); ARGS="-n 0": one process
 XDIST = -n auto --maxprocesses=4 --dist worksteal
 
-test: $(STAMP)  ## the whole test suite (what CI runs)
+test: $(TEST_STAMP)  ## the whole test suite (what CI runs)
 	$(call PYTEST,$(XDIST))
 
-test-fast: $(STAMP)  ## the tests without end-to-end CLI runs
+test-fast: $(TEST_STAMP)  ## the tests without end-to-end CLI runs
 	$(call PYTEST,$(XDIST) -m "not e2e")
 
 bench: $(STAMP)  ## rewrite BENCHMARKS.md (about 13-15 minutes on 2 cores)
 	$(BIN)/headlab-bench --sst2-recipe $(ARGS)
 
-lint: $(STAMP)  ## ruff check and format check
+lint: $(TEST_STAMP)  ## ruff check and format check
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
-format: $(STAMP)  ## ruff fix and format
+format: $(TEST_STAMP)  ## ruff fix and format
 	$(BIN)/ruff check --fix src tests
 	$(BIN)/ruff format src tests
 
