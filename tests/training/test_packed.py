@@ -403,21 +403,24 @@ def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_
 
 
 def csv_rows(run_dir) -> list[dict]:
-    """metrics.csv without its timing columns and the training means of an epoch (a resumed epoch averages over
-    its steps after the resume only)."""
+    """metrics.csv's filled cells without its timing columns and the training means of an epoch (a resumed epoch
+    averages over its steps after the resume only): the columns a later row adds leave earlier rows as they were."""
     with open(run_dir / "metrics.csv", newline="") as f:
         return [
-            {k: v for k, v in row.items() if not k.startswith(("perf/", "train/loss_epoch", "train/acc"))}
+            {k: v for k, v in row.items() if v and not k.startswith(("perf/", "train/loss_epoch", "train/acc"))}
             for row in csv.DictReader(f)
         ]
 
 
 @pytest.mark.e2e
-def test_a_pack_stopped_mid_epoch_and_resumed_keeps_every_row_its_members_logged(tmp_path):
-    """SIGTERM to a packed sweep in its second epoch saves every member's last.ckpt at the next step; resumed with
-    sweep.resume=true, each member's metrics.csv holds the rows logged before the stop, none twice, and equals its
-    twin left alone."""
-    slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null", "seed=0,1"]
+@pytest.mark.parametrize("moment", ["mid_epoch", "after_training"])
+def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged(tmp_path, moment):
+    """SIGTERM to a packed sweep in its second epoch saves every member's last.ckpt at the next step, or after its
+    last validation (in the head analysis) leaves the last epoch's; resumed with sweep.resume=true, each member's
+    metrics.csv holds the rows logged before the stop, none twice, and equals its twin left alone, and so does its
+    learning curve."""
+    analysis = ["callbacks.attention=null"] if moment == "mid_epoch" else []  # after: stopped in the head analysis
+    slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
     command = ["-m", "hydra/launcher=packed", *slow]
     alone = train_here(*command, "hydra.sweep.dir=alone", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-2000:]
@@ -430,7 +433,8 @@ def test_a_pack_stopped_mid_epoch_and_resumed_keeps_every_row_its_members_logged
         deadline = time.time() + 240  # the members are in their second epoch: a validation's rows are logged
         while time.time() < deadline and process.poll() is None:
             files = [sweep / str(n) / "progress.json" for n in range(2)]
-            if all(f.is_file() and json.loads(f.read_text())["step"] > 80 for f in files):
+            read = [json.loads(f.read_text()) if f.is_file() else {"step": 0, "steps": 1} for f in files]
+            if all(r["step"] > 80 if moment == "mid_epoch" else r["step"] == r["steps"] for r in read):
                 break
             time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
@@ -446,8 +450,14 @@ def test_a_pack_stopped_mid_epoch_and_resumed_keeps_every_row_its_members_logged
     for n in range(2):
         rows, twin = csv_rows(sweep / str(n)), csv_rows(tmp_path / "alone" / str(n))
         assert rows[: len(before[n]) - 1] == before[n][: len(before[n]) - 1]  # what was logged before is kept
-        assert [(r["epoch"], r["step"], sorted(k for k, v in r.items() if v)) for r in rows] == [
-            (r["epoch"], r["step"], sorted(k for k, v in r.items() if v)) for r in twin
+        assert [(r.get("epoch"), r["step"], sorted(r)) for r in rows] == [
+            (r.get("epoch"), r["step"], sorted(r)) for r in twin
         ]  # every row once, in its place, with the same columns filled
         numbers = lambda rows: [float(v) for r in rows for k, v in r.items() if v and k not in ("epoch", "step")]  # noqa: E731
         assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8)  # float64: summation order aside
+        curve, curve_alone = (
+            json.loads((d / str(n) / "results.json").read_text())["curve"] for d in (sweep, tmp_path / "alone")
+        )
+        assert [(p["epoch"], p["step"], p["tokens"]) for p in curve] == [
+            (p["epoch"], p["step"], p["tokens"]) for p in curve_alone
+        ]

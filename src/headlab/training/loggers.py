@@ -235,7 +235,7 @@ def finish(loggers: list, failed: bool, summary: dict | None = None, config: dic
     numbers; TensorBoard gets one HParams session with the config and them (what its HParams dashboard compares;
     the experiment, which hyperparameters and metrics the dashboard shows, is the sweep's: headlab.launch.tensorboard).
     Returns the W&B run's {"id", "url"} for results.json (one W&B run per job, also in a multirun)."""
-    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
     from lightning.pytorch.utilities import rank_zero_only
 
     identity = {"id": None, "url": None}
@@ -243,6 +243,8 @@ def finish(loggers: list, failed: bool, summary: dict | None = None, config: dic
     for logger in loggers:
         if rank_zero_only.rank != 0:
             continue
+        if isinstance(logger, CSVLogger):  # the rows logged since its last save (a pack member's last epoch's
+            logger.save()  # training means, its test): a pack's loggers are its own, not a Trainer's
         if isinstance(logger, TensorBoardLogger) and summary and not failed:
             best = summary.get(VAL_ACC_BEST, summary.get("val/acc"))
             metrics = {**summary, "hp_metric": best} if best is not None else summary

@@ -84,6 +84,8 @@ class MemberWriter(pl.Callback):
                 continue
             values = {k: v[member.index] for k, v in metrics.items()}
             member.metrics.update(values)
+            if trainer.state.fn != "fit":  # a pack continued after its training ended: its last epoch's numbers
+                continue  # again, which its curve, its loggers and its head analysis already hold
             self._count_tokens(member).add(trainer.current_epoch, trainer.global_step, values)
             for logger in member.loggers:
                 logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
