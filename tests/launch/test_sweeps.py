@@ -80,6 +80,24 @@ def test_a_setting_every_job_shares_is_reported_once_not_once_per_job(run_cli, t
 
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
+def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli, tmp_path, launcher):
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1,2", f"hydra/launcher={launcher}"]
+    result = run_cli(*args, "trainer.max_epochs=3", "hydra.sweep.dir=sweep", "--dry-run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = result.stdout
+    what = "2 pack(s) of at most 64" if launcher == "packed" else "6 job(s)"
+    assert f"headlab-train --dry-run: 6 jobs in {what}; nothing is started" in said
+    steps = 3 * 256 // 32  # 3 epochs of 256 training examples in batches of 32
+    lines = [line for line in said.splitlines() if line.startswith(("  pack", "  job"))]
+    assert len(lines) == (2 if launcher == "packed" else 6)
+    assert all(f", {steps} steps each at " in line for line in lines)
+    if launcher == "packed":
+        assert lines[0].startswith("  pack 0: 3 run(s) of model.attention.n_heads=1,") and "seed" not in lines[0]
+    assert said.splitlines()[-1].startswith("about ") and "of training on this machine" in said
+    assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_jobs_given_one_run_directory_are_refused_before_any_trains(run_cli, tmp_path, launcher):
     args = ["-m", *QUICK, "seed=0,1", f"hydra/launcher={launcher}", "hydra.sweep.subdir=same"]
     result = run_cli(*args, "hydra.sweep.dir=sweep")

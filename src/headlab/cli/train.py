@@ -59,13 +59,22 @@ def resume_argv(argv: list[str]) -> list[str]:
     return ["--config-dir", str(saved.parent), "--config-name", "config", f"hydra.run.dir={run_dir}", *argv]
 
 
+def dry_run_argv(argv: list[str]) -> list[str]:
+    """`--dry-run`: sweep.dry_run=true, as a sweep (a single run is a sweep of one job): what would run, nothing run."""
+    if "--dry-run" not in argv:
+        return argv
+    argv = [a for a in argv if a != "--dry-run"] + ["sweep.dry_run=true"]
+    return argv if any(a in ("-m", "--multirun") for a in argv) else ["-m", *argv]
+
+
 def cli() -> None:
     """headlab-train: Hydra's own errors, like headlab's, are one line on stderr and exit code 2."""
     os.environ.setdefault(job_.TRACEBACKS, os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     register()
-    sys.argv[1:] = resume_argv(sys.argv[1:])
-    if "hydra/launcher=slurm" not in sys.argv and (line := neighbours.warning()):  # slurm: it trains elsewhere
+    sys.argv[1:] = resume_argv(dry_run_argv(sys.argv[1:]))
+    elsewhere = "hydra/launcher=slurm" in sys.argv or "sweep.dry_run=true" in sys.argv  # or nothing trains
+    if not elsewhere and (line := neighbours.warning()):  # slurm: it trains elsewhere
         print(f"headlab-train: {line}", file=sys.stderr)
     try:
         main()

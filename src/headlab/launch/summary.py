@@ -31,6 +31,8 @@ class SweepSummary(Callback):
         self.began = datetime.now(timezone.utc).isoformat()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if config.get("sweep", {}).get("dry_run"):  # nothing ran
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = sorted(sweep_dir.glob("*/results.json"), key=lambda p: (len(p.parent.name), p.parent.name))  # 2, 10
         statuses = [(path.parent, read_record(path.parent) or {"status": "unreadable"}) for path in runs]

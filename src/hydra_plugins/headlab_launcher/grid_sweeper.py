@@ -38,11 +38,9 @@ class GridSweeper(Sweeper):
         arguments = fold_sweep(self.config, arguments)
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
         if "${" not in str(subdir):  # one name for every job: refused before the first one trains
-            from hydra.core.override_parser.overrides_parser import OverridesParser
-
-            parser = OverridesParser.create(config_loader=self.grid.hydra_context.config_loader)
-            batches = self.grid.split_arguments(parser.parse_overrides(self.grid._parse_config() + arguments), None)
-            check_subdir(subdir, sum(len(batch) for batch in batches))
+            check_subdir(subdir, len(self.jobs(arguments)))
+        if OmegaConf.select(self.config, "sweep.dry_run"):
+            return self.dry_run(self.jobs(arguments))
         returns = self.grid.sweep(arguments)
         if not extend or not extend.get("key"):
             return returns
@@ -63,3 +61,27 @@ class GridSweeper(Sweeper):
             returns.append(self.grid.launcher.launch(jobs, initial_job_idx=done))
             done += len(jobs)
         return returns
+
+    def jobs(self, arguments: list[str]) -> list[list[str]]:
+        """Each job's overrides, as the basic sweeper makes them from the sweeper's params and the arguments."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create(config_loader=self.grid.hydra_context.config_loader)
+        batches = self.grid.split_arguments(parser.parse_overrides(self.grid._parse_config() + arguments), None)
+        return [list(job) for batch in batches for job in batch]
+
+    def dry_run(self, jobs: list[list[str]]) -> list:
+        """Say what the sweep would run and about how long it takes here (headlab.launch.dry_run); run nothing."""
+        from headlab.launch import dry_run
+        from headlab.training.cores import usable_cores
+
+        launcher = self.config.hydra.launcher
+        packed = getattr(self.grid.launcher, "composes_every_job_first", False)
+        groups = dry_run.pack_groups(jobs, packed, int(launcher.get("max_pack") or 1))
+        n_jobs = int(launcher.get("n_jobs") or 1)
+        loader = self.grid.hydra_context.config_loader
+        configs = [loader.load_sweep_config(self.config, group[0]) for group in groups]
+        what = f"{len(groups)} pack(s) of at most {launcher.max_pack}" if packed else f"{len(groups)} job(s)"
+        print(f"headlab-train --dry-run: {len(jobs)} jobs in {what}; nothing is started")
+        print("\n".join(dry_run.report(groups, configs, n_jobs, max(1, usable_cores() // n_jobs))))
+        return []
