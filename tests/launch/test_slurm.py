@@ -113,6 +113,40 @@ def test_packs_on_slurm_each_a_job_and_a_requeued_pack_ends_as_if_uninterrupted(
     assert "this job is timed-out" in log and "continuing" in log
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "packed_slurm"])
+def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_step_it_stopped_at(
+    cluster, tmp_path, launcher
+):
+    """SLURM warns (USR2) in the first epoch, before any validation wrote a last.ckpt: the run stops at its next
+    step and saves it there, and only then is requeued, so that it continues from that step (where submitit alone
+    requeued at once and the run started again from step 0, at every requeue of an epoch longer than the
+    warning's lead) and ends as its copy left alone."""
+    key = "hydra.launcher.slurm" if launcher == "packed_slurm" else "hydra.launcher"
+    slurm = [f"hydra/launcher={launcher}", f"{key}.partition=debug", f"{key}.cpus_per_task=1", f"{key}.timeout_min=5"]
+    long_epoch = ["data.n_train=64000", "trainer.max_epochs=1", "logger=csv"]  # 1,000 steps: about a minute
+    seeds = ["seed=0,1"] if launcher == "packed_slurm" else []
+    overrides = [*slurm, "+copy=a,b", *seeds, *long_epoch, "callbacks.progress_bar=null", *EXACT]
+    process = start(cluster, tmp_path, *overrides, "hydra.sweep.dir=sweep")
+    progress = tmp_path / "sweep" / "0" / "progress.json"
+    deadline = time.time() + 240
+    while not progress.is_file():  # written when training starts
+        assert time.time() < deadline and process.poll() is None, "the job did not start training"
+        time.sleep(0.2)
+    time.sleep(10)
+    assert not (tmp_path / "sweep" / "0" / "checkpoints" / "last.ckpt").exists()  # no validation yet
+    job = next(p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if p.name.endswith("_0"))
+    assert cluster.run("scancel", "--signal=USR2", job).returncode == 0
+    stdout, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    n = 4 if launcher == "packed_slurm" else 2
+    runs = records(tmp_path / "sweep", n)
+    for a, b in zip(runs[: n // 2], runs[n // 2 :], strict=True):
+        assert_same_training(a, b)
+    continued = json.loads(progress.read_text())["attempt"]["step"]  # where the requeued attempt started
+    assert 0 < continued < runs[0]["global_step"], continued
+    assert "warned by SLURM (USR2): stopping at the next step, then requeued" in task_log(tmp_path / "sweep")
+
+
 def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting(cluster, tmp_path):
     slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
     slurm += ["hydra.launcher.mem_gb=2"]

@@ -25,6 +25,7 @@ class PackJob:
         runtime.configure()
         console.to_stderr(LOG_FORMAT)
         slurm.requeue_survives_its_sigterm()
+        requeue_if_warned = slurm.stop_when_warned()
         import torch
 
         from headlab.training.cores import usable_cores
@@ -43,6 +44,7 @@ class PackJob:
         except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends
             for job in jobs:
                 job.close(error=interrupt, stop=False)
+            requeue_if_warned()  # warned of its time limit: requeued now that every member saved its step
             raise
         return [
             job.close(error=r, stop=False) if isinstance(r, BaseException) else job.close(r)

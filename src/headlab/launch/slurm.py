@@ -97,6 +97,32 @@ def requeue_survives_its_sigterm() -> None:
     submitit_slurm.SlurmJobEnvironment._requeue = requeue
 
 
+def stop_when_warned() -> Callable[[], None]:
+    """In a SLURM job, before training: SLURM warns a job before its time limit with USR2, on which submitit
+    requeues it and exits at once, wherever training is: work since the last validation is lost, and an epoch
+    longer than the warning's lead would restart from the same place at every requeue. Here the warning stops the
+    job as SIGTERM does (at its next training step, saving last.ckpt there: SaveOnInterrupt, a pack's writer), and
+    the returned function, called once the job has stopped, has submitit requeue it then."""
+    import signal
+
+    requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: scontrol requeue, then exit
+    warned = []
+
+    def warn(signum, frame) -> None:
+        if not warned:
+            warned.append(frame)
+            log.info("warned by SLURM (USR2): stopping at the next step, then requeued")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGUSR2, warn)
+
+    def then() -> None:
+        if warned and callable(requeue):
+            requeue(signal.SIGUSR2, warned[0])
+
+    return then
+
+
 def states(job_ids: list[str]) -> dict[str, str]:
     """SLURM's state of each job (array tasks as 12_3), from squeue (it lists ended jobs for a while) and, for
     those it no longer lists, sacct where accounting runs; a job neither knows is absent."""

@@ -16,12 +16,17 @@ log = logging.getLogger("headlab")
 
 class SlurmLauncher(SubmititSlurmLauncher):
     def __call__(self, *arguments) -> JobReturn:
-        """A job, in SLURM: run as hydra-submitit-launcher runs it, with a requeue that survives its SIGTERM."""
+        """A job, in SLURM: run as hydra-submitit-launcher runs it, with a requeue that survives its SIGTERM, after
+        the run stopped at a step where it saved (when SLURM warned it of its time limit)."""
         from headlab.launch import runtime, slurm
 
         runtime.configure()  # the resolvers, in the SLURM job's process
         slurm.requeue_survives_its_sigterm()
-        return super().__call__(*arguments)
+        requeue_if_warned = slurm.stop_when_warned()
+        try:
+            return super().__call__(*arguments)
+        finally:  # the run stopped (its SIGTERM ends it with an exit): requeued now, if SLURM warned it
+            requeue_if_warned()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from headlab.launch import slurm
