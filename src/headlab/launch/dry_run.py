@@ -63,10 +63,13 @@ def seconds_a_step(cfg: DictConfig, datamodule, model, threads: int) -> float:
     return statistics.median(times[1:])
 
 
-def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int, threads: int) -> list[str]:
-    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total."""
+def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int) -> list[str]:
+    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total, n_jobs packs at
+    a time, each on its share of the cores."""
+    from headlab.training.cores import usable_cores
     from headlab.training.run import build
 
+    threads = max(1, usable_cores() // n_jobs)
     lines, total = [], 0.0
     given = [dict(o.split("=", 1) for o in group[0] if "=" in o) for group in groups]
     varied = [k for k in given[0] if len({g.get(k) for g in given}) > 1]  # what tells the packs (or jobs) apart

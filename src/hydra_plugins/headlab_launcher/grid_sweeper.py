@@ -73,7 +73,6 @@ class GridSweeper(Sweeper):
     def dry_run(self, jobs: list[list[str]]) -> list:
         """Say what the sweep would run and about how long it takes here (headlab.launch.dry_run); run nothing."""
         from headlab.launch import dry_run
-        from headlab.training.cores import usable_cores
 
         launcher = self.config.hydra.launcher
         packed = getattr(self.grid.launcher, "composes_every_job_first", False)
@@ -83,5 +82,5 @@ class GridSweeper(Sweeper):
         configs = [loader.load_sweep_config(self.config, group[0]) for group in groups]
         what = f"{len(groups)} pack(s) of at most {launcher.max_pack}" if packed else f"{len(groups)} job(s)"
         print(f"headlab-train --dry-run: {len(jobs)} jobs in {what}; nothing is started")
-        print("\n".join(dry_run.report(groups, configs, n_jobs, max(1, usable_cores() // n_jobs))))
+        print("\n".join(dry_run.report(groups, configs, n_jobs)))
         return []
