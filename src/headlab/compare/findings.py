@@ -79,7 +79,7 @@ def table(experiments: Path) -> str:
             lines.append(f"| {shown} | {c.claim} | {_arm(c)} | not run | | | |")
             continue
         if again is None:
-            confirmed = "not run" if not (confirm / "compare.csv").is_file() else f"{c.metric} not read"
+            confirmed = "not run" if not (confirm / "compare.csv").is_file() else "not stated"
         else:
             confirmed = reading(c, again)
         interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
