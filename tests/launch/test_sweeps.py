@@ -29,6 +29,7 @@ OFFLINE_DATA = {  # experiments on hub data run here on the same data from local
     "sst2_recipe": [*SST2_FILES, f"data.files.val={SST2 / 'dev.tsv'}"],
     "sst2_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
+    "text_head_designs": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_defaults_search": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }

@@ -1,7 +1,8 @@
 """headlab-train -m ... --dry-run (sweep.dry_run=true): what a sweep would run, said before anything starts: its
 jobs, the packs they form (jobs that differ only in their seeds and per-member optimizer settings), each run's
 training steps, and about how long they take here, from a few timed training steps of each pack's model on this
-machine, with the threads a pack gets. Nothing is written and nothing trains; the estimate leaves out start-up,
+machine, with the threads a pack gets. Nothing trains and nothing is written but the prepared data's cache (text
+data is prepared to know its size, as its runs would prepare it); the estimate leaves out start-up,
 validation and the head analysis, and on a CPU a pack's step costs about its members' steps together (on a GPU, a
 pack trains many times faster than its members one by one: BENCHMARKS.md)."""
 
