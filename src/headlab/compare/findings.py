@@ -75,8 +75,8 @@ def table(experiments: Path) -> str:
         confirm = experiments / "results" / c.block / "confirm"
         again = read(c, confirm) if (confirm / "compare.csv").is_file() else None
         shown = f"[{c.experiment}](results/{c.block}/compare.md)"
-        if first is None:
-            lines.append(f"| {shown} | {c.claim} | {_arm(c)} | not run | | | |")
+        if first is None:  # no table yet to link to
+            lines.append(f"| {c.experiment} | {c.claim} | {_arm(c)} | not run | | | |")
             continue
         if again is None:
             confirmed = "not run" if not (confirm / "compare.csv").is_file() else "not stated"
