@@ -35,6 +35,8 @@ def test_wheel_ships_every_config_group(tmp_path):
     assert (
         target / "headlab" / "model" / "kernels" / "additive.c"
     ).is_file()  # the native kernels' source, built on use
+    packages = {p.parent.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src").rglob("__init__.py")}
+    assert {p for p in packages if not (target / p / "__init__.py").is_file()} == set()  # every package of src/
 
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = subprocess.run(
@@ -44,6 +46,13 @@ def test_wheel_ships_every_config_group(tmp_path):
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.splitlines()[0].startswith(str(target))  # the wheel's copy, not the checkout
+    for script in ("compare", "heads", "eval", "status", "bench"):  # every console script imports from the wheel
+        module = f"headlab.cli.{script}"
+        answer = subprocess.run(
+            [sys.executable, "-c", f"import sys; sys.argv[1:] = ['--help']; from {module} import main; main()"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+        assert answer.returncode == 0 and "usage:" in answer.stdout, (script, answer.stderr[-2000:])
     experiments = next(line for line in probe.stdout.splitlines() if line.startswith("experiment:"))
     assert (
         "heads_vs_depth" in experiments
