@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from headlab.launch.plan import PER_MEMBER
 
@@ -64,33 +64,68 @@ def seconds_a_step(cfg: DictConfig, datamodule, model, threads: int) -> float:
     return statistics.median(times[1:])
 
 
-def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int) -> list[str]:
-    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total, n_jobs packs at
-    a time, each on its share of the cores."""
-    from headlab.training.cores import usable_cores
+def timings(configs: list[DictConfig], threads: int) -> list[tuple[int, float]]:
+    """Each config's (training steps of a run, seconds a step here on `threads` threads), built and timed once for
+    configs of one shape (headlab.launch.dry_run._shape)."""
     from headlab.training.run import build
 
-    threads = max(1, usable_cores() // n_jobs)
-    lines, total = [], 0.0
+    timed: dict[str, tuple[int, float]] = {}
+    for cfg in configs:
+        if (key := _shape(cfg)) not in timed:
+            datamodule, model = build(cfg)
+            timed[key] = run_steps(cfg, datamodule), seconds_a_step(cfg, datamodule, model, threads)
+    return [timed[_shape(cfg)] for cfg in configs]
+
+
+def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> str:
+    """About how long packs (or jobs) of these many members and these configs train here, n_jobs at a time, each on
+    its share of the cores: the line a packed sweep starts with."""
+    return f"about {duration(_total(members, timings(configs, _threads(n_jobs)), n_jobs))} of training here"
+
+
+def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int) -> list[str]:
+    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total."""
+    threads = _threads(n_jobs)
+    times = timings(configs, threads)
+    lines = []
     given = [dict(o.split("=", 1) for o in group[0] if "=" in o) for group in groups]
     varied = [k for k in given[0] if len({g.get(k) for g in given}) > 1]  # what tells the packs (or jobs) apart
-    for k, (group, cfg) in enumerate(zip(groups, configs, strict=True)):
-        datamodule, model = build(cfg)
-        steps, seconds = run_steps(cfg, datamodule), seconds_a_step(cfg, datamodule, model, threads)
-        took = len(group) * steps * seconds
-        total += took
+    for k, (group, (steps, seconds)) in enumerate(zip(groups, times, strict=True)):
         named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
         lines.append(
             f"  {'pack' if len(group) > 1 else 'job'} {k}: {len(group)} run(s) of {named}, {steps:,} steps each at "
-            f"{seconds * 1000:.0f} ms a step here: about {_duration(took)}"
+            f"{seconds * 1000:.0f} ms a step here: about {duration(len(group) * steps * seconds)}"
         )
-    at_once = min(n_jobs, len(groups))
+    total = _total([len(group) for group in groups], times, n_jobs)
     lines.append(
-        f"about {_duration(total / at_once)} of training on this machine ({at_once} at a time, {threads} thread(s) "
-        "each; start-up, validation and the head analysis not counted)"
+        f"about {duration(total)} of training on this machine ({min(n_jobs, len(groups))} at a time, {threads} "
+        "thread(s) each; start-up, validation and the head analysis not counted)"
     )
     return lines
 
 
-def _duration(seconds: float) -> str:
+def _total(members: list[int], times: list[tuple[int, float]], n_jobs: int) -> float:
+    """Seconds of training of packs of these many members, n_jobs at a time."""
+    return sum(n * steps * seconds for n, (steps, seconds) in zip(members, times, strict=True)) / min(
+        n_jobs, len(times)
+    )
+
+
+def duration(seconds: float) -> str:
+    """A rough duration: minutes, or hours from 90 minutes."""
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
+
+
+def _shape(cfg: DictConfig) -> str:
+    """What a run's steps and a step's time depend on: the model, the data but for its fold and seed (folds differ
+    by a row or two), and R-Drop's second pass."""
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    data.pop("seed", None)
+    (data.get("cv") or {}).pop("fold", None)
+    return repr((OmegaConf.to_container(cfg.model, resolve=True), data, cfg.optim.get("rdrop")))
+
+
+def _threads(n_jobs: int) -> int:
+    from headlab.training.cores import usable_cores
+
+    return max(1, usable_cores() // n_jobs)

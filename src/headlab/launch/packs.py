@@ -7,6 +7,7 @@ Which jobs share a pack is headlab.launch.plan's (the same plan for packs as SLU
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from omegaconf import OmegaConf, open_dict
 
 from headlab.launch import console
+from headlab.launch.dry_run import duration
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
 from headlab.launch.plan import plan
 from headlab.record import read_record
@@ -89,13 +91,17 @@ def launch(
     ready = [(ret, ret._return_value) for ret in returns if isinstance(ret._return_value, Job)]
     packs = plan(ready, max_pack, sweep_dir.name)
     n_jobs = min(n_jobs, len(packs)) or 1
-    log.info(
-        "packed launcher: %d jobs to train in %d pack(s) of at most %d, %d at a time",
-        len(ready), len(packs), max_pack, n_jobs,
-    )  # fmt: skip
+    said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {max_pack}"
+    said += f", {n_jobs} at a time"
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
+        log.info(said)
         return returns
-    done, closed = set(), [False] * len(packs)
+    if submit == "local" and _on_cpu(ready[0][1].cfg):  # timed here, as --dry-run times it
+        from headlab.launch.dry_run import estimate
+
+        said += f", {estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)}"
+    log.info(said)
+    done, closed, started = set(), [False] * len(packs), time.monotonic()
 
     def start(k: int) -> None:
         for job in packs[k].jobs:
@@ -109,10 +115,11 @@ def launch(
                 ret.return_value = job.close(result)
             done.add(id(job))
         closed[k] = True
-        completed = sum(job.record.get("status") == "completed" for _, job in ready)
+        completed, ended = sum(job.record.get("status") == "completed" for _, job in ready), sum(closed)
+        pace = f"; about {duration((time.monotonic() - started) / ended * (len(packs) - ended))} to go at this pace"
         log.info(
-            "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed",
-            sum(closed), len(packs), completed, len(ready),
+            "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed%s",
+            ended, len(packs), completed, len(ready), pace if ended < len(packs) else "",
         )  # fmt: skip
 
     if submit == "slurm":
@@ -154,3 +161,9 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def _on_cpu(cfg) -> bool:
+    """Whether the packs train on this machine's CPU (the only device a few timed steps before training tell)."""
+    accelerator = str(cfg.trainer.get("accelerator"))
+    return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
