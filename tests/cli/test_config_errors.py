@@ -206,7 +206,7 @@ CASES = [
         "scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
-    unknown("hydra/sweeper", "basic, grid, optuna, search"),
+    unknown("hydra/sweeper", "basic, grid, search"),
     Case(
         "+scoring=nope",
         ["+scoring=nope"],
@@ -444,7 +444,7 @@ def test_a_misspelt_extension_key_is_refused_before_any_job(run_cli, tmp_path):
 
 @pytest.mark.parametrize("storage", ["sqlite:///missing/folder/study.db", "bogus://study", "sqlite:///not_a_db"])
 def test_a_study_storage_that_cannot_be_opened_is_one_line(run_cli, tmp_path, storage):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("optuna")
     (tmp_path / "not_a_db").write_text("these bytes are no SQLite database")
     done = run_cli("-m", "hydra/sweeper=search", "hydra.sweeper.n_trials=1", f"hydra.sweeper.storage={storage}")
     assert done.returncode == 2 and "Traceback" not in done.stderr

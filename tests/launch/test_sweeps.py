@@ -147,23 +147,6 @@ def test_a_run_confined_to_one_core_trains_on_one_thread(tmp_path):
     assert status(tmp_path / "r")["resources"]["threads"] == 1
 
 
-@pytest.mark.e2e
-def test_optuna_sweeper_with_sqlite_storage(run_cli, tmp_path):
-    result = run_cli(
-        "-m",
-        *QUICK,
-        "hydra/sweeper=search",
-        "hydra.sweeper.n_trials=2",
-        f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
-        "hydra.sweep.dir=sweep",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert [status(tmp_path / "sweep" / j)["status"] for j in "01"] == ["completed", "completed"]
-    best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
-    objectives = [status(tmp_path / "sweep" / j)["metrics"]["val/acc_best"] for j in "01"]
-    assert best["best_value"] == pytest.approx(max(objectives)) and (tmp_path / "optuna.db").stat().st_size > 0
-
-
 def compose_job(*overrides: str):
     with initialize_config_module("headlab.conf", version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=True)

@@ -1,4 +1,4 @@
-"""headlab's Hydra plugins: the grid sweeper and the packed and SLURM launchers (Hydra finds plugins in the
+"""headlab's Hydra plugins: the grid and search sweepers and the packed and SLURM launchers (Hydra finds plugins in the
 hydra_plugins namespace package). They are shells over headlab.launch, which they alone import from headlab."""
 
 
@@ -10,8 +10,9 @@ def register() -> None:
     from headlab.launch import runtime
     from hydra_plugins.headlab_launcher.grid_sweeper import GridSweeper
     from hydra_plugins.headlab_launcher.packed_launcher import PackedLauncher
+    from hydra_plugins.headlab_launcher.search_sweeper import SearchSweeper
     from hydra_plugins.headlab_launcher.slurm_launcher import SlurmLauncher
 
-    for plugin in (GridSweeper, PackedLauncher, SlurmLauncher):
+    for plugin in (GridSweeper, SearchSweeper, PackedLauncher, SlurmLauncher):
         Plugins.instance().register(plugin)
     runtime.configure()
