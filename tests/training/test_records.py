@@ -340,7 +340,9 @@ def test_a_corrupt_results_json_is_reported_never_a_traceback(text_run, run_cli,
 
 
 @pytest.mark.e2e
-def test_a_pack_signalled_while_preparing_its_data_records_every_member_as_interrupted(tmp_path):
+def test_a_packed_sweep_signalled_while_preparing_its_data_records_every_member_as_interrupted(tmp_path):
+    """The first preparation is the launcher's, timing each pack's model for the sweep's first line before any pack
+    begins; a pack's own comes next. Signalled in either, every member says so and resumes."""
     marker = tmp_path / "preparing"
     command = [
         sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1",

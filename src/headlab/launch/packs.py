@@ -96,14 +96,10 @@ def launch(
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         log.info(said)
         return returns
-    if submit == "local" and _on_cpu(ready[0][1].cfg):  # timed here, as --dry-run times it
-        from headlab.launch.dry_run import estimate
-
-        said += f", {estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)}"
-    log.info(said)
-    done, closed, started = set(), [False] * len(packs), time.monotonic()
+    done, closed, began = set(), [False] * len(packs), []
 
     def start(k: int) -> None:
+        began.append(time.monotonic())
         for job in packs[k].jobs:
             job.start(packs[k].id)
 
@@ -116,7 +112,7 @@ def launch(
             done.add(id(job))
         closed[k] = True
         completed, ended = sum(job.record.get("status") == "completed" for _, job in ready), sum(closed)
-        pace = f"; about {duration((time.monotonic() - started) / ended * (len(packs) - ended))} to go at this pace"
+        pace = f"; about {duration((time.monotonic() - began[0]) / ended * (len(packs) - ended))} to go at this pace"
         log.info(
             "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed%s",
             ended, len(packs), completed, len(ready), pace if ended < len(packs) else "",
@@ -125,12 +121,14 @@ def launch(
     if submit == "slurm":
         from headlab.launch.pack_slurm import run_on_slurm
 
+        log.info(said)
         run_on_slurm(packs, slurm)
         for ret, job in ready:  # each pack's SLURM job closed its members' records
             ret.return_value = objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
     specs = [(pack.id, pack.members()) for pack in packs]
     try:
+        log.info(said + _estimate(packs, n_jobs))
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
@@ -145,10 +143,10 @@ def launch(
             accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
             n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
             run_parallel(specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, start, close)
-    except BaseException as error:  # an interrupt: every job started and not closed records it (a queued one
-        # stays queued: it never began)
+    except BaseException as error:  # an interrupt: every job started and not closed records it, a queued one
+        # too where no pack had begun (the sweep was preparing: the estimate's data), else it stays queued
         for _, job in ready:
-            if id(job) not in done and job.record.get("status") == "running":
+            if id(job) not in done and job.record.get("status") in ("running", *(() if began else ("queued",))):
                 with contextlib.suppress(BaseException):  # close re-raises interrupts once recorded
                     job.close(error=error)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
@@ -167,3 +165,16 @@ def _on_cpu(cfg) -> bool:
     """Whether the packs train on this machine's CPU (the only device a few timed steps before training tell)."""
     accelerator = str(cfg.trainer.get("accelerator"))
     return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
+
+
+def _estimate(packs: list, n_jobs: int) -> str:
+    """How long the packs train on this CPU, timed as --dry-run times them; nothing where they train elsewhere, or
+    where a pack cannot be built (it says why when it trains, as without an estimate)."""
+    from headlab.launch.dry_run import estimate
+
+    if not _on_cpu(packs[0].jobs[0].cfg):
+        return ""
+    try:
+        return f", {estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)}"
+    except Exception:
+        return ""
