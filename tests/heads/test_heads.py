@@ -171,3 +171,34 @@ def test_pruning_step_rounds_up():
     curve = pruning_curve(torch.rand(3, 4), lambda ms: [float(m.sum()) for m in ms], step=0.1)  # 2 per step
     assert [p["heads_pruned"] for p in curve] == [0, 2, 4, 6, 8, 10, 12]
     assert [p["metric"] for p in curve] == [12, 10, 8, 6, 4, 2, 0]
+
+
+@pytest.mark.parametrize(
+    "attention, shown",
+    [
+        (dict(n_heads=4, n_kv_heads=2), True),  # a shared key head repeated for each query head it serves
+        (dict(n_heads=4, scoring="additive"), False),
+        (dict(n_heads=2, differential=True), False),
+        (dict(n_heads=4, talking_heads="pre"), False),
+    ],
+)
+def test_the_neuron_views_vectors_give_each_score_or_say_why_not(attention, shown):
+    from headlab.model.hooks import recorded
+    from headlab.training.probe import vectors
+
+    model = Encoder(11, 3, 9, "cls", d_model=16, n_layers=2, attention=attention).eval()
+    tokens = torch.randint(0, 11, (2, 9))
+    with (
+        torch.no_grad(),
+        recorded(model, "hook_q") as q,
+        recorded(model, "hook_k") as k,
+        recorded(model, "hook_attn_scores") as scores,
+    ):
+        model(tokens, torch.zeros(2, 9, dtype=torch.bool), need_weights=True)
+    found = vectors(model, q, k)
+    if not shown:
+        assert found == {"why_not": "the neuron view shows dot-product scores of one map a head, unmixed"}
+        return
+    for layer in range(2):  # q . k x scale, written naively, is each score the normaliser was given
+        naive = torch.einsum("bhqd,bhkd->bhqk", found["q"][layer], found["k"][layer]) * found["scale"]
+        assert torch.allclose(naive, scores[layer], atol=1e-5)

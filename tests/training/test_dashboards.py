@@ -327,3 +327,75 @@ def test_head_view_works_as_bertviz_does_and_says_what_the_heads_do(run, browser
     title = cell.find_element("css selector", "title").get_attribute("textContent")
     assert title.startswith("head 0: ") and title.endswith(f"{float(cell.get_attribute('data-weight')):.3f}")
     assert len(browser.find_elements("css selector", "svg.matrix text.token.key")) == 4 * n  # keys labelled
+
+
+def probe_vectors(run: Path, checkpoint: str, layer: int, head: int) -> tuple:
+    """Example 0's query and key vectors of one head, computed here from the checkpoint at the attention's q and k
+    (after any QK-norm), and the scale of their dot product."""
+    from omegaconf import OmegaConf
+
+    from headlab.training.run import build
+
+    datamodule, model = build(OmegaConf.load(run / ".hydra" / "config.yaml"))
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    probe = datamodule.probe_batch(16)
+    n = int((~probe["padding_mask"][0]).sum())
+    attn, seen = model.blocks[layer].attn, {}
+    hooks = [getattr(attn, f"hook_{x}").register_forward_hook(lambda m, a, out, x=x: seen.update({x: out}))
+             for x in "qk"]  # fmt: skip
+    with torch.no_grad():
+        model.eval()(probe["tokens"][:1, :n], probe["padding_mask"][:1, :n], need_weights=True)
+    for hook in hooks:
+        hook.remove()
+    kv_head = head // (attn.n_heads // attn.n_kv_heads)
+    return seen["q"][0, head].numpy(), seen["k"][0, kv_head].numpy(), attn.scale
+
+
+def test_the_model_view_shows_every_layer_and_head_and_opens_one(run, browser):
+    heads = json.loads((run / "heads.json").read_text())
+    _, weights = probe_attention(run, heads["checkpoint"])
+    browser.get((run / "heads" / "view.html").as_uri())
+    browser.find_element("css selector", "#mode option[value='model']").click()
+    thumbs = browser.find_elements("css selector", "svg.thumb")
+    assert [(int(t.get_attribute("data-layer")), int(t.get_attribute("data-head"))) for t in thumbs] == [
+        (layer, head) for layer in (0, 1) for head in range(4)
+    ]
+    thumbs[7].click()  # layer 1, head 3: opened alone in the lines view
+    assert browser.find_element("id", "mode").get_attribute("value") == "lines"
+    assert browser.find_element("id", "layer").get_attribute("value") == "1"
+    lines = drawn(browser)
+    assert {h for h, _, _ in lines} == {3}
+    w = weights[1][3]
+    assert all(abs(lines[(3, q, k)] - float(w[q, k])) <= 6e-4 for (_, q, k) in lines)
+
+
+def test_the_neuron_view_shows_the_vectors_behind_a_weight(run, browser):
+    """Layer 1, head 2, query 3: the page's q and each key's k are the model's (computed here from the checkpoint),
+    each product cell is their product, each score their dot product times the scale, and the softmax of the
+    scores over the keys gives the weights shown."""
+    heads = json.loads((run / "heads.json").read_text())
+    q, k, scale = probe_vectors(run, heads["checkpoint"], layer=1, head=2)
+    browser.get((run / "heads" / "view.html").as_uri())
+    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver.ActionChains(browser).double_click(browser.find_elements("css selector", "#heads label")[2]).perform()
+    browser.find_element("css selector", "#layer option[value='1']").click()
+    browser.find_element("css selector", "#mode option[value='neuron']").click()
+    browser.find_element("css selector", "#query option[value='3']").click()
+    values = lambda row, kind: [
+        float(c.get_attribute("data-value")) for c in row.find_elements("css selector", f"td.{kind}")
+    ]  # noqa: E731, E501
+    query = browser.find_element("css selector", "#neuron tr.query")
+    assert values(query, "q") == pytest.approx(q[3], abs=6e-4)
+    rows = browser.find_elements("css selector", "#neuron tr.key")
+    assert len(rows) == len(k)
+    scores, shown = [], []
+    for j, row in enumerate(rows):
+        assert values(row, "k") == pytest.approx(k[j], abs=6e-4)
+        assert values(row, "qk") == pytest.approx(q[3] * k[j], abs=2e-3)
+        scores.append(float(row.find_element("css selector", "td.score").text))
+        shown.append(float(row.find_element("css selector", "td.weight").text))
+    assert scores == pytest.approx((k @ q[3] * scale).tolist(), abs=5e-3)
+    softmax = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0).tolist()
+    assert shown == pytest.approx(softmax, abs=5e-3)  # the normaliser turns these scores into these weights
+    assert "layer 1, head 2: query 3" in browser.find_element("css selector", "#neuron caption").text

@@ -1,6 +1,8 @@
-"""An interactive head view of a run: one self-contained HTML page (heads/view.html), in the spirit of bertviz's
-head view. Pick a layer, heads and a probe example; see attention as lines from each query token to the keys
-(hover a token for its own lines) or as matrices, with each head's statistics and importance beside it.
+"""An interactive head view of a run: one self-contained HTML page (heads/view.html), with bertviz's three views.
+Pick a layer, heads and a probe example; see attention as lines from each query token to the keys (hover a token
+for its own lines) or as matrices, with each head's statistics and importance beside it; every layer and head at
+once as thumbnails (the model view: click one to open it); or the query and key vectors behind one head's weights,
+with their elementwise product and the score it sums to (the neuron view).
 
 The page holds its data and its script: it opens from disk with no network, and W&B shows it as wandb.Html.
 """
@@ -17,14 +19,18 @@ MAX_EXAMPLES = 8
 def page_data(snapshot: dict, title: str) -> dict:
     """What the page shows, from a probe snapshot (headlab.training.probe.snapshot): per layer an (E, H, n, n)
     array of probe attention, each example's tokens (its real length), label and prediction, the rows of
-    statistics (and importance) per (layer, head), the share of attention each key role gets from each head, and
-    the notation of the task's tokens, whether weights are signed and the largest magnitude drawn. Weights are
-    stored in thousandths, the examples cut to MAX_VALUES weights."""
+    statistics (and importance) per (layer, head), the share of attention each key role gets from each head, the
+    notation of the task's tokens, whether weights are signed and the largest magnitude drawn, and for the neuron
+    view each example's query and key vectors (q, k: [layer][head][position][d]) and the scale of q . k, or why
+    there are none. Weights are stored in thousandths, vectors to 3 decimals, the examples cut to MAX_VALUES
+    values."""
     weights = [np.asarray(w, dtype=np.float32) for w in snapshot["weights"]]
     tokens, rows = snapshot["tokens"], snapshot["rows"]
     L, (E, H) = len(weights), weights[0].shape[:2]
+    vectors = snapshot.get("vectors") or {"why_not": "the run's snapshot holds no query and key vectors"}
+    d_k = vectors["q"][0].shape[-1] if "q" in vectors else 0
     lengths = [len(t) for t in tokens[:E]]
-    per_example = [L * H * k * k for k in lengths]
+    per_example = [L * H * k * (k + 2 * d_k) for k in lengths]
     keep = max(1, min(MAX_EXAMPLES, int(np.searchsorted(np.cumsum(per_example), MAX_VALUES, side="right"))))
     examples = [
         {
@@ -34,6 +40,7 @@ def page_data(snapshot: dict, title: str) -> dict:
                 np.rint(weights[layer][e, :, : lengths[e], : lengths[e]] * 1000).astype(int).tolist()
                 for layer in range(L)
             ],
+            **({"q": _rounded(vectors["q"], e, lengths[e]), "k": _rounded(vectors["k"], e, lengths[e])} if d_k else {}),
         }
         for e in range(min(keep, E))
     ]
@@ -53,7 +60,13 @@ def page_data(snapshot: dict, title: str) -> dict:
         "examples": examples,
         "roles": shares,
         "notation": snapshot.get("notation"),
+        "neuron": {"scale": vectors["scale"]} if d_k else {"why_not": vectors["why_not"]},
     }
+
+
+def _rounded(vectors: list, e: int, length: int) -> list:
+    """[layer][head][position][d] of example e's query (or key) vectors, to 3 decimals."""
+    return [np.round(np.asarray(v[e, :, :length], dtype=np.float64), 3).tolist() for v in vectors]
 
 
 # characters that could end or change the <script> element the data sits in ("</script", "<!--"), or a JS string

@@ -14,6 +14,7 @@ from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
 from headlab.heads import head_view, statistics
 from headlab.model.hooks import recorded
+from headlab.model.scoring import Dot
 
 
 def attention(model, datamodule, batch: dict) -> dict:
@@ -23,7 +24,13 @@ def attention(model, datamodule, batch: dict) -> dict:
     evaluation mode."""
     was_training = model.training
     model.eval()
-    with torch.no_grad(), recorded(model, "hook_attn_scores") as scores, recorded(model, "hook_gate") as gates:
+    with (
+        torch.no_grad(),
+        recorded(model, "hook_attn_scores") as scores,
+        recorded(model, "hook_gate") as gates,
+        recorded(model, "hook_q") as queries,
+        recorded(model, "hook_k") as keys,
+    ):
         logits, weights = model(batch["tokens"], batch["padding_mask"], need_weights=True)
     model.train(was_training)
     padding = model.attention_padding_mask(batch["padding_mask"])  # (B, n')
@@ -33,7 +40,28 @@ def attention(model, datamodule, batch: dict) -> dict:
     if relevant:  # the share of attention on the keys each query needs, per head
         for row in report["rows"]:
             row[statistics.RELEVANT] = float(seen_roles["share"][row["layer"], row["head"], relevant].sum())
-    return {"weights": weights, "logits": logits, "report": report, "roles": seen_roles, "mixing": mixing(model)}
+    return {
+        "weights": weights, "logits": logits, "report": report, "roles": seen_roles, "mixing": mixing(model),
+        "vectors": vectors(model, queries, keys),
+    }  # fmt: skip
+
+
+NEURON_VIEW = "dot-product scores of one map a head, unmixed"  # what the neuron view can show
+
+
+def vectors(model, queries: list[torch.Tensor], keys: list[torch.Tensor]) -> dict:
+    """The query and key vectors behind each weight, for the head view's neuron view: per layer q and k (B, H, n',
+    d_k) (a shared key head repeated for each query head it serves) and the scale of q . k; or why not, where a
+    score is not one scaled dot product (additive scoring, differential maps, talking heads mixing logits)."""
+    attn = model.blocks[0].attn
+    if attn.scoring_fn is not Dot or attn.maps != 1 or attn.logit_mix is not None:
+        return {"why_not": f"the neuron view shows {NEURON_VIEW}"}
+    repeat = attn.n_heads // attn.n_kv_heads
+    return {
+        "q": queries,
+        "k": [k.repeat_interleave(repeat, dim=1) for k in keys],  # (B, H, n', d_k)
+        "scale": attn.scale,
+    }
 
 
 def mixing(model) -> dict[str, list]:
@@ -93,8 +121,17 @@ def snapshot(model, datamodule, batch: dict, seen: dict, step: int, examples: in
         "mixing": seen["mixing"],
         "n_heads": model.n_heads,
         "rows": seen["report"]["rows"],
+        "vectors": _first(seen["vectors"], count, n),
         "step": step,
     }
+
+
+def _first(vectors: dict, count: int, n: int) -> dict:
+    """The query and key vectors of the first `count` examples and n positions, as arrays."""
+    if "why_not" in vectors:
+        return vectors
+    cut = lambda tensors: [t[:count, :, :n].float().cpu().numpy() for t in tensors]  # noqa: E731 (E, H, n, d_k)
+    return {"q": cut(vectors["q"]), "k": cut(vectors["k"]), "scale": vectors["scale"]}
 
 
 def _outcome(datamodule, model, label: torch.Tensor, predicted: torch.Tensor, length: int) -> dict:
