@@ -62,6 +62,27 @@ def test_wandb_config_has_the_resolved_head_sizes_parameters_flops_dataset_and_c
     assert config["flops_per_token"] == record["flops_per_token"] > 0
     assert config["dataset"] == "pair_recall" and config["commit"] == record["git_sha"]
     assert record["heads"] == {"n_heads": 4, "d_k": 4, "d_v": 4, "n_kv_heads": 4}
+    assert str(run) not in json.dumps(config)  # where the run ran is results.json's, not the dashboard's
+    assert (
+        "callbacks.model_checkpoint.dirpath" in record["config"] and "callbacks.model_checkpoint.dirpath" not in config
+    )
+
+
+def test_the_dashboards_name_a_released_file_from_headlab_data_and_the_dataset_by_its_config(tmp_path, monkeypatch):
+    from headlab.training.loggers import run_facts, shown
+
+    monkeypatch.setenv("HEADLAB_DATA", str(tmp_path / "data"))
+    config = {"data": "cr", "data.files.train": str(tmp_path / "data" / "cr" / "custrev.all"), "seed": 0,
+              "logger.csv.save_dir": str(tmp_path / "run"), "data.files.test": "/elsewhere/mine.tsv"}  # fmt: skip
+    assert shown(config) == {
+        "data": "cr",
+        "data.files.train": "$HEADLAB_DATA/cr/custrev.all",
+        "seed": 0,
+        "data.files.test": "/elsewhere/mine.tsv",
+    }  # fmt: skip  (a user's own file: as given)
+    fields = {"heads": {}, "d_ff": 64, "params": {"total": 1, "attention": 1}, "flops_per_token": 1}
+    assert run_facts(fields, config)["dataset"] == "cr"
+    assert run_facts(fields, {"data": "files", "data.files.train": "/x/reviews.tsv"})["dataset"] == "reviews.tsv"
 
 
 def test_wandb_tags_come_from_the_configuration(run):

@@ -1,5 +1,6 @@
 """Experiment loggers. W&B goes offline by itself when it has no credentials or no network: it never prompts
-and never blocks for long. Every logger gets the whole config as flat dotted keys."""
+and never blocks for long. Every logger gets the whole config as flat dotted keys, but for where the run ran
+(loggers.shown)."""
 
 import functools
 import logging
@@ -14,6 +15,7 @@ from urllib.parse import urlparse
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from headlab.conventions import PATH_SUFFIXES, data_dir
 from headlab.errors import first_line
 from headlab.record import VAL_ACC_BEST
 
@@ -166,7 +168,8 @@ def run_facts(fields: dict, config: dict) -> dict:
     counts, training FLOPs per token, the dataset and the commit. fields: results.json's (records.model_fields)."""
     from headlab.record import git_sha
 
-    dataset = config.get("data.hub") or config.get("data.files.train") or config.get("data")
+    name, train = config.get("data"), config.get("data.files.train")
+    dataset = name if name not in (None, "files") else config.get("data.hub") or (train and Path(train).name)
     return {
         **{f"resolved.{k}": v for k, v in fields["heads"].items()},
         "resolved.d_ff": fields["d_ff"],
@@ -176,6 +179,20 @@ def run_facts(fields: dict, config: dict) -> dict:
         "dataset": dataset,
         "commit": git_sha(),
     }
+
+
+def shown(config: dict) -> dict:
+    """The config as the dashboards get it: without the run's own directories (where it ran, not what it is:
+    results.json keeps them), a file under $HEADLAB_DATA named from there, as every machine names it."""
+    root = data_dir().resolve()
+    out = {}
+    for key, value in config.items():
+        if key.endswith(PATH_SUFFIXES):
+            continue
+        if key.startswith("data.files.") and isinstance(value, str) and Path(value).resolve().is_relative_to(root):
+            value = f"$HEADLAB_DATA/{Path(value).resolve().relative_to(root).as_posix()}"
+        out[key] = value
+    return out
 
 
 def derived_tags(config: dict) -> list[str]:
@@ -208,7 +225,7 @@ def start(loggers: list, config: dict, resumed_step: int | None = None) -> None:
             _init_or_go_offline(logger)
             run = logger.experiment
             run.tags = tuple(dict.fromkeys([*run.tags, *derived_tags(config)]))
-        logger.log_hyperparams(config)
+        logger.log_hyperparams(shown(config))
 
 
 def _continue_csv(logger, resumed_step: int) -> None:
@@ -248,7 +265,7 @@ def finish(loggers: list, failed: bool, summary: dict | None = None, config: dic
         if isinstance(logger, TensorBoardLogger) and summary and not failed:
             best = summary.get(VAL_ACC_BEST, summary.get("val/acc"))
             metrics = {**summary, "hp_metric": best} if best is not None else summary
-            _hparams_session(logger, config or {}, metrics, step)
+            _hparams_session(logger, shown(config or {}), metrics, step)
         if isinstance(logger, WandbLogger):
             run = logger.experiment
             run.summary.update(summary)
