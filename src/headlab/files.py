@@ -35,5 +35,17 @@ def _disk_full(error: OSError, path: Path) -> Exception:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     write_atomic(path, lambda f: f.write(data))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def append_text_atomic(path: Path, text: str) -> None:
+    """The file with text added at its end, written whole again (a reader never sees it half appended)."""
+    write_text_atomic(path, path.read_text(encoding="utf-8") + text)

@@ -8,6 +8,7 @@ and the interactive head view (view.html, opens in any browser without network).
 
 import argparse
 import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from rich.table import Table
 
     from headlab.cli import saved_run
+    from headlab.files import write_bytes_atomic, write_text_atomic
     from headlab.heads import figures, head_view, statistics
     from headlab.training import causal_report, probe
 
@@ -72,15 +74,16 @@ def main(argv: list[str] | None = None) -> None:
             scores=scores, curves=plain, split=split, metric=metric, causal=report["rows"]
         )
     for name, data in pngs.items():  # attention_layer_0.png, similarity.png, importance_map.png, pruning_curves.png
-        (out / f"{name.replace('attention/', 'attention_').removeprefix('heads/')}.png").write_bytes(data)
+        write_bytes_atomic(out / f"{name.replace('attention/', 'attention_').removeprefix('heads/')}.png", data)
     probe.write_head_view(out / "view.html", snapshot, f"{args.run_dir}: heads of {checkpoint.name}")
     columns = ["layer", "head", *statistics.measured(report["rows"])]
     columns += ["importance"] if "importance" in report["rows"][0] else []
     columns += causal_report.measured(report["rows"])
-    with (out / "statistics.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(report["rows"])
+    written = io.StringIO(newline="")
+    writer = csv.DictWriter(written, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(report["rows"])
+    write_text_atomic(out / "statistics.csv", written.getvalue())
 
     table = Table(title=f"heads of {args.run_dir} ({len(batch['tokens'])} probe examples)")
     for c in columns:

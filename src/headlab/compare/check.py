@@ -25,6 +25,7 @@ from pathlib import Path
 
 from headlab.compare import analysis, blocks, findings
 from headlab.compare.report import RECORD, report
+from headlab.files import write_json_atomic
 from headlab.stats import archive
 from headlab.stats.contrasts import CompareError
 from headlab.stats.runs import load_dirs
@@ -197,7 +198,7 @@ def _record(folder: Path, sources: list[str], values: dict, elsewhere: dict) -> 
     """compare.json for a table that agrees with its archive and was made before tables kept one."""
     kept = {k: v for k, v in elsewhere.items() if k != "out"}  # where the runs were read and the table put
     record = {"sources": {"dirs": sources, **kept}, "analysis": analysis.stated(values)}
-    (folder / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(folder / RECORD, record)
 
 
 def _rows(text: str) -> list[str]:

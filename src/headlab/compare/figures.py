@@ -1,10 +1,12 @@
 """headlab-compare's figures: each metric against a numeric varying key, and the learning curves per group; one
 panel per dataset (the --across or --meta key), each with its own axis and chance line, one legend below."""
 
+import io
 import math
 import textwrap
 from pathlib import Path
 
+from headlab.files import write_bytes_atomic
 from headlab.stats.comparison import group_runs, hashable
 from headlab.stats.contrasts import Design
 from headlab.stats.datasets import setting_keys
@@ -181,8 +183,7 @@ def plot(out: Path, keys: list[str], rows: list[dict], design: Design) -> list[P
     written = []
     for metric in design.metrics:
         if (fig := metric_figure(keys, rows, metric, design)) is not None:
-            fig.savefig(path := out / f"compare_{metric.replace('/', '_')}.png", dpi=120)
-            written.append(path)
+            written.append(_save(fig, out / f"compare_{metric.replace('/', '_')}.png"))
     return written
 
 
@@ -190,5 +191,12 @@ def plot_curves(out: Path, keys: list[str], rows: list[dict], design: Design) ->
     """compare_curves.png, where the runs recorded curves."""
     if (fig := curves_figure(keys, rows, design)) is None:
         return []
-    fig.savefig(path := out / "compare_curves.png", dpi=120)
-    return [path]
+    return [_save(fig, out / "compare_curves.png")]
+
+
+def _save(fig, path: Path) -> Path:
+    """The figure as a PNG, whole or not at all."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    write_bytes_atomic(path, buffer.getvalue())
+    return path

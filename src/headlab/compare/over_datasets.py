@@ -3,9 +3,11 @@ over the datasets (--meta: a table below compare.md's, and compare_meta.csv) and
 (--across: the same, and compare_across.csv)."""
 
 import csv
+import io
 import math
 from pathlib import Path
 
+from headlab.files import append_text_atomic, write_text_atomic
 from headlab.stats.contrasts import Design
 
 
@@ -59,8 +61,7 @@ def meta_table(pooled: list[dict], design: Design) -> list[str]:
 
 def write_meta(out: Path, pooled: list[dict], design: Design) -> Path:
     """The pooled table appended to compare.md, and compare_meta.csv (one row per arm and metric)."""
-    with (out / "compare.md").open("a") as f:
-        f.write("\n" + "\n".join(meta_table(pooled, design)))
+    append_text_atomic(out / "compare.md", "\n" + "\n".join(meta_table(pooled, design)))
     fields = (
         "k",
         "effect",
@@ -76,14 +77,15 @@ def write_meta(out: Path, pooled: list[dict], design: Design) -> Path:
         "pred_low",
         "pred_high",
     )
-    with (out / "compare_meta.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        arm_keys = list(pooled[0]["arm"])
-        writer.writerow([*arm_keys, "metric", *fields, "verdict", "datasets"])
-        for r in pooled:
-            each = ";".join(f"{d}={e!r}:{se!r}" for d, (e, se) in r["datasets"].items())
-            verdict = meta_verdict(r, design.effect)
-            writer.writerow([*r["arm"].values(), r["metric"], *(r[k] for k in fields), verdict, each])
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    arm_keys = list(pooled[0]["arm"])
+    writer.writerow([*arm_keys, "metric", *fields, "verdict", "datasets"])
+    for r in pooled:
+        each = ";".join(f"{d}={e!r}:{se!r}" for d, (e, se) in r["datasets"].items())
+        verdict = meta_verdict(r, design.effect)
+        writer.writerow([*r["arm"].values(), r["metric"], *(r[k] for k in fields), verdict, each])
+    write_text_atomic(out / "compare_meta.csv", table.getvalue())
     return out / "compare_meta.csv"
 
 
@@ -175,21 +177,21 @@ def _targets(targets: dict, k: int) -> str:
 
 def write_across(out: Path, ranked: dict, design: Design) -> Path:
     """The ranking appended to compare.md, and compare_across.csv (one row per setting, metric and dataset)."""
-    with (out / "compare.md").open("a") as f:
-        f.write("\n" + "\n".join(across_table(ranked, design)) + "\n")
-    with (out / "compare_across.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
-        head = ["mean", "low", "high", "gap", "gap_low", "gap_high", "target", "worst", "rank", "chosen"]
-        writer.writerow([*names, "metric", design.across, *head])
-        for index, s in enumerate(ranked["settings"]):
-            for metric in design.metrics:
-                entry = s.get(metric) or {"means": {}}
-                for d, mean in entry["means"].items():
-                    low, high = entry["intervals"][d]
-                    gap = [entry["gaps"][d], *entry["gap_intervals"][d], entry.get("targets", {}).get(d, "")]
-                    row = [mean, low, high, *gap, entry["worst"], entry["rank"], index == ranked["chosen"]]
-                    writer.writerow([*s["setting"].values(), metric, d, *row])
+    append_text_atomic(out / "compare.md", "\n" + "\n".join(across_table(ranked, design)) + "\n")
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
+    head = ["mean", "low", "high", "gap", "gap_low", "gap_high", "target", "worst", "rank", "chosen"]
+    writer.writerow([*names, "metric", design.across, *head])
+    for index, s in enumerate(ranked["settings"]):
+        for metric in design.metrics:
+            entry = s.get(metric) or {"means": {}}
+            for d, mean in entry["means"].items():
+                low, high = entry["intervals"][d]
+                gap = [entry["gaps"][d], *entry["gap_intervals"][d], entry.get("targets", {}).get(d, "")]
+                row = [mean, low, high, *gap, entry["worst"], entry["rank"], index == ranked["chosen"]]
+                writer.writerow([*s["setting"].values(), metric, d, *row])
+    write_text_atomic(out / "compare_across.csv", table.getvalue())
     return out / "compare_across.csv"
 
 

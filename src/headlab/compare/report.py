@@ -10,7 +10,7 @@ from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
 from headlab.compare.over_datasets import write_across, write_meta
 from headlab.compare.tables import pruning_table, roles_table, write_outputs
-from headlab.files import write_atomic
+from headlab.files import append_text_atomic, write_atomic
 from headlab.stats import datasets
 from headlab.stats.comparison import check_metrics, compare, pruning_summary, same_value, select_best
 from headlab.stats.contrasts import CompareError, Design
@@ -77,8 +77,7 @@ def report(
         done.roles = roles_table(role_counts(chosen, keys, design.solved), design.solved)
         more += [""] + (done.roles or ["Head roles: no run recorded any (heads.json rows without `role`)."])
     if more:
-        with (out / "compare.md").open("a") as f:
-            f.write("\n".join(more))
+        append_text_atomic(out / "compare.md", "\n".join(more))
     recorded = {"sources": sources, "analysis": analysis_.stated(dict(analysis.options))}
     text = (json.dumps(recorded, indent=2) + "\n").encode()
     write_atomic(out / RECORD, lambda f: f.write(text))

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
-from headlab.files import write_atomic
+from headlab.files import write_atomic, write_text_atomic
 from headlab.launch import console, rundir
 from headlab.record import git_sha, read_record, versions, write_record
 from headlab.training import cores, trust
@@ -163,7 +163,7 @@ class Job:
                     rundir.note_refused(self.sweep_dir, self.run_dir, str(error))
             elif self.previous is not None and not isinstance(error, TrainingError):  # a refused resume: the run
                 # keeps the record it had
-                (self.run_dir / "results.json").write_text(self.previous)
+                write_text_atomic(self.run_dir / "results.json", self.previous)
             elif self.fresh and not self.in_sweep and not (self.run_dir / "results.json").exists():
                 rundir.remove_fresh(self.run_dir)  # refused before it began: it leaves no directory behind
             else:

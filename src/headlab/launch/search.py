@@ -13,10 +13,12 @@ from pathlib import Path
 
 import optuna
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from headlab.errors import ConfigError
+from headlab.files import write_text_atomic
 from headlab.training.config_check import POSITIVE, fail
 from headlab.training.pruning import PRUNERS, make_pruner
 
@@ -165,6 +167,11 @@ def said(study: optuna.Study, number: int, objective: str) -> str:
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     best = f"; best so far {study.best_value:.4f} (trial {study.best_trial.number})" if done else ""
     return f"search: trial {trial.number}: {what}{best}"
+
+
+def write_results(path: Path, study: optuna.Study, objective: str) -> None:
+    """optimization_results.yaml, whole or not at all."""
+    write_text_atomic(path, OmegaConf.to_yaml(OmegaConf.create(results(study, objective))))
 
 
 def results(study: optuna.Study, objective: str) -> dict:

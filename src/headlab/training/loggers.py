@@ -3,6 +3,7 @@ and never blocks for long. Every logger gets the whole config as flat dotted key
 (loggers.shown)."""
 
 import functools
+import io
 import logging
 import netrc
 import os
@@ -17,6 +18,7 @@ from hydra.types import RunMode
 
 from headlab.conventions import PATH_SUFFIXES, data_dir
 from headlab.errors import first_line
+from headlab.files import write_text_atomic
 from headlab.record import VAL_ACC_BEST
 
 log = logging.getLogger("headlab")
@@ -240,10 +242,11 @@ def _continue_csv(logger, resumed_step: int) -> None:
         reader = csv.DictReader(f)
         header, rows = list(reader.fieldnames or []), [r for r in reader if int(r["step"]) < resumed_step]
     writer = logger.experiment  # deletes the file
-    with open(path, "w", newline="") as f:
-        out = csv.DictWriter(f, fieldnames=header)
-        out.writeheader()
-        out.writerows(rows)
+    kept = io.StringIO(newline="")
+    out = csv.DictWriter(kept, fieldnames=header)
+    out.writeheader()
+    out.writerows(rows)
+    write_text_atomic(path, kept.getvalue())
     writer.metrics_keys = header
 
 

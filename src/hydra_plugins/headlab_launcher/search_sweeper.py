@@ -47,6 +47,5 @@ class SearchSweeper(Sweeper):
         trials = search.Trials(study, space, str(self.config.sweep.objective), storage, pruner)
         resume = bool(OmegaConf.select(self.config, "sweep.resume"))
         returns = trials.run(self.launcher.launch, self.n_trials, self.n_jobs, resume)
-        with (sweep_dir / "optimization_results.yaml").open("w") as out:
-            OmegaConf.save(OmegaConf.create(search.results(study, trials.objective)), out)
+        search.write_results(sweep_dir / "optimization_results.yaml", study, trials.objective)
         return returns

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from headlab.cli.bench import commands, micro, overhead, packing, report, timing
+from headlab.files import write_text_atomic
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sections = report.sections(args.out)
         sections["gpu"] = "\n".join(gpu.report({**gpu.figures(tmp, args.repeats, args.data_dir), **r}))
-        args.out.write_text(report.join(sections))
+        write_text_atomic(args.out, report.join(sections))
         print(f"wrote the GPU section of {args.out}", file=sys.stderr)
         return
     r["peak"] = args.peak = timing.matmul_peak(repeats=args.repeats)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     r["parallel_packs"] = None if args.quick else packing.parallel_packs(tmp)
     sections = report.sections(args.out)
     sections["cpu"] = report.report(r, args)
-    args.out.write_text(report.join(sections))
+    write_text_atomic(args.out, report.join(sections))
     print(f"wrote {args.out}", file=sys.stderr)
 
 
