@@ -166,3 +166,29 @@ def test_the_progress_bar_reads_the_metrics_every_n_steps_not_every_batch(monkey
     assert counts["RichProgressBar"] >= steps
     assert counts["ProgressBar"] <= steps // 4 + 3 * 2  # every 4 steps, plus the ends of 2 epochs and validations
     assert "val/acc" in bar._shown and "train/loss_step" in bar._shown
+
+
+@pytest.mark.parametrize(
+    "tool, argv, said",
+    [
+        ("bench", ["--repeats", "0"], "argument --repeats: '0' is invalid: expected an integer >= 1"),
+        ("bench", ["--batch", "-1"], "argument --batch: '-1' is invalid: expected an integer >= 1"),
+        ("bench", ["--seq", "x"], "argument --seq: 'x' is invalid: expected an integer >= 1"),
+        ("bench", ["--memory-seq", "0"], "argument --memory-seq: '0' is invalid: expected an integer >= 1"),
+        ("bench", ["--sweep-jobs", "0"], "argument --sweep-jobs: '0' is invalid: expected an integer >= 1"),
+        ("heads", ["RUN", "--n-probe", "-3"], "argument --n-probe: '-3' is invalid: expected an integer >= 0"),
+        ("status", ["RUN", "--stale", "nan"], "argument --stale: 'nan' is invalid: expected a finite number > 0"),
+        ("status", ["RUN", "--stale", "-1"], "argument --stale: '-1' is invalid: expected a finite number > 0"),
+    ],
+)
+def test_a_bad_option_value_is_one_line_where_it_is_parsed(tool, argv, said, tmp_path, capsys):
+    """Every numeric option of the tools is checked by argparse itself: its one line, exit 2, nothing run."""
+    import importlib
+
+    main = importlib.import_module(f"headlab.cli.{tool}").main
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, *(["--out", str(tmp_path / "B.md")] if tool == "bench" else [])])
+    assert stopped.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"headlab-{tool}: error: {said}"
+    assert not (tmp_path / "B.md").exists()

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from headlab.cli.arguments import at_least
+
 
 def _measured(heads_json: Path, checkpoint: Path) -> dict | None:
     """The run's heads.json, when its importance was measured on this checkpoint's weights."""
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="where to write (default: RUN_DIR/heads)")
     parser.add_argument(
         "--n-probe",
-        type=int,
+        type=at_least(0),
         help="validation examples in the probe set (default 16; with --text: 0, the sentences alone)",
     )
     parser.add_argument("--checkpoint", default="best", help="best (default), last, or a checkpoint file")

@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from headlab.cli.arguments import positive_number
 from headlab.cli.pipe import piped
 from headlab.conventions import PROGRESS
 from headlab.launch.summary import job_ranges
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep directories (one job per folder) or run directories")
     parser.add_argument(
         "--stale",
-        type=float,
+        type=positive_number,
         default=10.0,
         metavar="MINUTES",
         help="a run in training that has not written its progress for longer is flagged as maybe stopped (10)",

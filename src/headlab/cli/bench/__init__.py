@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from headlab.cli.arguments import at_least
 from headlab.cli.bench import commands, micro, overhead, packing, report, timing
 from headlab.files import write_text_atomic
 
@@ -19,16 +20,16 @@ from headlab.files import write_text_atomic
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="headlab-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--memory-seq", type=int, default=512)
+    parser.add_argument("--repeats", type=at_least(1), default=7)
+    parser.add_argument("--batch", type=at_least(1), default=32)
+    parser.add_argument("--seq", type=at_least(1), default=128)
+    parser.add_argument("--memory-seq", type=at_least(1), default=512)
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     parser.add_argument("--sst2-recipe", action="store_true", help="also train experiment=sst2_recipe (7 min)")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="holds sst2/ (SST-2 rows)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and 1 repeat: a smoke test, not figures")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: the GPU section only")
-    parser.add_argument("--sweep-jobs", type=int, default=16, help="jobs of the packed-against-solo seed sweep")
+    parser.add_argument("--sweep-jobs", type=at_least(1), default=16, help="jobs of the packed-against-solo seed sweep")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.batch, args.seq, args.memory_seq, args.compile = 1, 4, 16, 32, False
