@@ -4,6 +4,7 @@ version (and no temporary file) behind. Standard library only: every layer write
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,33 @@ def write_atomic(path: Path, write) -> None:
         if isinstance(error, OSError):
             raise _disk_full(error, path) from error
         raise
+
+
+MAX_RECORD_BYTES = 64 * 2**20  # a run's record is KB to a few MB: a larger one (a decompression bomb) is refused
+
+
+class NotARecord(OSError):
+    """A received file that is no plain file of a record's size (a pipe, a device, a link, a folder, too large):
+    refused before a byte of it is read (a pipe would block, a device never end)."""
+
+
+def check_received(path: Path, limit: int | None = MAX_RECORD_BYTES) -> Path:
+    """path, where it is a plain file (not a link to one) of at most `limit` bytes; NotARecord otherwise."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a link" if stat.S_ISLNK(found.st_mode) else "a folder" if stat.S_ISDIR(found.st_mode) else "no file"
+        raise NotARecord(f"{path} is {kind}: expected a plain file")
+    if limit is not None and found.st_size > limit:
+        raise NotARecord(f"{path} is {found.st_size:,} bytes, over the {limit:,} a record may be")
+    return path
+
+
+def read_received(path: Path, limit: int | None = MAX_RECORD_BYTES) -> str:
+    """The text of a file a run directory holds, which may have come from anyone: check_received's, then read."""
+    return check_received(path, limit).read_text(encoding="utf-8")
 
 
 def _disk_full(error: OSError, path: Path) -> Exception:

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, REPORTING_GROUPS, RESUME_KEYS, as_now
-from headlab.files import write_json_atomic
+from headlab.files import read_received, write_json_atomic
 
 RESULTS = "results.json"  # in every run directory, from the moment its job claims it
 VAL_ACC_BEST = "val/acc_best"  # the best validation accuracy of the run: what it is selected and summarised on
@@ -33,7 +33,7 @@ def parse(text: str | None) -> dict | None:
 def read_record(run_dir: Path) -> dict | None:
     """A run directory's results.json as a dict; None when it is absent, unreadable, cut short, or not an object."""
     try:
-        return parse((Path(run_dir) / RESULTS).read_text())
+        return parse(read_received(Path(run_dir) / RESULTS))
     except (OSError, UnicodeDecodeError):
         return None
 

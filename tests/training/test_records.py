@@ -4,6 +4,7 @@ reader's machine; corrupt records are reported, not tracebacks."""
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -357,3 +358,53 @@ def test_a_packed_sweep_signalled_while_preparing_its_data_records_every_member_
     assert process.returncode == 128 + signal.SIGTERM and b"Traceback" not in stderr
     statuses = [json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text())["status"] for i in (0, 1)]
     assert statuses == ["interrupted", "interrupted"]
+
+
+def make_unreadable(path: Path, kind: str) -> None:
+    """path replaced by what a received run directory may hold instead of a record."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    if kind == "pipe":
+        os.mkfifo(path)  # opened for reading, it blocks until a writer comes
+    elif kind == "endless":
+        path.symlink_to("/dev/zero")  # read, it never ends
+    elif kind == "folder":
+        path.mkdir()
+    else:  # 65 MiB of nothing (a sparse file): over the size a record may be
+        with path.open("wb") as f:
+            f.truncate(65 * 2**20)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["pipe", "endless", "folder", "huge"])
+def test_a_received_record_that_is_no_plain_file_is_refused_before_it_is_read(text_run, run_cli, tmp_path, kind):
+    """A pipe would block a reader, /dev/zero never end, a huge file exhaust memory: every reader of a received
+    run looks before it reads, and says so in one line (or leaves the file out)."""
+    from headlab.record import read_record
+
+    run = tmp_path / "sweep" / "0"
+    shutil.copytree(text_run, run)
+    make_unreadable(run / "results.json", kind)
+    make_unreadable(run / "progress.json", kind)
+    assert read_record(run) is None
+    status = tool("status", str(run.parent), cwd=tmp_path)
+    assert status.returncode == 0 and "unreadable" in status.stdout and "Traceback" not in status.stderr
+    compared = tool("compare", str(run.parent), cwd=tmp_path)
+    assert "Traceback" not in compared.stderr and f"skipped {run}/results.json" in compared.stderr
+
+    make_unreadable(run / ".hydra" / "config.yaml", kind)
+    heads = tool("heads", str(run), cwd=tmp_path)
+    assert heads.returncode != 0 and "Traceback" not in heads.stderr
+    assert heads.stderr.strip().splitlines()[-1].startswith(f"headlab-heads: {run}/.hydra/config.yaml is ")
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(text_run, resumed)
+    as_interrupted(resumed)
+    make_unreadable(resumed / "checkpoints" / "last.ckpt", kind)
+    refused = run_cli(f"resume={resumed}")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    said = refused.stderr.strip().splitlines()[-1]
+    assert said.startswith("headlab-train: invalid config: resume=") and "last.ckpt" in said
+    assert kind == "huge" or "expected a plain file" in said  # a large file is read as a checkpoint: not one

@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from headlab.cli.arguments import at_least
+from headlab.files import read_received
 
 
 def _measured(heads_json: Path, checkpoint: Path) -> dict | None:
     """The run's heads.json, when its importance was measured on this checkpoint's weights."""
     try:
-        report = json.loads(heads_json.read_text())
+        report = json.loads(read_received(heads_json))
     except (OSError, ValueError):
         return None
     ok = isinstance(report, dict) and report.get("checkpoint") and Path(report["checkpoint"]).name == checkpoint.name

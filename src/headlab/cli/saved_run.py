@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 from headlab.errors import UsageError, first_line
+from headlab.files import read_received
 from headlab.record import read_record
 
 
@@ -41,8 +42,12 @@ def checkpoint_path(run_dir: Path, which: str, prog: str) -> Path:
 def load(run_dir: Path, which: str, prog: str):
     """(datamodule, model in eval mode with the checkpoint's weights, checkpoint path) of a run."""
     config_file = run_dir / ".hydra" / "config.yaml"
-    if not config_file.exists():
-        raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)")
+    try:
+        config_text = read_received(config_file)
+    except FileNotFoundError:
+        raise SystemExit(f"{prog}: {run_dir} is not a headlab run directory (no .hydra/config.yaml)") from None
+    except OSError as error:  # a pipe, a device, a link, a folder, too large: refused before it is read
+        raise SystemExit(f"{prog}: {error}") from None
     checkpoint = checkpoint_path(run_dir, which, prog)
 
     from headlab.launch import rundir, runtime
@@ -58,7 +63,7 @@ def load(run_dir: Path, which: str, prog: str):
     from headlab.training.run import build
 
     runtime.configure()  # the resolvers a saved config may use (${headlab.data_dir:} of the benchmarks' configs)
-    cfg = OmegaConf.load(config_file)
+    cfg = OmegaConf.create(config_text)
     try:
         trust.check_targets(OmegaConf.masked_copy(cfg, ["data", "model"]), str(config_file))
         with open_dict(cfg):

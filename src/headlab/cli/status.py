@@ -14,6 +14,7 @@ from pathlib import Path
 from headlab.cli.arguments import positive_number
 from headlab.cli.pipe import piped
 from headlab.conventions import PROGRESS
+from headlab.files import read_received
 from headlab.launch.summary import job_ranges
 from headlab.record import read_record, total_seconds
 
@@ -49,7 +50,7 @@ def find_jobs(folder: Path) -> dict[str, dict]:
     for run_dir in sorted(dirs, key=lambda d: (len(d.name), d.name)):  # 2 before 10
         record = read_record(run_dir) or {"status": "unreadable"}
         with contextlib.suppress(OSError, ValueError):  # none yet, or none in a run of an older headlab
-            record["progress"] = json.loads((run_dir / PROGRESS).read_text())
+            record["progress"] = json.loads(read_received(run_dir / PROGRESS))
         jobs["" if run_dir == folder else run_dir.name] = record
     return jobs
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from headlab.conventions import PROGRESS
 from headlab.errors import UsageError
+from headlab.files import read_received
 from headlab.record import read_record, same_run
 from headlab.training.run_config import recorded_config
 
@@ -96,7 +97,7 @@ def earlier_attempts(run_dir: Path, before: dict) -> list[dict]:
     if status == "running":
         status, seconds = "ended without a word", None
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            last = datetime.fromisoformat(json.loads((run_dir / PROGRESS).read_text())["updated_at"])
+            last = datetime.fromisoformat(json.loads(read_received(run_dir / PROGRESS))["updated_at"])
             seconds = (last - datetime.fromisoformat(before["started_at"])).total_seconds()
             seconds = round(max(seconds, 0), 3) if seconds > -1 else None  # words are to the second; one from
             # an earlier attempt says nothing of this one's time

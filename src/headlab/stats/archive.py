@@ -12,9 +12,11 @@ import os
 import tarfile
 from pathlib import Path
 
+from headlab import files
+
 RECORDS = ("results.json", "heads.json", "metrics.csv", ".hydra/config.yaml", ".hydra/overrides.yaml")
 SUFFIXES = (".tar.xz", ".tar.gz", ".tar")
-MAX_RECORD_BYTES = 64 * 2**20  # a run's record is KB to a few MB: a larger one (a decompression bomb) is refused
+MAX_RECORD_BYTES = files.MAX_RECORD_BYTES  # a larger record (a decompression bomb) is refused
 UNREADABLE = (tarfile.TarError, OSError, EOFError, UnicodeDecodeError)  # what a damaged archive raises when read
 
 

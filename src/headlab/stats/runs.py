@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headlab.conventions import as_now
+from headlab.files import read_received
 from headlab.stats import archive
 
 LN2 = math.log(2)  # the largest Jensen-Shannon divergence, in nats
@@ -108,11 +109,10 @@ def _add_run(runs: Runs, where: str, read) -> None:
 
 
 def _text(run_dir: Path, name: str) -> str | None:
-    """A record's text; None when it is absent, unreadable, or larger than a record may be (its size is read first)."""
+    """A record's text; None when it is absent, unreadable, larger than a record may be or no plain file (a pipe, a
+    device, a link: files.read_received, which looks before it reads)."""
     try:
-        if (run_dir / name).stat().st_size > archive.MAX_RECORD_BYTES:
-            return None
-        return (run_dir / name).read_text()
+        return read_received(run_dir / name, archive.MAX_RECORD_BYTES)
     except (OSError, UnicodeDecodeError):
         return None
 

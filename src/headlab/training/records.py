@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from headlab.errors import DataError
+from headlab.files import read_received
 from headlab.model import describe
 
 log = logging.getLogger("headlab")
@@ -65,7 +66,7 @@ def check_same_data(run_dir: Path, datamodule) -> None:
     """A reload of a run (resume, headlab-eval, headlab-heads) must prepare the data the run trained on: the digests
     it kept in data/digests.json against those of the data prepared now, in one line naming what differs."""
     try:
-        kept = json.loads((Path(run_dir) / "data" / "digests.json").read_text())
+        kept = json.loads(read_received(Path(run_dir) / "data" / "digests.json"))
     except (OSError, ValueError):
         log.warning("%s kept no data digests (a run made before headlab kept them): its data is not checked", run_dir)
         return

@@ -1,6 +1,7 @@
 """One training run: config -> data + model -> Lightning Trainer -> fit, test -> the fields of results.json."""
 
 import logging
+import os
 import time
 import warnings
 from pathlib import Path
@@ -13,6 +14,7 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError, UsageError, first_line
+from headlab.files import check_received
 from headlab.model import Encoder, rules
 from headlab.record import VAL_ACC_BEST
 from headlab.training import allocator, checkpoints, cores, epochs, memory, records
@@ -30,16 +32,17 @@ _threaded = False  # whether this process has run torch on more than one CPU thr
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
     """checkpoints/last.ckpt of the run being resumed; None for a new run, or one killed before it wrote one (it
-    starts again from its first step: the same steps, since a run repeats exactly)."""
+    starts again from its first step: the same steps, since a run repeats exactly). Anything else there by that name
+    (a pipe, a link, a folder) is for check_fits to refuse."""
     last = Path(cfg.resume) / "checkpoints" / "last.ckpt" if cfg.get("resume") else None
-    return str(last) if last and last.is_file() else None
+    return str(last) if last and os.path.lexists(last) else None
 
 
 def check_fits(path: str, module: pl.LightningModule) -> int:
     """The checkpoint of a resumed run must be loadable without running code from it, and fit this model;
     returns its global step."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(check_received(Path(path), limit=None), map_location="cpu", weights_only=True)
         saved = checkpoint["state_dict"]
     except Exception as error:  # pickled objects (code could run on loading them), or not a checkpoint at all
         unsafe = [line for line in str(error).splitlines() if "Unsupported global" in line]

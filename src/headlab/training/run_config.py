@@ -5,6 +5,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.conventions import as_now
+from headlab.files import read_received
 from headlab.record import flatten, read_record
 
 
@@ -22,7 +23,7 @@ def recorded_config(run_dir: Path) -> dict | None:
     if record is not None and isinstance(record.get("config"), dict):
         return as_now(record["config"])
     try:
-        saved = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
+        saved = OmegaConf.create(read_received(Path(run_dir) / ".hydra" / "config.yaml"))
     except Exception:  # absent or unreadable YAML
         return None
     try:
