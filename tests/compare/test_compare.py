@@ -728,3 +728,31 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
             analysis.analysis(analysis.options(stated.get(key) or {}, key))  # analysis options only, each valid
         if stated.get("confirm"):  # make confirmations puts its table there
             assert results.count(f"<!-- headlab-compare: {experiment.stem}/confirm -->") == 1, experiment.stem
+
+
+def test_importance_order_doing_worse_than_a_baseline_is_stated_as_a_finding(tmp_path):
+    """Ten runs whose importance order keeps less accuracy than reverse order at the middle step and more than it at
+    the last: the reading names both, at Holm p over every step and baseline written out here."""
+
+    def points(curve):
+        return [{"heads_pruned": i, "fraction_pruned": i / 4, "metric": m} for i, m in enumerate(curve)]
+
+    importance, reverse = [], []
+    for seed in range(10):
+        noise = 0.002 * (seed % 3)
+        importance.append([0.9, 0.6 + noise, 0.3 + noise])
+        reverse.append([0.9, 0.7 + noise + 0.001 * seed, 0.1 + 0.001 * seed])
+        write_run(tmp_path / str(seed), 4, "dot", seed, 0.9)
+        heads = {"pruning_curve": points(importance[-1]), "pruning_baselines": {"reverse": points(reverse[-1])}}
+        (tmp_path / str(seed) / "heads.json").write_text(json.dumps({**heads, "pruning_split": "val"}))
+    main([str(tmp_path), "--pruning"])
+    text = (tmp_path / "compare.md").read_text()
+    p = [stats.ttest_rel([c[k] for c in importance], [c[k] for c in reverse]).pvalue for k in (1, 2)]
+    holm = sorted(p)[0] * 2, max(sorted(p)[0] * 2, sorted(p)[1])  # both steps below 0.05: both named
+    assert max(holm) < 0.05
+    delta = [sum(i[k] - r[k] for i, r in zip(importance, reverse, strict=True)) / 10 for k in (1, 2)]
+    assert (
+        f"Reading (Holm over the differences above, p < 0.05): importance order is better than reverse order at "
+        f"0.50 ({delta[1]:+.4f}); importance order is worse than reverse order at 0.25 ({delta[0]:+.4f}): where it "
+        "is worse, the importance ranking misorders these heads." in text
+    )

@@ -358,8 +358,27 @@ def pruning_table(summary: list[dict]) -> list[str]:
                 d = step["differences"][b]
                 cells.append(f"{d['delta']:+.4f}" + ("" if math.isnan(d["p"]) else f" p={d['p']:.3g}"))
             lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += ["", pruning_reading(group), ""]
     return lines
+
+
+def pruning_reading(group: dict) -> str:
+    """What a group's pruning differences say, stated: where importance order keeps more accuracy than a baseline
+    order, and where it keeps less (its ranking then misorders the heads), at Holm p < 0.05 over the group's steps
+    and baselines."""
+    said = []
+    for b in group["orders"][1:]:
+        for sign, word in ((1, "better"), (-1, "worse")):
+            at = [s for s in group["steps"] if s["differences"][b].get("p_holm", 1) < 0.05
+                  and sign * s["differences"][b]["delta"] > 0]  # fmt: skip
+            if at:
+                where = ", ".join(f"{s['fraction']:.2f} ({s['differences'][b]['delta']:+.4f})" for s in at)
+                said.append(f"importance order is {word} than {b} order at {where}")
+    if not said:
+        return "Reading (Holm over the differences above): no difference between the orders is significant."
+    misordered = any(" worse " in s for s in said)
+    ending = ": where it is worse, the importance ranking misorders these heads." if misordered else "."
+    return f"Reading (Holm over the differences above, p < 0.05): {'; '.join(said)}{ending}"
 
 
 def roles_table(summary: list[dict], solved: tuple[str, float] | None) -> list[str]:

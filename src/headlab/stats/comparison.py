@@ -331,7 +331,8 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
 def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:
     """Per group whose runs have pruning curves (heads.json): at each step, the accuracy after pruning in importance
     order and in each baseline order (summarised over runs), and the paired difference importance - baseline with
-    its p-value (paired t-test over runs). [{"group": {key: value}, "runs", "split", "orders", "steps"}]."""
+    its p-value (paired t-test over runs) and Holm's over the group's steps and baselines. [{"group": {key:
+    value}, "runs", "split", "orders", "steps"}]."""
     out = []
     for values, runs in group_runs(records, keys).items():
         analysed = [r["head_analysis"] for r in runs if r.get("head_analysis", {}).get("pruning_curve")]
@@ -358,6 +359,9 @@ def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:
                     "differences": differences,
                 }
             )
+        family = [d for step in steps for d in step["differences"].values()]  # Holm over every step and baseline
+        for d, adjusted in zip(family, inference.holm([d["p"] for d in family]), strict=True):
+            d["p_holm"] = adjusted
         group = dict(zip(keys, values, strict=True))
         split = analysed[0].get("pruning_split", "validation")
         out.append({"group": group, "runs": len(curves), "split": split, "orders": orders, "steps": steps})
