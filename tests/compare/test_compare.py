@@ -2,7 +2,9 @@
 computations; per-arm selection of a key; provenance of every table."""
 
 import csv
+import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -755,4 +757,22 @@ def test_importance_order_doing_worse_than_a_baseline_is_stated_as_a_finding(tmp
         f"Reading (Holm over the differences above, p < 0.05): importance order is better than reverse order at "
         f"0.50 ({delta[1]:+.4f}); importance order is worse than reverse order at 0.25 ({delta[0]:+.4f}): where it "
         "is worse, the importance ranking misorders these heads." in text
+    )
+
+
+@pytest.mark.parametrize("seeds, warned", [(2, True), (4, True), (5, False)])
+def test_arms_of_too_few_seeds_are_warned_of_with_how_far_their_spread_may_be_off(tmp_path, seeds, warned):
+    for heads, seed in itertools.product((1, 4), range(seeds)):
+        write_run(tmp_path / f"{heads}-{seed}", heads, "dot", seed, 0.8 + 0.01 * seed + 0.05 * (heads == 4))
+    main([str(tmp_path), "--metric", "test/acc"])
+    text = (tmp_path / "compare.md").read_text()
+    if not warned:
+        assert "Few replicates" not in text
+        return
+    df = seeds - 1  # the chi-square interval of a standard deviation, written out
+    low, high = math.sqrt(df / stats.chi2.ppf(0.975, df)), math.sqrt(df / stats.chi2.ppf(0.025, df))
+    assert (
+        f"**Few replicates**: 2 arm(s) have fewer than 5 seeds of a metric: model.attention.n_heads=1 ({seeds}); "
+        f"model.attention.n_heads=4 ({seeds}). A standard deviation from {seeds} values may be {low:.2f} to "
+        f"{high:.1f} times the true one (95%)" in text
     )

@@ -11,6 +11,7 @@ from headlab.compare.figures import plot, plot_curves
 from headlab.files import write_atomic
 from headlab.heads.causal import ROLES_BEYOND_FETCHING
 from headlab.record import git_sha
+from headlab.stats import inference
 from headlab.stats.comparison import IMPROVING_MARGIN
 from headlab.stats.contrasts import Design, difference_interval
 from headlab.stats.datasets import setting_keys
@@ -269,6 +270,27 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
     ]
 
 
+def few_replicates(keys: list[str], rows: list[dict], design: Design) -> str | None:
+    """A warning where an arm has fewer than inference.FEW_REPLICATES seeds (or folds) of a metric: a standard
+    deviation from so few may be off by a large factor, and every interval and p-value made from it with it."""
+    counts = {}
+    for row in rows:
+        n = min((row[m]["n"] for m in design.metrics if isinstance(row.get(m), dict) and "n" in row[m]), default=None)
+        if n is not None and 1 < n < inference.FEW_REPLICATES:
+            counts[", ".join(f"{k}={row.get(k)}" for k in keys) or "all runs"] = n
+    if not counts:
+        return None
+    fewest = min(counts.values())
+    low, high = inference.sd_interval_factors(fewest)
+    what = "folds" if any("folds" in (row.get(m) or {}) for row in rows for m in design.metrics) else "seeds"
+    arms = "; ".join(f"{arm} ({n})" for arm, n in counts.items())
+    return (
+        f"**Few replicates**: {len(counts)} arm(s) have fewer than {inference.FEW_REPLICATES} {what} of a metric: "
+        f"{arms}. A standard deviation from {fewest} values may be {low:.2f} to {high:.1f} times the true one (95%), "
+        "and so may every interval, p-value and verdict made from it: read them as rough, and run more."
+    )
+
+
 def inert(text) -> str:
     """Text from a run's records as one line of a markdown table that stays text: no line breaks, no cell
     separators, no HTML (a marker such as <!-- /headlab-compare: x --> or a tag is shown, not read)."""
@@ -291,6 +313,8 @@ def write_outputs(
     lines = provenance(runs.completed, command, design) + follows_lines(follows, design)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
+    if few := few_replicates(shown, rows, design):
+        lines += ["", few]
     if runs.failed or runs.unreadable:
         lines += ["", "Left out:"] + [f"- {inert(w)}: {inert(e)}" for w, e in runs.failed + runs.unreadable]
     table = ("\n".join(lines) + "\n").encode()

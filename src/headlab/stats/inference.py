@@ -213,3 +213,16 @@ def two_way_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed
     tail = (1 - LEVEL) / 2
     low, high = np.quantile(d, [tail, 1 - tail])
     return {"low": float(low), "high": float(high), "se": float(d.std(ddof=1))}
+
+
+FEW_REPLICATES = 5  # below this many seeds (or folds) an arm's standard deviation is itself too uncertain to lean on
+
+
+def sd_interval_factors(n: int, level: float = 0.95) -> tuple[float, float]:
+    """The 95% interval of a normal population's standard deviation, as multiples of the sample's from n values
+    (chi-square with n - 1 degrees of freedom): how far a variance estimate from so few may be off."""
+    df = n - 1
+    return (
+        math.sqrt(df / stats.chi2.ppf(1 - (1 - level) / 2, df)),
+        math.sqrt(df / stats.chi2.ppf((1 - level) / 2, df)),
+    )
