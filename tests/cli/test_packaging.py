@@ -46,7 +46,7 @@ def test_wheel_ships_every_config_group(tmp_path):
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.splitlines()[0].startswith(str(target))  # the wheel's copy, not the checkout
-    for script in ("compare", "heads", "eval", "status", "bench"):  # every console script imports from the wheel
+    for script in ("compare", "heads", "eval", "status", "bench", "sync"):  # each console script, from the wheel
         module = f"headlab.cli.{script}"
         answer = subprocess.run(
             [sys.executable, "-c", f"import sys; sys.argv[1:] = ['--help']; from {module} import main; main()"],

@@ -1,1 +1,2 @@
-"""The command-line tools: headlab-train, headlab-compare, headlab-heads, headlab-bench."""
+"""The command-line tools: headlab-train, -compare, -status, -heads, -eval, -sync, -bench; arguments.py checks
+their options as they are parsed."""

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
+from headlab.compare.head_tables import pruning_table, roles_table
 from headlab.compare.over_datasets import write_across, write_meta
-from headlab.compare.tables import pruning_table, roles_table, write_outputs
+from headlab.compare.tables import write_outputs
 from headlab.files import append_text_atomic, write_atomic
 from headlab.stats import datasets
 from headlab.stats.comparison import check_metrics, compare, pruning_summary, same_value, select_best
