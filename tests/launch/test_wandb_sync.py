@@ -67,7 +67,8 @@ def test_without_credentials_nothing_is_uploaded_in_one_line(sweep, monkeypatch,
     assert not list(sweep.glob("*/wandb/offline-run-*/*.synced"))
 
 
-def test_a_run_the_server_refuses_says_why_and_waits_for_the_next_call(sweep, monkeypatch, capsys):
+def test_a_run_the_server_refuses_says_why_and_waits_for_the_next_call(sweep, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)  # where wandb sync keeps its own logs (./wandb/logs)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.delenv("WANDB_MODE", raising=False)
