@@ -84,3 +84,21 @@ def test_a_run_the_server_refuses_says_why_and_waits_for_the_next_call(sweep, mo
     refused = [line for line in said.err.splitlines() if ": not uploaded: " in line]
     assert len(refused) == 2 and all("401" in line and "invalid api key" in line for line in refused)
     assert not list(sweep.glob("*/wandb/offline-run-*/*.synced"))  # both wait for the next call
+
+
+def test_each_offline_run_is_read_back_without_the_server(sweep, capsys):
+    """--show reads each run's own W&B log (no server): its group, the steps logged, the final numbers as its
+    results.json has them."""
+    import json
+
+    main([str(sweep), "--show"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for job, line in zip("01", lines, strict=True):
+        record = json.loads((sweep / job / "results.json").read_text())
+        assert line.startswith(str(next((sweep / job / "wandb").glob("offline-run-*"))) + ": ")
+        assert "(group sweep)" in line and " logged steps; " in line  # the sweep's group, as W&B got it
+        assert (
+            f"val/acc_best {record['metrics']['val/acc_best']:.4f}, test/acc {record['metrics']['test/acc']:.4f}"
+            in line
+        )

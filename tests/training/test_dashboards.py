@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY, train_here
 from headlab.heads import statistics
-from wandb_records import read_run
+from headlab.launch.wandb_offline import read_run
 
 pytestmark = pytest.mark.e2e
 

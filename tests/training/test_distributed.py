@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from conftest import TINY, cli_env
-from wandb_records import read_run
+from headlab.launch.wandb_offline import read_run
 
 DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
 

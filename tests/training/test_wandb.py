@@ -12,7 +12,7 @@ import pytest
 
 from conftest import TINY, cli_here, headlab_train
 from headlab.cli import heads
-from wandb_records import read_run
+from headlab.launch.wandb_offline import read_run
 
 pytestmark = pytest.mark.e2e
 

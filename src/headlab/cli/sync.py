@@ -17,12 +17,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories (their wandb/offline-run-*)")
     parser.add_argument("-j", "--jobs", type=at_least(1), default=4, help="runs uploaded at a time (4)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be uploaded; upload nothing")
+    parser.add_argument(
+        "--show",
+        action="store_true",
+        help="read each offline run back (name, group, steps, numbers); upload nothing",
+    )
     args = parser.parse_args(argv)
 
-    from headlab.launch import wandb_sync
+    from headlab.launch import wandb_offline, wandb_sync
     from headlab.training.loggers import wandb_mode
 
     runs = wandb_sync.offline_runs(args.dirs)
+    if args.show:
+        print("\n".join(wandb_offline.describe(run) for run in runs))
+        return
     left = [r for r in runs if not wandb_sync.is_synced(r)]
     print(f"headlab-sync: {len(runs)} offline run(s): {len(runs) - len(left)} uploaded before, {len(left)} to upload")
     if args.dry_run or not left:

@@ -1,24 +1,27 @@
-"""Read an offline W&B run back from its run-<id>.wandb file (a LevelDB-style log of protobuf records).
+"""An offline W&B run read back from its run-<id>.wandb file, without W&B's servers: what headlab-sync shows before
+it uploads (headlab-sync --show), and what the tests check a run logged.
 
-Offline runs write no wandb-summary.json; what was logged lives only in this file. Format: a 7-byte file
-header (":W&B", magic 0xBEE1, version), then 32 KiB blocks of chunks, each with a 7-byte header
-(crc32c, length, type: 1 full, 2 first, 3 middle, 4 last).
+Offline runs write no wandb-summary.json; what was logged lives only in this file, a LevelDB-style log of protobuf
+records: a 7-byte file header (":W&B", magic 0xBEE1, version), then 32 KiB blocks of chunks, each with a 7-byte
+header (crc32c, length, type: 1 full, 2 first, 3 middle, 4 last).
 """
 
 import json
 import struct
 from pathlib import Path
 
-from wandb.proto import wandb_internal_pb2
-
 BLOCK = 32768
 HEADER = 7
 
 
 def records(path: Path):
+    """The protobuf records of a run-<id>.wandb file, in the order they were written."""
+    from wandb.proto import wandb_internal_pb2
+
     data = path.read_bytes()
     ident, magic, _version = struct.unpack("<4sHB", data[:HEADER])
-    assert ident == b":W&B" and magic == 0xBEE1
+    if ident != b":W&B" or magic != 0xBEE1:
+        raise ValueError(f"{path} is not a W&B run log")
     pos, pending = HEADER, b""
     while pos + HEADER <= len(data):
         if BLOCK - pos % BLOCK < HEADER:  # too little room left in this block for a chunk header
@@ -38,9 +41,14 @@ def records(path: Path):
 
 
 def read_run(run_dir: Path) -> dict:
+    """A run directory's offline W&B run (its wandb/offline-run-*/run-*.wandb); see read_log."""
+    (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    return read_log(path)
+
+
+def read_log(path: Path) -> dict:
     """One offline run: {'run': its last Record.run (name, group, tags), 'config': {key: value}, 'history':
     [{key: value}], 'summary': {key: value}}, the summary as W&B's API returns it (media as nested dicts)."""
-    (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
     out = {"run": None, "config": {}, "history": [], "summary": {}}
     for record in records(path):
         kind = record.WhichOneof("record_type")
@@ -61,3 +69,22 @@ def read_run(run_dir: Path) -> dict:
                     node = node.setdefault(key, {})
                 node[keys[-1]] = json.loads(item.value_json)
     return out
+
+
+SHOWN = ("val/acc_best", "test/acc", "test/loss")  # the summary numbers a line shows
+
+
+def describe(folder: Path) -> str:
+    """One line on an offline run folder (wandb/offline-run-*): its name and group, what it logged, its final
+    numbers; or why it cannot be read."""
+    try:
+        (log,) = folder.glob("run-*.wandb")
+        run = read_log(log)
+    except (ValueError, OSError) as error:
+        return f"{folder}: cannot be read ({error or 'no run-*.wandb, or several'})"
+    name = run["run"].display_name if run["run"] else "?"
+    group = f" (group {run['run'].run_group})" if run["run"] and run["run"].run_group else ""
+    numbers = ", ".join(f"{k} {run['summary'][k]:.4f}" for k in SHOWN if isinstance(run["summary"].get(k), float))
+    return f"{folder}: {name}{group}: {len(run['config'])} config keys, {len(run['history'])} logged steps" + (
+        f"; {numbers}" if numbers else ""
+    )
