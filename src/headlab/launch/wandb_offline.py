@@ -8,6 +8,7 @@ header (crc32c, length, type: 1 full, 2 first, 3 middle, 4 last).
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32768
@@ -28,6 +29,8 @@ def records(path: Path):
             pos += BLOCK - pos % BLOCK
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if pos + HEADER + length > len(data):  # a chunk W&B is still writing: the file so far
+            break
         chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0 and length == 0:  # zero padding at the end of a block
@@ -40,16 +43,24 @@ def records(path: Path):
             yield record
 
 
-def read_run(run_dir: Path) -> dict:
-    """A run directory's offline W&B run (its wandb/offline-run-*/run-*.wandb); see read_log."""
+def read_run(run_dir: Path, wait_s: float = 60.0) -> dict:
+    """A finished run directory's offline W&B run (its wandb/offline-run-*/run-*.wandb; see read_log). W&B's own
+    process may still be writing the file when the run has ended (its last records come after wandb.finish
+    returns): read again until it holds W&B's exit record, for at most wait_s seconds."""
     (path,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
-    return read_log(path)
+    deadline = time.monotonic() + wait_s
+    while True:
+        run = read_log(path)
+        if run["exited"] or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
 
 
 def read_log(path: Path) -> dict:
     """One offline run: {'run': its last Record.run (name, group, tags), 'config': {key: value}, 'history':
-    [{key: value}], 'summary': {key: value}}, the summary as W&B's API returns it (media as nested dicts)."""
-    out = {"run": None, "config": {}, "history": [], "summary": {}}
+    [{key: value}], 'summary': {key: value}, 'exited': whether W&B wrote its exit record (the file is complete)},
+    the summary as W&B's API returns it (media as nested dicts)."""
+    out = {"run": None, "config": {}, "history": [], "summary": {}, "exited": False}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -61,6 +72,8 @@ def read_log(path: Path) -> dict:
             out["history"].append(
                 {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             )
+        elif kind == "exit":
+            out["exited"] = True
         elif kind == "summary":
             for item in record.summary.update:
                 keys = [item.key] if item.key else list(item.nested_key)
