@@ -30,11 +30,13 @@ OFFLINE_DATA = {  # experiments on hub data run here on the same data from local
     "sst2_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_head_designs": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
+    "text_rdrop": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_defaults_search": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }
 RECIPES = ("sst2_recipe", "head_roles")  # one run; a reading of what heads do at one rate, not an ablation
 SCREENS = ("text_defaults_search",)  # a search's first stage: 3 seeds (or folds) a setting, its finalists then 10
+DEFAULT_CHECKS = ("text_rdrop",)  # a shipped default against its absence, at the defaults' own learning rate
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
 
 
@@ -174,8 +176,9 @@ def test_every_arm_of_every_experiment_composes_and_validates(experiment):
     jobs = sweep_jobs(experiment)
     if experiment not in RECIPES:  # the ablations: 10 seeds and a learning-rate grid per arm, packed
         values = {key: {o for job in jobs for o in job if o.startswith(f"{key}=")} for key in ("seed", "optim.lr")}
-        assert len(values["seed"]) >= (3 if experiment in SCREENS else 10) and len(values["optim.lr"]) >= 3
-        assert len(jobs) == len(arms(jobs)) * len(values["seed"]) * len(values["optim.lr"])
+        assert len(values["seed"]) >= (3 if experiment in SCREENS else 10)
+        assert len(values["optim.lr"]) >= 3 or (experiment in DEFAULT_CHECKS and not values["optim.lr"])
+        assert len(jobs) == len(arms(jobs)) * len(values["seed"]) * max(len(values["optim.lr"]), 1)
         assert compose_job(f"experiment={experiment}").hydra.launcher._target_.endswith("PackedLauncher")
     for job in arms(jobs):
         cfg = compose_job(f"experiment={experiment}", *job, *OFFLINE_DATA.get(experiment, []))
