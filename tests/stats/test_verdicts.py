@@ -1,5 +1,6 @@
-"""Verdicts that do not hang on the test, the grid or the seeds: rank and permutation tests, the log scale, power and
-'inconclusive', converged arms and unbracketed learning rates, each against an independent computation."""
+"""Verdicts that do not hang on the test, the grid or the seeds: rank and permutation tests, the log scale, power,
+the smallest detectable difference, converged arms and unbracketed learning rates, each against an independent
+computation."""
 
 import itertools
 import json
@@ -113,7 +114,17 @@ def record(heads, seed, acc, lr=3e-3, improving=False, loss=None):
     }
 
 
-def test_a_non_significant_contrast_is_inconclusive_where_power_is_low_and_settled_where_it_is_not():
+def welch_power(delta, a, b):
+    """A two-sided Welch t-test's power at delta, written out: noncentral t at Welch's df (scipy's nct)."""
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    critical, nc = stats.t.ppf(0.975, df), delta / math.sqrt(va + vb)
+    return stats.nct.sf(critical, df, nc) + np.nan_to_num(stats.nct.cdf(-critical, df, nc))  # far tail: nan, ~0
+
+
+def test_without_a_margin_a_contrast_gives_the_smallest_difference_it_could_detect_never_power_at_its_own():
+    """Power at the observed difference is a function of p (Hoenig & Heisey 2001): with 2 folds a contrast once read
+    "significant (power 1.00)". Without a margin the verdict is p's alone and the table says what 80% power needs."""
     rng = np.random.default_rng(0)
     runs = [record(h, s, 0.8 + 0.001 * (h == 4) + rng.normal(0, 0.01)) for h in (1, 4) for s in range(5)]
     _, rows = compare(runs, Design(["test/acc"], baseline=(HEADS, "1")))
@@ -121,14 +132,39 @@ def test_a_non_significant_contrast_is_inconclusive_where_power_is_low_and_settl
     a = [r["metrics"]["test/acc"] for r in runs if r["config"][HEADS] == 4]
     b = [r["metrics"]["test/acc"] for r in runs if r["config"][HEADS] == 1]
     assert four["p_value"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
-    assert four["power"] == pytest.approx(
-        power.t_power(abs(np.mean(a) - np.mean(b)), np.std(a, ddof=1), np.std(b, ddof=1), 5, 5)
+    assert "power" not in four and four["p_holm"] >= 0.05 and four["verdict"] == "not significant"
+    detectable = four["detectable"]  # power 0.8 there and less just below, by the formula written out
+    assert welch_power(detectable, a, b) == pytest.approx(0.8, abs=1e-5)
+    assert welch_power(0.95 * detectable, a, b) < 0.78
+    header, body = table_rows([HEADS], rows, Design(["test/acc"], baseline=(HEADS, "1")))
+    assert (
+        f"not significant (detects ±{detectable:.4f} at 80%)"
+        in body[1][header.index("test/acc (mean [95% bootstrap CI])")]
     )
-    assert four["p_holm"] >= 0.05 and four["power"] < 0.5 and four["verdict"] == "inconclusive"
     _, rows = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.05))  # a large effect would show
-    assert rows[1]["test/acc"]["power"] > 0.5 and rows[1]["test/acc"]["verdict"] == "no difference found"
+    with_margin = rows[1]["test/acc"]
+    assert with_margin["power"] == pytest.approx(welch_power(0.05, a, b))
+    assert "detectable" not in with_margin and with_margin["verdict"] == "no difference found"
+    header, body = table_rows([HEADS], rows, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.05))
+    assert (
+        f"no difference found (power {with_margin['power']:.2f} at ±0.05)"
+        in body[1][header.index("test/acc (mean [95% bootstrap CI])")]
+    )
     clear = [record(h, s, 0.8 + 0.05 * (h == 4) + rng.normal(0, 0.01)) for h in (1, 4) for s in range(5)]
     assert compare(clear, Design(["test/acc"], baseline=(HEADS, "1")))[1][1]["test/acc"]["verdict"] == "significant"
+
+
+def test_over_two_folds_the_detectable_difference_is_the_corrected_tests_and_large():
+    """Two folds of 10-fold CV: the corrected t on 1 df, variance factor 1/2 + 1/9; 80% power needs a difference
+    many times the folds' spread, which the table now says instead of power at the observed difference."""
+    d, k = [0.010, 0.012], 10
+    se = math.sqrt(1 / 2 + 1 / 9) * np.std(d, ddof=1)
+    detectable = power.smallest_detectable(lambda x: power.cv_paired_power(x, np.std(d, ddof=1), 2, k), se)
+    critical = stats.t.ppf(0.975, 1)
+    at = lambda x: stats.nct.sf(critical, 1, x / se) + np.nan_to_num(stats.nct.cdf(-critical, 1, x / se))  # noqa: E731
+    assert at(detectable) == pytest.approx(0.8, abs=1e-5) and detectable > 10 * se
+    assert power.smallest_detectable(lambda x: 1.0, 0.0) == 0.0
+    assert math.isnan(power.smallest_detectable(lambda x: math.nan, 0.01))
 
 
 def test_no_difference_is_found_only_where_the_difference_interval_lies_within_the_stated_margin():
@@ -143,7 +179,7 @@ def test_no_difference_is_found_only_where_the_difference_interval_lies_within_t
     assert four["p_holm"] > 0.05 and four["power"] > 0.5 and ci.high > 0.01 and four["verdict"] == "inconclusive"
     wide = compare(runs, Design(["test/acc"], baseline=(HEADS, "1"), effect=0.03))[1][1]["test/acc"]
     assert wide["verdict"] == "no difference found"  # the whole interval within ±0.03
-    assert [power.verdict(0.2, p, w) for p, w in ((0.3, True), (0.8, True), (0.8, False), (0.8, None))] == [
+    assert [power.verdict(0.2, p, w) for p, w in ((0.3, True), (0.8, True), (0.8, False), (0.1, None))] == [
         "inconclusive", "no difference found", "inconclusive", "not significant"  # no margin: no "no difference"
     ]  # fmt: skip
     assert power.verdict(0.2, math.nan, None) == "not significant" and power.verdict(0.01, 0.1) == "significant"

@@ -22,9 +22,9 @@ EXPECTED = {"lower": -1, "higher": 1, "same": 0, "not lower": 0}  # a claim's di
 LEGEND = (
     "Reading: **supported** where the contrast is significant (Holm p < 0.05) in the claimed direction (for a "
     'claimed match: no difference found, the difference\'s 95% interval within the stated margin; for "not worse": '
-    "either), **contradicted** where it is significant the other way, else the table's verdict: inconclusive (power "
-    "below 0.5 at the margin, or at the observed difference without one: the seeds could not have told it from "
-    "none), not significant (without a margin no difference can be shown absent), no difference found. Δ: the arm "
+    "either), **contradicted** where it is significant the other way, else the table's verdict: no difference found, "
+    "inconclusive (with a margin, neither), not significant (without one no difference can be shown absent). Δ: "
+    "the arm "
     "minus its baseline, each at its own selected learning rate, with the test's 95% interval (tables whose runs "
     "were not kept: Welch's, from their summaries). Seeds 10-19: the same claim read from the confirmation stated "
     "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it."

@@ -23,13 +23,22 @@ def _p(summary: dict) -> str:
     text = f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
     if summary.get("verdict"):
         text += f" {summary['verdict']}"
-        if not math.isnan(summary.get("power", math.nan)):
-            text += f" (power {summary['power']:.2f}"
-            if "seeds_for_power" in summary:
-                needed = summary["seeds_for_power"]
-                text += f"; 80% needs {needed if needed else 'more than 10,000'} seeds an arm"
-            text += ")"
+        said = _could_detect(summary)
+        if "seeds_for_power" in summary:
+            needed = summary["seeds_for_power"]
+            said.append(f"80% needs {needed if needed else 'more than 10,000'} seeds an arm")
+        text += f" ({'; '.join(said)})" if said else ""
     return text
+
+
+def _could_detect(summary: dict) -> list[str]:
+    """What the test could detect: its power at the stated margin, else the smallest difference it had 80% power
+    to detect (a solve rate's power, at the observed rates, only plans its seeds)."""
+    if not math.isnan(summary.get("detectable", math.nan)):
+        return [f"detects ±{summary['detectable']:.4f} at 80%"]
+    if "power_effect" not in summary or math.isnan(summary["power"]):
+        return []
+    return [f"power {summary['power']:.2f} at ±{summary['power_effect']:g}"]
 
 
 def mean_interval(summary: dict) -> str:
@@ -174,43 +183,34 @@ def legend() -> list[str]:
     """The legend a file holding several tables states once (blocks.LEGEND: their blocks leave it out): every
     variant of _verdicts' paragraph, and the cross-validated runs' intervals."""
     return [
-        "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at the margin, --effect in "
-        "the table's Command line, or without one at the observed difference, was below 0.5: the seeds could not "
-        "have told it from none); no difference found (not, with power 0.5 or more and the difference's 95% "
-        "interval within ±margin; inconclusive where it reaches it); without a margin, not significant (no "
-        "difference can be shown absent). Power: the t-test's (noncentral t), for rank and permutation tests too, "
-        "over folds the corrected test's (its corrected variance); test/acc over seeds and test examples (--test "
-        "examples): the normal approximation at the two-way bootstrap's standard error, its interval the "
-        "bootstrap's; solve rates: Fisher's, simulated (paired over seeds: exact McNemar's, summed exactly). "
-        "Converged: no run of the arm improved val/acc at its last validation.",
+        "Verdicts: significant (Holm p < 0.05); with a margin (--effect in the table's Command line), no difference "
+        "found where not and the difference's 95% interval lies within ±margin with the test's power there 0.5 or "
+        "more, else inconclusive; without one, not significant (no difference can be shown absent), beside it the "
+        "smallest difference the test had 80% power to detect. " + _POWER,
         _CROSS_VALIDATED,
     ]
 
 
+_POWER = (
+    "Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the corrected test's (its "
+    "corrected variance); test/acc over seeds and test examples (--test examples): the normal approximation at the "
+    "two-way bootstrap's standard error, its interval the bootstrap's. Power at the observed difference is never "
+    "given (a function of p: Hoenig & Heisey 2001); it only plans a new sweep's seeds (--power; solve rates: "
+    "Fisher's, simulated, paired over seeds exact McNemar's). Converged: no run of the arm improved val/acc at its "
+    "last validation."
+)
+
+
 def _verdicts(design: Design) -> str:
     x = design.effect
-    at = f"a difference of {x}" if x is not None else "the observed difference"
-    settled = (
-        f"no difference found (not, with power 0.5 or more and the difference's 95% interval within ±{x}; "
-        f"inconclusive where it reaches ±{x})"
-        if x is not None
-        else "not significant (neither: without a margin, --effect, no difference can be shown absent)"
-    )
-    return (
-        "Verdicts: significant (Holm p < 0.05); inconclusive (not, and the test's power at "
-        f"{at} was below 0.5: the seeds could not have told it from none); {settled}. "
-        "Power: the t-test's (noncentral t), for rank and permutation tests too, over folds the "
-        "corrected test's (its corrected variance); "
-        + (
-            "test/acc over seeds and test examples: the normal approximation at the two-way bootstrap's standard "
-            "error, its interval the bootstrap's; "
-            if design.test == "examples"
-            else ""
+    if x is None:
+        return (
+            "Verdicts: significant (Holm p < 0.05); not significant (not: without a margin, --effect, no difference "
+            f"can be shown absent), beside it the smallest difference the test had 80% power to detect. {_POWER}"
         )
-        + "solve rates: "
-        f"{'exact McNemar' if design.over_shared_seeds else 'Fisher'}'s, "
-        f"{'summed exactly' if design.over_shared_seeds else 'simulated'}. Converged: no run of the arm improved "
-        "val/acc at its last validation."
+    return (
+        f"Verdicts: significant (Holm p < 0.05); no difference found (not, the difference's 95% interval within ±{x} "
+        f"and the test's power at ±{x} 0.5 or more); inconclusive (neither). {_POWER}"
     )
 
 
@@ -325,7 +325,10 @@ def write_outputs(
 
 def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
     """compare.csv's text: a row per group, every statistic of every metric in its own column."""
-    fields = ("mean", "std", "low", "high", "n", "p_value", "p_holm", "effect", "effect_low", "effect_high", "verdict")
+    fields = (
+        "mean", "std", "low", "high", "n", "p_value", "p_holm", "effect", "effect_low", "effect_high", "verdict",
+        "power", "detectable",
+    )  # fmt: skip
     rate_fields = ("k", "n", "low", "high", "p_value", "p_holm", "verdict")
     with io.StringIO(newline="") as f:
         writer = csv.writer(f)

@@ -195,37 +195,48 @@ def example_p(a: dict, b: dict, test: str) -> float:
 
 
 def contrast_power(a: dict, b: dict, design: Design) -> dict:
-    """The power the contrast had (t-test approximation, on the scale the test used) at design.effect, else at
-    the observed difference, and the seeds per arm that give 80% power there: {"power", "power_effect",
-    "seeds_for_power"}; over folds, the corrected test's power alone (more seeds do not shrink its fold term);
-    over seeds and test examples (--test examples), the normal approximation at the two-way bootstrap's standard
-    error, with the difference's bootstrap interval ("interval"; more seeds do not shrink its examples' term);
-    {} for McNemar's."""
+    """What the contrast could detect, on the scale its test used (t-test approximation): with a margin
+    (design.effect), the power it had there ("power", "power_effect"); without one, the smallest difference it had
+    80% power to detect ("detectable"); over seeds, the seeds per arm that give 80% power at the margin, else at
+    the observed difference ("seeds_for_power": a plan for a new sweep). Over folds, the corrected test's (more
+    seeds do not shrink its fold term); over seeds and test examples (--test examples), the normal approximation at
+    the two-way bootstrap's standard error, with the difference's bootstrap interval ("interval"); {} for
+    McNemar's."""
+    found = {}
     if "examples" in a:  # over seeds and examples: at the bootstrap's standard error, with its interval
         if design.test != "examples" or "examples" not in b:
             return {}
         difference = inference.two_way_difference(a["examples"], b["examples"])
-        effect = design.effect if design.effect is not None else abs(a["mean"] - b["mean"])
-        interval = (difference["low"], difference["high"])
-        return {"power": power.normal_power(effect, difference["se"]), "power_effect": effect, "interval": interval}
-    if "folds" in a and "folds" in b:
+        se = difference["se"]
+        at = lambda delta: power.normal_power(delta, se)  # noqa: E731
+        found["interval"] = (difference["low"], difference["high"])
+    elif "folds" in a and "folds" in b:
         d = _fold_differences(a, b)
-        effect = design.effect if design.effect is not None else abs(_mean(d)) if d else math.nan
-        return {"power": power.cv_paired_power(effect, _sd(d), len(d), a["k"]), "power_effect": effect}
-    if "folds" in a or "folds" in b:
-        return {}
-    effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
-    if design.over_shared_seeds:
-        by_a, by_b = _by_seed(a), _by_seed(b)
-        d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
         sd = _sd(d)
-        at = lambda n: power.paired_power(effect, sd, n)  # noqa: E731
-        now = at(len(d))
+        se = math.sqrt(inference.cv_variance_factor(len(d), a["k"])) * sd if d else math.nan
+        at = lambda delta: power.cv_paired_power(delta, sd, len(d), a["k"])  # noqa: E731
+    elif "folds" in a or "folds" in b:
+        return {}
     else:
-        sd_a, sd_b = _sd(a["values"]), _sd(b["values"])
-        at = lambda n: power.t_power(effect, sd_a, sd_b, n, n)  # noqa: E731
-        now = power.t_power(effect, sd_a, sd_b, len(a["values"]), len(b["values"]))
-    return {"power": now, "power_effect": effect, "seeds_for_power": power.seeds_needed(at) if effect else None}
+        effect = design.effect if design.effect is not None else abs(_mean(a["values"]) - _mean(b["values"]))
+        if design.over_shared_seeds:
+            by_a, by_b = _by_seed(a), _by_seed(b)
+            d = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
+            sd, n = _sd(d), len(d)
+            se = sd / math.sqrt(n) if n else math.nan
+            at = lambda delta: power.paired_power(delta, sd, n)  # noqa: E731
+            plan = lambda seeds: power.paired_power(effect, sd, seeds)  # noqa: E731 (power with n seeds an arm)
+        else:
+            sd_a, sd_b, n_a, n_b = _sd(a["values"]), _sd(b["values"]), len(a["values"]), len(b["values"])
+            se = math.sqrt(sd_a**2 / n_a + sd_b**2 / n_b)  # nan with fewer than 2 values an arm (_sd)
+            at = lambda delta: power.t_power(delta, sd_a, sd_b, n_a, n_b)  # noqa: E731
+            plan = lambda seeds: power.t_power(effect, sd_a, sd_b, seeds, seeds)  # noqa: E731
+        found["seeds_for_power"] = power.seeds_needed(plan) if effect else None
+    if design.effect is not None:
+        found.update(power=at(design.effect), power_effect=design.effect)
+    else:
+        found["detectable"] = power.smallest_detectable(at, se)
+    return found
 
 
 def solve_rate_contrast(a: dict, b: dict, design: Design) -> dict:

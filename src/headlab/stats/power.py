@@ -5,9 +5,11 @@ independent arms; the differences' sd for paired ones). Rank and permutation tes
 power is read from the t-test's, which they approach for the sample sizes a sweep has. The test over seeds and
 test examples is powered by the normal approximation at its bootstrap's standard error. Solve rates are compared
 by Fisher's exact test, its power simulated (seeded); paired over seeds, by McNemar's exact test, its power summed
-exactly. Over cross-validation folds, the corrected resampled t-test's, from its corrected variance. A contrast
-that is not significant while its power is below 0.5 is inconclusive: the data could not have told the effect
-from none.
+exactly. Over cross-validation folds, the corrected resampled t-test's, from its corrected variance.
+
+Power is read at a difference someone stated (the margin): power at the observed difference is a function of the
+p-value and says nothing more (Hoenig & Heisey 2001). Without a margin, a contrast reports the smallest difference
+its test had 80% power to detect.
 """
 
 import math
@@ -85,6 +87,24 @@ def seeds_needed(power_at, target: float = TARGET, limit: int = MAX_SEEDS) -> in
     return high
 
 
+def smallest_detectable(power_at, scale: float, target: float = TARGET) -> float:
+    """The smallest difference d > 0 with power_at(d) >= target (power rises with d), by bisection from scale (the
+    test's standard error): the effect the design could detect. 0 where scale is 0; nan where power is unknown."""
+    if scale == 0:
+        return 0.0
+    if not scale > 0 or math.isnan(power_at(scale)):
+        return math.nan
+    low, high = 0.0, scale
+    while power_at(high) < target:
+        low, high = high, high * 2
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (low, middle) if power_at(middle) >= target else (middle, high)
+        if high - low <= 1e-6 * high:
+            break
+    return high
+
+
 def fisher_power(rate_a: float, rate_b: float, n: int, alpha: float = ALPHA, sims: int = 2000, seed: int = 0) -> float:
     """Power of a two-sided Fisher exact test between two solve rates with n seeds each, by simulation."""
     if n < 1 or rate_a == rate_b:
@@ -115,14 +135,14 @@ def mcnemar_power(only_a: float, only_b: float, n: int, alpha: float = ALPHA) ->
 
 
 def verdict(p_holm: float, power: float, within: bool | None = None, alpha: float = ALPHA) -> str:
-    """'significant' (Holm-adjusted p below alpha); else 'inconclusive' where the power was below 0.5; given a
-    smallest difference that matters, 'no difference found' only where the difference's 95% interval also lies
-    within it (within: contrasts.within_margin), 'inconclusive' where it reaches it; without one (within None), or
-    where no power was computed, 'not significant': a margin nobody stated cannot be shown absent."""
+    """'significant' (Holm-adjusted p below alpha); else, given a smallest difference that matters, 'no difference
+    found' where the difference's 95% interval lies within it (within: contrasts.within_margin) and the test's
+    power there was 0.5 or more, 'inconclusive' where not; without one (within None), 'not significant': a margin
+    nobody stated cannot be shown absent (the table gives the smallest difference the test could detect)."""
     if math.isnan(p_holm):
         return ""
     if p_holm < alpha:
         return "significant"
-    if math.isnan(power) or within is None:
-        return "inconclusive" if power < 0.5 else "not significant"
-    return "inconclusive" if power < 0.5 or not within else "no difference found"
+    if within is None:
+        return "not significant"
+    return "no difference found" if within and power >= 0.5 else "inconclusive"
