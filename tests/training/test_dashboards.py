@@ -173,6 +173,29 @@ def test_tensorboard_has_the_figures_and_one_hparams_session_with_the_final_metr
     assert f'"title":"{run.name}: heads of {best}"' in (run / "heads" / "view.html").read_text()
 
 
+@pytest.mark.parametrize("launcher", ["basic", "packed"])
+def test_head_statistics_reach_the_dashboards_at_every_validation_and_figures_at_their_own_cadence(
+    run_cli, tmp_path, launcher
+):
+    """A curve per head with a point per validation (one probe pass each); the maps, whose drawing is most of the
+    cost, every figures_every_n_val_epochs validations and after the last: here validations 2 and 3 of 3."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    done = run_cli(
+        "-m", *TINY, "trainer.max_epochs=3", "seed=0,1", "logger=tensorboard", f"hydra/launcher={launcher}",
+        "callbacks.attention.importance=false", "callbacks.attention.figures_every_n_val_epochs=2",
+        "hydra.sweep.dir=sweep",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for job in ("0", "1"):
+        events = EventAccumulator(str(tmp_path / "sweep" / job / "tensorboard"), size_guidance={"images": 0})
+        events.Reload()
+        validations = [7, 15, 23]  # each epoch's last step: 256 examples in batches of 32
+        assert [e.step for e in events.Scalars("val/acc")][:3] == validations
+        assert [e.step for e in events.Scalars("heads/L0/H0/entropy")] == validations
+        assert [e.step for e in events.Images("attention/layer_0")] == validations[1:]
+
+
 @pytest.mark.e2e
 def test_a_sweeps_tensorboard_names_runs_by_what_varies_and_opens_hparams_on_the_comparison(run_cli, tmp_path):
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer

@@ -50,10 +50,11 @@ class HeadAnalysis:
 class AttentionLogger(pl.Callback):
     """What every head does, logged while training and analysed once training ends.
 
-    Every `every_n_val_epochs` validation epochs, on a fixed probe batch (the same `n_probe` validation examples
-    every time, drawn with the seed, plus `sentences` for text data): each statistic per (layer, head) as
-    heads/L{l}/H{h}/{stat} to every logger; to W&B and TensorBoard, per-layer attention-map figures and the head
-    similarity figure (W&B also gets the statistics as a table).
+    Every `every_n_val_epochs` validations, on a fixed probe batch (the same `n_probe` validation examples every
+    time, drawn with the seed, plus `sentences` for text data): each statistic per (layer, head) as
+    heads/L{l}/H{h}/{stat} to every logger; every `figures_every_n_val_epochs` validations, to W&B and TensorBoard,
+    per-layer attention-map figures and the head similarity figure (W&B also gets the statistics as a table). Both
+    after the last epoch.
 
     At the end of training, on the best checkpoint's weights (the final ones without a checkpoint): head importance
     on `analysis_batches` batches of `importance_split`, and pruning curves on as many batches of `pruning_split`
@@ -65,7 +66,8 @@ class AttentionLogger(pl.Callback):
     def __init__(
         self,
         out_dir: str,
-        every_n_val_epochs: int = 5,
+        every_n_val_epochs: int = 1,
+        figures_every_n_val_epochs: int = 5,
         n_probe: int = 16,
         sentences: tuple[str, ...] = (),
         importance: bool = True,
@@ -77,7 +79,8 @@ class AttentionLogger(pl.Callback):
         seed: int = 0,
         causal_batches: int = 4,
     ):
-        self.out_dir, self.every, self.n_probe = Path(out_dir), every_n_val_epochs, n_probe
+        self.out_dir, self.n_probe = Path(out_dir), n_probe
+        self.every, self.figures_every = every_n_val_epochs, figures_every_n_val_epochs
         self.sentences, self.importance, self.pruning_step = list(sentences), importance, pruning_step
         self.n_analysis_batches, self.seed = analysis_batches, seed
         self.causal_batches = causal_batches
@@ -95,10 +98,12 @@ class AttentionLogger(pl.Callback):
         batch = {k: v.to(device) for k, v in self.probe.items()}
         return batch, probe.attention(model, datamodule, batch)
 
-    def log_heads(self, model, datamodule, loggers: list, step: int, device, media: bool = True) -> dict | None:
-        """Statistics of every head on the probe batch to every logger. With a W&B or TensorBoard logger, the
-        figures too: rendered here, or (media=False) returned as a snapshot for log_media, so that a pack can
-        render its members' figures in parallel (figures.render_heads)."""
+    def log_heads(
+        self, model, datamodule, loggers: list, step: int, device, figures_due: bool = True, media: bool = True
+    ) -> dict | None:
+        """Statistics of every head on the probe batch to every logger. Where figures are due and a W&B or
+        TensorBoard logger shows them, the figures too: rendered here, or (media=False) returned as a snapshot for
+        log_media, so that a pack can render its members' figures in parallel (figures.render_heads)."""
         started = time.perf_counter()
         batch, seen = self._attention(model, datamodule, device)
         report = seen["report"]
@@ -107,7 +112,7 @@ class AttentionLogger(pl.Callback):
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
         snapshot = None
-        if _media_loggers(loggers):
+        if figures_due and _media_loggers(loggers):
             snapshot = probe.snapshot(model, datamodule, batch, seen, step, figures.EXAMPLES)
             if media:
                 self.log_media(loggers, snapshot, figures.render_heads(snapshot))
@@ -269,19 +274,21 @@ class AttentionLogger(pl.Callback):
         """The rendered importance figures of a job (publish) to W&B and TensorBoard, with its tables to W&B."""
         log_images(loggers, pngs, job["step"], job["tables"])
 
-    def is_due(self, epoch: int, max_epochs: int | None) -> bool:
-        """Count a validation epoch; True at every n-th and after the last epoch."""
+    def due(self, epoch: int, max_epochs: int | None) -> tuple[bool, bool]:
+        """Count a validation: (statistics due, figures due), at every n-th of each and both after the last epoch."""
         self.val_epochs += 1
-        return self.val_epochs % self.every == 0 or epoch + 1 >= (max_epochs or 0)
+        last = epoch + 1 >= (max_epochs or 0)
+        return last or self.val_epochs % self.every == 0, last or self.val_epochs % self.figures_every == 0
 
     # the hooks of a single run
     @run_eagerly
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        if self.is_due(trainer.current_epoch, trainer.max_epochs):  # at the step of the epoch's own metrics
-            step = trainer.global_step - 1  # (Lightning's: the last training step's), so steps never go back
-            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, step, pl_module.device)
+        statistics_due, figures_due = self.due(trainer.current_epoch, trainer.max_epochs)
+        if statistics_due:  # at the step of the epoch's own metrics (Lightning's: the last training step's), so
+            step = trainer.global_step - 1  # steps never go back
+            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, step, pl_module.device, figures_due)
 
     @run_eagerly
     def on_fit_end(self, trainer, pl_module):

@@ -90,10 +90,15 @@ class MemberWriter(pl.Callback):
             for logger in member.loggers:
                 logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
             attention = member.callback(AttentionLogger)
-            if attention and attention.is_due(trainer.current_epoch, trainer.max_epochs):
+            statistics_due, figures_due = (
+                attention.due(trainer.current_epoch, trainer.max_epochs) if attention else (0, 0)
+            )
+            if statistics_due:
                 model = self.member_model(member, pl_module)
                 step, device = trainer.global_step - 1, pl_module.device  # the step of the epoch's metrics
-                snapshot = attention.log_heads(model, member.datamodule, member.loggers, step, device, media=False)
+                snapshot = attention.log_heads(
+                    model, member.datamodule, member.loggers, step, device, figures_due, media=False
+                )
                 if snapshot is not None:
                     snapshots.append((member, snapshot))
         if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
