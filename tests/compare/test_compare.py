@@ -776,3 +776,20 @@ def test_arms_of_too_few_seeds_are_warned_of_with_how_far_their_spread_may_be_of
         f"model.attention.n_heads=4 ({seeds}). A standard deviation from {seeds} values may be {low:.2f} to "
         f"{high:.1f} times the true one (95%)" in text
     )
+
+
+@pytest.mark.e2e
+def test_runs_that_differ_only_in_how_often_heads_are_logged_train_alike_and_are_one_arm(run_cli, tmp_path):
+    """The logging cadence (callbacks.attention.every_n_val_epochs, figures_every_n_val_epochs) runs the probe in
+    eval mode on its own generator: the same training, so compare reads it as no arm (LOGGING_CADENCE)."""
+    for every in (1, 5):
+        done = run_cli(
+            *TINY, "trainer.max_epochs=3", "model.dropout=0.2", "logger=csv", "callbacks.attention.importance=false",
+            f"callbacks.attention.every_n_val_epochs={every}", f"hydra.run.dir=every{every}",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    one, five = (read_record(tmp_path / f"every{n}") for n in (1, 5))
+    assert one["curve"] == five["curve"] and one["metrics"]["test/acc"] == five["metrics"]["test/acc"]
+    assert one["config"]["callbacks.attention.every_n_val_epochs"] == 1
+    header, rows = compare(load_dirs([tmp_path / "every1", tmp_path / "every5"]).completed, Design(["test/acc"]))
+    assert len(rows) == 1 and rows[0]["runs"] == 2

@@ -25,7 +25,8 @@ from headlab.stats.contrasts import (
 # keys that differ between runs without defining the experiment: where files go, the seed itself, and the
 # cross-validation fold (folds x seeds are the replicates of an arm)
 FOLD = "data.cv.fold"
-IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, *RESUME_KEYS)
+LOGGING_CADENCE = ("callbacks.attention.every_n_val_epochs", "callbacks.attention.figures_every_n_val_epochs")
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, *RESUME_KEYS, *LOGGING_CADENCE)  # not arms
 METRICS = (TEST_ACC, VAL_ACC_BEST, "val/acc", TEST_LOSS, "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
 
