@@ -61,3 +61,11 @@ def test_the_readmes_text_figures_are_the_archived_searchs():
     assert f"{min(small):.3f}-{max(small):.3f} higher in mean" in readme
     above = [k for k in ("cr", "mpqa", "mr", "subj") if float(gaps[k]["gap_low"]) > 0.01]
     assert above == ["mpqa"] and "shown above 0.01 on MPQA only" in readme
+
+
+def test_the_speed_docs_quote_no_measurement_of_their_own():
+    """Speeds, step times and ratios live in BENCHMARKS.md, which `make bench` rewrites with the machine that measured
+    them; a figure typed into the docs would go stale unseen."""
+    measured = re.compile(r"\d[\d,.]*\s?(?:tokens/s|ms)\b|\d(?:\.\d+)?x\b")
+    for doc in ("README.md", "docs/speed.md", "docs/sweeps.md", "docs/data.md", "docs/runs.md", "docs/heads.md"):
+        assert measured.findall((ROOT / doc).read_text()) == [], doc
