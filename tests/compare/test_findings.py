@@ -135,3 +135,10 @@ def test_a_claim_with_another_direction_names_its_file_and_the_directions(tmp_pa
     (tmp_path / "bad.yaml").write_text("claims:\n  - {claim: x, metric: test/acc}\n")
     with pytest.raises(CompareError, match=r"bad.yaml's claims\[0\] needs arm, expect"):
         findings.claims(tmp_path)
+
+
+def test_an_arm_is_shown_by_its_keys_last_part_and_its_whole_value():
+    claim = findings.Claim(
+        "demo", "R-Drop helps", ["optim.rdrop=3.0", "model.attention.d_k=64"], "test/acc", "higher", "demo"
+    )
+    assert findings._arm(claim) == "rdrop=3.0, d_k=64; test/acc"

@@ -186,7 +186,11 @@ def _same(cell: str, value: str) -> bool:
 
 
 def _arm(c: Claim) -> str:
-    shown = ", ".join(condition.rsplit(".", 1)[-1] for condition in c.arm)
+    """The arm's conditions by the last part of each key (model.attention.n_heads=1 -> n_heads=1; a value's own
+    dots stay: optim.rdrop=3.0 -> rdrop=3.0)."""
+    shown = ", ".join(
+        f"{key.rsplit('.', 1)[-1]}={value}" for key, value in (condition.split("=", 1) for condition in c.arm)
+    )
     return f"{shown}{' (pooled)' if c.pooled else ''}; {c.metric}"
 
 
