@@ -122,7 +122,9 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         # --num-threads=10" while slurmctld and slurmd also authenticated
         subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--force", "--num-threads=10"], check=True)
         _wait(lambda: Path("/run/munge/munged.pid").is_file(), 10, "munged")
-        self.pids.append(int(Path("/run/munge/munged.pid").read_text()))
+        # munged stays up after stop(): it is the machine's one authentication daemon, and another pytest-xdist
+        # worker's cluster (the tests of this module may be spread over workers) may be using it (sbatch failed
+        # there with "Failed to access /run/munge/munge.socket.2" when the first cluster to stop took it down)
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--user=root")
