@@ -18,6 +18,9 @@ RESULTS = "results.json"  # in every run directory, from the moment its job clai
 VAL_ACC_BEST = "val/acc_best"  # the best validation accuracy of the run: what it is selected and summarised on
 TEST_ACC = "test/acc"
 TEST_LOSS = "test/loss"
+TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, beside val/ and test/
+# every metric of a record's "metrics": what a sweep may optimise (sweep.objective)
+OBJECTIVES = (VAL_ACC_BEST, "val/acc", "val/loss", TEST_ACC, TEST_LOSS, *TRAIN_METRICS)
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
 
 

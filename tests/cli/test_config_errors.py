@@ -442,6 +442,20 @@ def test_a_misspelt_extension_key_is_refused_before_any_job(run_cli, tmp_path):
     assert not list((tmp_path / "sweep").glob("*/results.json"))
 
 
+@pytest.mark.parametrize(
+    "grid", ["model.attention.normalizer=softmax,sigmoid", "model.attention.normalizer=choice(softmax,sigmoid)"]
+)
+def test_an_extension_key_of_names_is_refused_before_any_job(run_cli, tmp_path, grid):
+    """A grid of names has no value beyond its edge: refused, where it read "every arm's best is inside its grid"."""
+    done = run_cli("-m", grid, "sweep.extend.key=model.attention.normalizer", "hydra.sweep.dir=sweep")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "headlab-train: invalid config: sweep.extend.key='model.attention.normalizer' is invalid: expected a key the "
+        f"sweep varies over numbers (its grid is {grid.split('=', 1)[1]})"
+    )
+    assert not list((tmp_path / "sweep").glob("*/results.json"))
+
+
 @pytest.mark.parametrize("storage", ["sqlite:///missing/folder/study.db", "bogus://study", "sqlite:///not_a_db"])
 def test_a_study_storage_that_cannot_be_opened_is_one_line(run_cli, tmp_path, storage):
     pytest.importorskip("optuna")
@@ -449,4 +463,5 @@ def test_a_study_storage_that_cannot_be_opened_is_one_line(run_cli, tmp_path, st
     done = run_cli("-m", "hydra/sweeper=search", "hydra.sweeper.n_trials=1", f"hydra.sweeper.storage={storage}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("headlab-train: invalid config: hydra.sweeper.storage: the study cannot be opened: ")
+    assert last.startswith("headlab-train: invalid config: hydra.sweeper.storage='")  # a file: its absolute path
+    assert f"{storage.rsplit('/', 1)[-1]}' cannot be opened: " in last

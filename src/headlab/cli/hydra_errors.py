@@ -9,7 +9,7 @@ from pathlib import Path
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from headlab.errors import ConfigError, first_line
+from headlab.errors import ConfigError
 
 
 def _flat(text: str) -> str:
@@ -66,8 +66,6 @@ def one_line(error: BaseException) -> str | None:
         return _unknown_key(error)
     if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG and (key := _long_key(error.filename)):
         return f"invalid config: {_shorten(key)} is {len(key)} characters long: expected a key of at most 255"
-    if type(error).__module__.split(".")[0] in ("sqlalchemy", "optuna"):  # the search sweeper's study
-        return f"invalid config: hydra.sweeper.storage: the study cannot be opened: {first_line(error)}"
     if isinstance(error, OSError) and error.filename:  # Hydra creating the run or sweep directory
         return (
             f"cannot write the output directory {error.filename}: {error.strerror}; "

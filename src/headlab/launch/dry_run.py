@@ -104,6 +104,21 @@ def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int
     return lines
 
 
+def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: str = "jobs",
+        max_pack: int | None = None) -> list:  # fmt: skip
+    """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
+    most max_pack, the launcher's by default); Hydra's config loader composes each pack's config. Returns the
+    sweep's (empty) list of returns."""
+    launcher = config.hydra.launcher
+    max_pack = max_pack or int(launcher.get("max_pack") or 1)
+    groups = pack_groups(jobs, packed, max_pack)
+    configs = [loader.load_sweep_config(config, group[0]) for group in groups]
+    runs = f"{len(groups)} pack(s) of at most {max_pack}" if packed else f"{len(groups)} job(s)"
+    print(f"headlab-train --dry-run: {len(jobs)} {what} in {runs}; nothing is started")
+    print("\n".join(report(groups, configs, int(launcher.get("n_jobs") or 1))))
+    return []
+
+
 def _total(members: list[int], times: list[tuple[int, float]], n_jobs: int) -> float:
     """Seconds of training of packs of these many members, n_jobs at a time."""
     return sum(n * steps * seconds for n, (steps, seconds) in zip(members, times, strict=True)) / min(

@@ -30,14 +30,19 @@ def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:
 
 def check_extension(key: str, arguments: list[str], params: dict | None) -> None:
     """sweep.extend.key names a key the sweep varies, given on the command line or in the sweeper's params (an
-    experiment's): a misspelt key would otherwise read as "every arm's best is inside its grid"."""
+    experiment's), over numbers: a misspelt key would otherwise read as "every arm's best is inside its grid", and
+    a key of names has no value beyond its grid."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     sweeps = ("range(", "choice(", "interval(", "glob(")
-    given = [a.split("=", 1) for a in arguments if "=" in a]
-    swept = {k.lstrip("+~") for k, v in given if "," in v or v.startswith(sweeps)} | {
-        k.lstrip("+~") for k in params or {}
-    }
+    given = [a.split("=", 1) for a in arguments if "=" in a] + [(k, str(v)) for k, v in (params or {}).items()]
+    swept = {k.lstrip("+~"): v for k, v in given if "," in v or v.startswith(sweeps)}
     if key not in swept:
         fail("sweep.extend.key", key, f"a key the sweep varies: one of {', '.join(sorted(swept)) or 'none'}")
+    override = OverridesParser.create().parse_override(f"{key}={swept[key]}")
+    values = list(override.sweep_iterator()) if override.is_discrete_sweep() else []
+    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        fail("sweep.extend.key", key, f"a key the sweep varies over numbers (its grid is {swept[key]})")
 
 
 def check_subdir(subdir, jobs: int) -> None:

@@ -5,20 +5,23 @@ for trials until the study holds n_trials, and with sweep.resume=true first fini
 left running (each job continues from its last.ckpt). The trial number is the job number, so trial N trains in
 the sweep's directory N."""
 
+import contextlib
 import logging
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import optuna
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from headlab.errors import ConfigError
+from headlab.errors import ConfigError, as_written
 from headlab.files import write_text_atomic
+from headlab.record import OBJECTIVES
 from headlab.training.config_check import POSITIVE, fail
 from headlab.training.pruning import PRUNERS, make_pruner
 
@@ -69,7 +72,7 @@ def _distribution(override: Override, sweep) -> BaseDistribution:
     raise ValueError("expected choice, range or interval")
 
 
-def check(n_trials: int, n_jobs: int, pruner: str, packed: bool) -> None:
+def check(n_trials: int, n_jobs: int, pruner: str, packed: bool, direction: str, objective: str) -> None:
     """The sweeper's own settings, before the study is opened."""
     for key, value in (("n_trials", n_trials), ("n_jobs", n_jobs)):
         if not POSITIVE[0](value):
@@ -78,6 +81,10 @@ def check(n_trials: int, n_jobs: int, pruner: str, packed: bool) -> None:
         fail("hydra.sweeper.pruner", pruner, f"one of {', '.join(PRUNERS)}")
     if pruner != "none" and packed:
         fail("hydra.sweeper.pruner", pruner, "none with a packed launcher (a pack trains its members to the end)")
+    if direction not in ("maximize", "minimize"):
+        fail("hydra.sweeper.direction", direction, "maximize or minimize")
+    if objective not in OBJECTIVES:
+        fail("sweep.objective", objective, f"a metric of every run's record: {', '.join(OBJECTIVES)}")
 
 
 def absolute(storage: str | None) -> str | None:
@@ -87,19 +94,148 @@ def absolute(storage: str | None) -> str | None:
     return storage
 
 
-def open_study(name: str, storage: str | None, direction: str, seed: int | None, pruner: str) -> optuna.Study:
-    """The study, created or (in storage) loaded: TPE sampling seeded with `seed`."""
-    if direction not in ("maximize", "minimize"):
-        raise ConfigError(f"hydra.sweeper.direction={direction!r} is invalid: expected maximize or minimize")
-    if pruner != "none" and storage is None:
+def open_study(
+    name: str, storage: str | None, direction: str, pruner: str, objective: str = "val/acc_best"
+) -> optuna.Study:
+    """The study, created or (in storage) loaded, with what it optimises: a stored study continues only under its
+    own direction and objective (its trials' values mean nothing under another)."""
+    if pruner != "none" and not shared(storage):
         raise ConfigError(
-            f"hydra.sweeper.pruner={pruner!r} is invalid without hydra.sweeper.storage: trials report to the "
-            "study through its storage (e.g. sqlite:///optuna.db)"
+            f"hydra.sweeper.pruner={pruner!r} is invalid without a storage the jobs share "
+            f"(hydra.sweeper.storage={as_written(storage)}): trials report to the study through it "
+            "(e.g. sqlite:///optuna.db)"
         )
-    return optuna.create_study(
-        study_name=name, storage=storage, direction=direction, load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed), pruner=make_pruner(pruner),
-    )  # fmt: skip
+    with _storage_said(storage):
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction=direction, load_if_exists=True, pruner=make_pruner(pruner)
+        )
+    stored = {"direction": study.direction.name.lower(), "objective": study.user_attrs.get("objective", objective)}
+    for key, value in (("hydra.sweeper.direction", direction), ("sweep.objective", objective)):
+        if stored[key.rsplit(".", 1)[-1]] != value:
+            raise ConfigError(
+                f"{key}={value!r} is invalid: the stored study {name!r} {_what(stored)}; continue it as it is, or "
+                "name another study (hydra.sweeper.study_name)"
+            )
+    study.set_user_attr("objective", objective)
+    return study
+
+
+def shared(storage: str | None) -> bool:
+    """Whether jobs in other processes reach this storage (an in-memory SQLite database is the process's own)."""
+    return bool(storage) and not re.fullmatch(r"sqlite://(/:memory:)?(\?.*)?", storage)
+
+
+def _what(stored: dict) -> str:
+    return f"{stored['direction']}s {stored['objective']}".replace("maximizes", "maximises").replace(
+        "minimizes", "minimises"
+    )
+
+
+@contextlib.contextmanager
+def _storage_said(storage: str | None):
+    """A storage that cannot be opened as one line: a database's driver (psycopg2, pymysql) not installed, a URL
+    or database that SQLAlchemy refuses."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as error:
+        chain, cause = [], error
+        while cause is not None and cause not in chain:
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        missing = [c for c in chain if isinstance(c, ModuleNotFoundError)]  # the driver, under Optuna's own error
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        why = f"its database driver is not installed ({missing[-1].msg})" if missing else lines[0][:300]
+        raise ConfigError(f"hydra.sweeper.storage={storage!r} cannot be opened: {why}") from None
+
+
+def dry_run(config, loader, packed: bool, search: Space, storage: str | None, name: str, n_trials: int,
+            n_jobs: int) -> list:  # fmt: skip
+    """--dry-run of a search: the trials the study lacks, each priced at the first value of every key (the values
+    TPE draws change a trial's time); the study is read, never created or changed, and nothing trains."""
+    from headlab.launch import dry_run as dry
+
+    left = n_trials - stored_trials(name, storage)
+    if left <= 0:
+        print(f"headlab-train --dry-run: study {name!r} holds its {n_trials} trials; nothing would train")
+        return []
+    first = [f"{key}={_first(d)}" for key, d in search.distributions.items()]
+    print(f"search: {left} trial(s) to ask of study {name!r}, {n_jobs} at a time; priced at {' '.join(first)} "
+          "(the values TPE draws change a trial's time)")  # fmt: skip
+    max_pack = min(n_jobs, int(config.hydra.launcher.get("max_pack") or 1))
+    return dry.say([[*search.fixed, *first]] * left, config, loader, packed, "trials", max_pack)
+
+
+def stored_trials(name: str, storage: str | None) -> int:
+    """How many trials the study holds in storage (0 where there is none yet), read without creating anything."""
+    path = re.fullmatch(r"sqlite:///(.+)", storage or "")
+    if not shared(storage) or (path and not Path(path.group(1)).exists()):
+        return 0
+    with _storage_said(storage):
+        try:
+            return len(optuna.load_study(study_name=name, storage=storage).trials)
+        except KeyError:  # no study of that name
+            return 0
+
+
+def _first(distribution: BaseDistribution):
+    return distribution.choices[0] if isinstance(distribution, CategoricalDistribution) else distribution.low
+
+
+def ask(study: optuna.Study, distributions: dict[str, BaseDistribution], seed: int | None) -> optuna.Trial:
+    """A new trial of the study with a value of each distribution, sampled by TPE seeded with (seed, the trial's
+    number): the same seed gives the same trials, a continued study or a second sweep on the same storage new ones
+    (a sampler seeded once a process would draw the first trials again)."""
+    trial = study.ask()
+    if seed is not None:
+        study.sampler = optuna.samplers.TPESampler(
+            seed=int(np.random.SeedSequence([seed, trial.number]).generate_state(1)[0])
+        )
+    for key, distribution in distributions.items():
+        _suggest(trial, key, distribution)
+    return trial
+
+
+def _suggest(trial: optuna.Trial, key: str, distribution: BaseDistribution):
+    if isinstance(distribution, CategoricalDistribution):
+        return trial.suggest_categorical(key, distribution.choices)
+    suggest = trial.suggest_int if isinstance(distribution, IntDistribution) else trial.suggest_float
+    return suggest(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+
+
+def checked_params(trial, search: Space) -> dict:
+    """A trial's values, where each is a key of the search space with a value of its distribution: a stored study
+    is received data, and its trials become overrides (a key of its own, or a value outside the space, could name
+    a function for Hydra to call). Anything else is refused in one line."""
+    params = trial.params
+    if set(params) != set(search.distributions):
+        odd = sorted(set(params) ^ set(search.distributions))
+        raise ConfigError(
+            f"trial {trial.number} of the stored study is refused: its keys differ from the search space's "
+            f"({', '.join(map(repr, odd))[:200]}); only the space's keys come back from a storage"
+        )
+    for key, value in params.items():
+        if not _contains(search.distributions[key], value):
+            raise ConfigError(
+                f"trial {trial.number} of the stored study is refused: {key}={value!r}"[:300]
+                + f" is not a value of its distribution ({search.distributions[key]})"
+            )
+    return params
+
+
+def _contains(distribution: BaseDistribution, value) -> bool:
+    if isinstance(distribution, CategoricalDistribution):
+        return any(type(value) is type(choice) and value == choice for choice in distribution.choices)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    if isinstance(distribution, IntDistribution):
+        return (
+            isinstance(value, int)
+            and distribution.low <= value <= distribution.high
+            and ((value - distribution.low) % distribution.step == 0)
+        )
+    return distribution.low <= value <= distribution.high
 
 
 @dataclass
@@ -112,6 +248,7 @@ class Trials:
     objective: str  # sweep.objective: what each job returns
     storage: str | None
     pruner: str
+    seed: int | None  # TPE's, with each trial's number
 
     def run(self, launch, n_trials: int, n_jobs: int, resume: bool) -> list:
         """Until the study holds n_trials trials; with resume, the trials a killed sweep left running first, each
@@ -122,7 +259,7 @@ class Trials:
             returns += [self._launch(launch, [t], "sweep.resume=true") for t in running]
         while len(self.study.trials) < n_trials:
             asks = min(n_jobs, n_trials - len(self.study.trials))
-            batch = [self.study.ask(self.search.distributions) for _ in range(asks)]
+            batch = [ask(self.study, self.search.distributions, self.seed) for _ in range(asks)]
             if [t.number for t in batch] == list(range(batch[0].number, batch[0].number + len(batch))):
                 returns.append(self._launch(launch, batch))
             else:
@@ -141,7 +278,8 @@ class Trials:
     def _overrides(self, trial) -> list[str]:
         """A trial's job: the fixed overrides, the trial's values (choices as the override wrote them, numbers as
         sampled), and its pruning callback where the study prunes."""
-        jobs = [*self.search.fixed, *(f"{key}={value}" for key, value in trial.params.items())]
+        values = checked_params(trial, self.search)
+        jobs = [*self.search.fixed, *(f"{key}={value}" for key, value in values.items())]
         if self.pruner != "none":
             jobs.append(pruning(self.study, self.storage, self.pruner, trial, self.objective))
         return jobs

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from headlab.conventions import ADDED_KEYS, SPLITS, as_now
 from headlab.errors import ConfigError, as_written
 from headlab.model import rules
+from headlab.record import OBJECTIVES
 
 
 def _is_int(v) -> bool:
@@ -80,6 +81,8 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.sam_rho": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: plain AdamW steps)"),
     "optim.rdrop": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: one pass a batch, no consistency term)"),
     "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
+    "sweep.objective": one_of(*OBJECTIVES),
+    "sweep.extend.select_on": one_of(*OBJECTIVES),
     "sweep.extend.factor": (lambda v: _is_number(v) and v > 1, "a number > 1 (past the top: x factor; the bottom: /)"),
     "sweep.extend.limit": POSITIVE,
     "auto_epochs.steps": POSITIVE,

@@ -11,8 +11,6 @@ from headlab.model import describe
 
 log = logging.getLogger("headlab")
 
-TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, in results.json beside val/ and test/
-
 
 def model_fields(model, datamodule) -> dict:
     """What a run records about its data and model: split sizes and classes, resolved head sizes, parameters,

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.errors import ConfigError, UsageError, first_line
 from headlab.files import check_received
 from headlab.model import Encoder, rules
-from headlab.record import VAL_ACC_BEST
+from headlab.record import TRAIN_METRICS, VAL_ACC_BEST
 from headlab.training import allocator, checkpoints, cores, epochs, memory, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
@@ -24,7 +24,6 @@ from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, 
 from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
 from headlab.training.progress_record import ProgressRecord
-from headlab.training.records import TRAIN_METRICS
 
 log = logging.getLogger("headlab")
 _threaded = False  # whether this process has run torch on more than one CPU thread (see train)

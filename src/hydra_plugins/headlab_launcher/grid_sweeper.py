@@ -74,13 +74,5 @@ class GridSweeper(Sweeper):
         """Say what the sweep would run and about how long it takes here (headlab.launch.dry_run); run nothing."""
         from headlab.launch import dry_run
 
-        launcher = self.config.hydra.launcher
         packed = getattr(self.grid.launcher, "composes_every_job_first", False)
-        groups = dry_run.pack_groups(jobs, packed, int(launcher.get("max_pack") or 1))
-        n_jobs = int(launcher.get("n_jobs") or 1)
-        loader = self.grid.hydra_context.config_loader
-        configs = [loader.load_sweep_config(self.config, group[0]) for group in groups]
-        what = f"{len(groups)} pack(s) of at most {launcher.max_pack}" if packed else f"{len(groups)} job(s)"
-        print(f"headlab-train --dry-run: {len(jobs)} jobs in {what}; nothing is started")
-        print("\n".join(dry_run.report(groups, configs, n_jobs)))
-        return []
+        return dry_run.say(jobs, self.config, self.grid.hydra_context.config_loader, packed)

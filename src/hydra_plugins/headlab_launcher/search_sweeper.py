@@ -30,21 +30,28 @@ class SearchSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from headlab.launch import search
+        from headlab.errors import ConfigError
 
-        packed = getattr(self.launcher, "composes_every_job_first", False)
-        search.check(self.n_trials, self.n_jobs, self.settings["pruner"], packed)
+        try:
+            from headlab.launch import search
+        except ImportError as error:  # the optuna extra is not installed
+            raise ConfigError(
+                f"hydra/sweeper=search needs Optuna ({error.msg}): pip install 'headlab[optuna]'"
+            ) from None
+        packed, objective = getattr(self.launcher, "composes_every_job_first", False), str(self.config.sweep.objective)
+        search.check(self.n_trials, self.n_jobs, self.settings["pruner"], packed, self.settings["direction"], objective)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         given = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
         space = search.space(parser.parse_overrides(given))
         storage, pruner = search.absolute(self.settings["storage"]), self.settings["pruner"]
-        study = search.open_study(
-            self.settings["study_name"], storage, self.settings["direction"], self.settings["seed"], pruner
-        )
+        if OmegaConf.select(self.config, "sweep.dry_run"):  # nothing asked, nothing stored, nothing trained
+            return search.dry_run(self.config, self.hydra_context.config_loader, packed, space, storage,
+                                  self.settings["study_name"], self.n_trials, self.n_jobs)  # fmt: skip
+        study = search.open_study(self.settings["study_name"], storage, self.settings["direction"], pruner, objective)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        trials = search.Trials(study, space, str(self.config.sweep.objective), storage, pruner)
+        trials = search.Trials(study, space, objective, storage, pruner, self.settings["seed"])
         resume = bool(OmegaConf.select(self.config, "sweep.resume"))
         returns = trials.run(self.launcher.launch, self.n_trials, self.n_jobs, resume)
         search.write_results(sweep_dir / "optimization_results.yaml", study, trials.objective)

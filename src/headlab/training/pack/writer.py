@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from headlab.heads.figures import render_heads, render_importance
+from headlab.record import TRAIN_METRICS
 from headlab.training import optim, signals_held
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import LearningCurve, ThroughputMeter
@@ -21,7 +22,6 @@ from headlab.training.checkpoints import save_checkpoint_atomic
 from headlab.training.cores import usable_cores
 from headlab.training.pack.member import Member
 from headlab.training.pack.module import PackedModule
-from headlab.training.records import TRAIN_METRICS
 
 log = logging.getLogger("headlab")
 
