@@ -24,17 +24,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
+    from headlab.escape import terminal
     from headlab.launch import wandb_offline, wandb_sync
     from headlab.training.loggers import wandb_mode
 
-    runs = wandb_sync.offline_runs(args.dirs)
+    for root in args.dirs:
+        if not root.is_dir():
+            what = "no such directory" if not root.exists() else "not a directory"
+            print(terminal(f"headlab-sync: {root}: {what}: expected a sweep or run directory"), file=sys.stderr)
+            sys.exit(2)
+    found = wandb_sync.offline_runs(args.dirs)
+    for line in found.left_out:
+        print(f"headlab-sync: {terminal(line)}", file=sys.stderr)
+    runs = found.runs
     if args.show:
         print("\n".join(wandb_offline.describe(run) for run in runs))
         return
     left = [r for r in runs if not wandb_sync.is_synced(r)]
     print(f"headlab-sync: {len(runs)} offline run(s): {len(runs) - len(left)} uploaded before, {len(left)} to upload")
     if args.dry_run or not left:
-        print("\n".join(f"  {r}" for r in left))
+        print("\n".join(f"  {terminal(r)}" for r in left))
         return
     mode, why = wandb_mode()
     if mode != "online":
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     done = wandb_sync.sync(left, args.jobs)
     failed = [d for d in done if not d.ok]
     for d in failed:
-        print(f"headlab-sync: {d.run}: not uploaded: {d.said}", file=sys.stderr)
+        print(terminal(f"headlab-sync: {d.run}: not uploaded: {d.said}"), file=sys.stderr)
     rest = "; rerun for the rest" if failed else ""
     print(f"headlab-sync: {len(done) - len(failed)} of {len(done)} uploaded{rest}")
     if failed:

@@ -11,17 +11,22 @@ import struct
 import time
 from pathlib import Path
 
+from headlab.errors import first_line
+from headlab.escape import terminal
+from headlab.files import check_received
+
 BLOCK = 32768
 HEADER = 7
+MAX_LOG_BYTES = 2**30  # a run's log is KB to MB (attention maps included): a larger one is not read
 
 
 def records(path: Path):
-    """The protobuf records of a run-<id>.wandb file, in the order they were written."""
+    """The protobuf records of a run-<id>.wandb file, in the order they were written: a plain file of at most
+    MAX_LOG_BYTES (check_received: never a pipe, a link or a device), else NotARecord."""
     from wandb.proto import wandb_internal_pb2
 
-    data = path.read_bytes()
-    ident, magic, _version = struct.unpack("<4sHB", data[:HEADER])
-    if ident != b":W&B" or magic != 0xBEE1:
+    data = check_received(path, MAX_LOG_BYTES).read_bytes()
+    if len(data) < HEADER or struct.unpack("<4sHB", data[:HEADER])[:2] != (b":W&B", 0xBEE1):
         raise ValueError(f"{path} is not a W&B run log")
     pos, pending = HEADER, b""
     while pos + HEADER <= len(data):
@@ -89,15 +94,17 @@ SHOWN = ("val/acc_best", "test/acc", "test/loss")  # the summary numbers a line 
 
 def describe(folder: Path) -> str:
     """One line on an offline run folder (wandb/offline-run-*): its name and group, what it logged, its final
-    numbers; or why it cannot be read."""
+    numbers; or why it cannot be read. Every text from the run is escaped for a terminal."""
+    logs = list(folder.glob("run-*.wandb"))
+    if len(logs) != 1:
+        return terminal(f"{folder}: cannot be read (no run-*.wandb, or several)")
     try:
-        (log,) = folder.glob("run-*.wandb")
-        run = read_log(log)
-    except (ValueError, OSError) as error:
-        return f"{folder}: cannot be read ({error or 'no run-*.wandb, or several'})"
+        run = read_log(logs[0])
+    except Exception as error:  # not a plain file, not W&B's format, a record cut short or corrupt
+        return terminal(f"{folder}: cannot be read ({first_line(error)})")
     name = run["run"].display_name if run["run"] else "?"
     group = f" (group {run['run'].run_group})" if run["run"] and run["run"].run_group else ""
     numbers = ", ".join(f"{k} {run['summary'][k]:.4f}" for k in SHOWN if isinstance(run["summary"].get(k), float))
-    return f"{folder}: {name}{group}: {len(run['config'])} config keys, {len(run['history'])} logged steps" + (
-        f"; {numbers}" if numbers else ""
-    )
+    return terminal(
+        f"{folder}: {name}{group}: {len(run['config'])} config keys, {len(run['history'])} logged steps"
+    ) + (f"; {numbers}" if numbers else "")

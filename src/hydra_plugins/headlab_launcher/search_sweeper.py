@@ -30,14 +30,9 @@ class SearchSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from headlab.errors import ConfigError
+        from headlab.launch import extras
 
-        try:
-            from headlab.launch import search
-        except ImportError as error:  # the optuna extra is not installed
-            raise ConfigError(
-                f"hydra/sweeper=search needs Optuna ({error.msg}): pip install 'headlab[optuna]'"
-            ) from None
+        search = extras.search()  # or one line: the optuna extra is not installed
         packed, objective = getattr(self.launcher, "composes_every_job_first", False), str(self.config.sweep.objective)
         search.check(self.n_trials, self.n_jobs, self.settings["pruner"], packed, self.settings["direction"], objective)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
