@@ -33,7 +33,17 @@ CHOICES = {  # every key that is a choice among names: the model or the data rai
     "data.tokenizer.kind": TOKENIZERS,
 }
 LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.launch) between launch and cli
-    **{"conventions": 0, "errors": 0, "escape": 0, "files": 0, "record": 0, "model": 1, "heads": 1, "stats": 1},
+    **{
+        "conventions": 0,
+        "errors": 0,
+        "escape": 0,
+        "files": 0,
+        "printing": 0,
+        "record": 0,
+        "model": 1,
+        "heads": 1,
+        "stats": 1,
+    },
     **{"data": 2, "training": 3, "launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
 }
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")

@@ -4,7 +4,6 @@ A run's name, a head's role, a verdict cell of someone else's table are data; no
 heading or a tag, break a table's row or start a spreadsheet formula. Standard library only: every layer writes.
 """
 
-import html
 import re
 import unicodedata
 
@@ -23,13 +22,16 @@ def terminal(text) -> str:
 
 
 def markdown_cell(text) -> str:
-    """text as one cell of a Markdown table in a page that may render HTML: control characters escaped, no tag,
-    no row break (|), no line of its own (a heading, a list)."""
-    return html.escape(terminal(text), quote=False).replace("|", "\\|")
+    """text as one cell of a Markdown table that stays text: no line breaks (a heading, a list), no cell
+    separators, no HTML (a marker such as <!-- /headlab-compare: x --> or a tag is shown, not read), no control
+    characters."""
+    text = terminal(" ".join(str(text).splitlines()))
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def csv_cell(text) -> str:
-    """text that a spreadsheet reads as text: one that would start a formula (and is no number, such as -0.5)
-    gets a leading apostrophe."""
-    text = str(text)
-    return "'" + text if text.startswith(_FORMULA) and not _NUMBER.fullmatch(text) else text
+def csv_cell(value):
+    """A value for a CSV cell that a spreadsheet shows as text: a string that would start a formula
+    (=HYPERLINK(...), +, -, @) and is no number (such as -0.5) gets a leading apostrophe; other values as they are."""
+    if isinstance(value, str) and value.startswith(_FORMULA) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value

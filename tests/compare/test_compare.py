@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -165,10 +166,26 @@ def test_within_compares_each_arm_with_the_baseline_of_its_own_head_count(tmp_pa
         assert [r["test/acc_p_value"] for r in csv.DictReader(f)] == [r["test/acc_p_value"] for r in table]
 
 
+def test_in_a_pipe_or_a_file_the_table_is_compare_mds_rows_whole(tmp_path, capsys, monkeypatch):
+    """stdout that is no terminal (`headlab-compare ... > out.txt`): no cell folded or cut, each row of compare.md's
+    table as it is there, keys by their last part."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for i, (heads, acc) in enumerate([(1, 0.6), (4, 0.9)] * 3):
+        write_run(tmp_path / str(i), heads, "dot", i // 2, acc + i / 100)
+    main([str(tmp_path), "--baseline", "model.attention.n_heads=4", "--effect", "0.05", "--no-plots"])
+    shown = capsys.readouterr().out
+    assert "…" not in shown and "┃" not in shown
+    table = [line for line in (tmp_path / "compare.md").read_text().splitlines() if line.startswith("| ")]
+    assert all(line in shown for line in table[1:]), shown
+    assert "| n_heads |" in shown
+
+
 def test_the_terminal_table_shows_every_cell_of_compare_md_in_full(tmp_path, capsys, monkeypatch):
     """Thirteen columns on an 80-column terminal: each word of every cell is there whole (folded between words,
     never cut with an ellipsis), keys by their last part."""
     monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal (capsys's stdout is none) without
+    monkeypatch.setenv("TERM", "dumb")  # colours
     for i, (heads, d_k, d_ff, acc) in enumerate([(4, None, None, 0.6), (4, 32, None, 0.9), (4, None, 383, 0.7)] * 3):
         write_run(
             tmp_path / str(i), heads, "dot", i // 3, acc + i / 100, **{"model.attention.d_k": d_k, "model.d_ff": d_ff}

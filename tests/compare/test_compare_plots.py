@@ -2,6 +2,7 @@
 what varies within it, and tables without columns for the keys that only follow the dataset."""
 
 import json
+import sys
 
 import pytest
 
@@ -94,6 +95,8 @@ def test_curves_are_drawn_per_dataset_and_the_cli_writes_the_panelled_figures(se
 
 def test_the_tables_list_the_keys_that_follow_the_dataset_once_not_as_columns(search, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal (capsys's stdout is none) without
+    monkeypatch.setenv("TERM", "dumb")  # colours
     main([str(search), "--across", "data", "--metric", "val/acc_best", "--no-plots"])
     shown = capsys.readouterr().out
     title = shown[shown.index("runs, grouped by") :].split("\n")[0]

@@ -142,3 +142,35 @@ def test_an_arm_is_shown_by_its_keys_last_part_and_its_whole_value():
         "demo", "R-Drop helps", ["optim.rdrop=3.0", "model.attention.d_k=64"], "test/acc", "higher", "demo"
     )
     assert findings._arm(claim) == "rdrop=3.0, d_k=64; test/acc"
+
+
+@pytest.mark.parametrize(
+    "column, value, said",
+    [
+        ("test/acc_verdict", "</td><script>alert(1)</script>|x\n## injected", "verdict '</td><script>"),
+        ("test/acc_effect", "nan", "effect nan"),
+        ("test/acc_p_holm", "-3", "Holm p -3.0"),
+        ("test/acc_effect_low", "inf", "interval [inf, "),
+        ("test/acc_effect", "a lot", "cannot be read (could not convert string to float: 'a lot')"),
+    ],
+)  # fmt: skip
+def test_a_received_table_whose_cells_compare_would_not_write_is_refused_and_nothing_is_written(
+    results, column, value, said
+):
+    """A verdict cell with HTML and a heading, an effect of nan beside "significant", a p-value or an interval out
+    of bounds: the findings block is not refreshed from it (RESULTS.md as it was), one CompareError naming the file."""
+    before = results.read_text()
+    table = Path("results/demo/compare.csv")
+    with table.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        if row["model.attention.n_heads"] == "1":
+            row[column] = value
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(CompareError, match="results/demo/compare.csv") as refused:
+        findings.refresh(results)
+    assert said in str(refused.value)
+    assert results.read_text() == before and "<script>" not in results.read_text()

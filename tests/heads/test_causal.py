@@ -197,6 +197,41 @@ def test_a_run_records_ablations_patching_roles_and_group_ablations(tmp_path):
     ).is_file()
     table = list(csv.DictReader((tmp_path / "run" / "heads" / "statistics.csv").open()))
     assert [r["role"] for r in table] == [r["role"] for r in heads["rows"]]
+    received_heads_json_is_read_as_data(tmp_path / "run", heads)
+
+
+def received_heads_json_is_read_as_data(run, heads: dict) -> None:
+    """A received run's heads.json: a role that is a formula or Rich markup is text in statistics.csv and on the
+    terminal; a row missing or out of range, a text importance, a row that is no object: one line, the rest drawn."""
+    hostile = json.loads(json.dumps(heads))
+    hostile["rows"][0]["role"] = '=HYPERLINK("http://x","y")'
+    hostile["rows"][1]["role"] = "[bold red]forged[/] \x1b[2J"
+    (run / "heads.json").write_text(json.dumps(hostile))
+    drawn = cli_here("heads", str(run), cwd=run.parent)
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    table = list(csv.DictReader((run / "heads" / "statistics.csv").open()))
+    assert table[0]["role"] == '\'=HYPERLINK("http://x","y")' and "\x1b" not in drawn.stdout
+    assert "| [bold red]forged[/] \\x1b[2J |" in drawn.stdout  # shown as written: no markup, no escape sequence
+    broken = {
+        "a row missing": lambda rows: rows.pop(),
+        "a head out of range": lambda rows: rows[0].update(head=99),
+        "a text importance": lambda rows: rows[0].update(importance="high"),
+        "a row that is no object": lambda rows: rows.__setitem__(0, [0, 0]),
+    }
+    said = {
+        "a row missing": "1 of the model's 4 heads have no row",
+        "a head out of range": "row 0 names no head of this model (layer 0, head 99)",
+        "a text importance": "row 0's importance is 'high', not a number",
+        "a row that is no object": "row 0 is not an object",
+    }
+    for case, breaking in broken.items():
+        bad = json.loads(json.dumps(heads))
+        breaking(bad["rows"])
+        (run / "heads.json").write_text(json.dumps(bad))
+        drawn = cli_here("heads", str(run), cwd=run.parent)
+        assert drawn.returncode == 0 and "Traceback" not in drawn.stderr, (case, drawn.stderr[-2000:])
+        assert f"headlab-heads: {run / 'heads.json'}: {said[case]}: its importance is left out" in drawn.stderr, case
+        assert "importance" not in next(csv.DictReader((run / "heads" / "statistics.csv").open()))
 
 
 def test_roles_across_seeds_count_the_runs_with_each_role_apart_for_solved_and_unsolved(tmp_path):
@@ -228,6 +263,28 @@ def test_roles_across_seeds_count_the_runs_with_each_role_apart_for_solved_and_u
     assert "| model.attention.n_heads=1 (not solved) | 3 | - | - | 0/3 [0.00, 0.71] (0.0) | 2/3 " in table
     assert "| model.attention.n_heads=4 (solved) | 5 | 5/5 [0.48, 1.00] (1.0) | 5/5 [0.48, 1.00] (1.0) | - |" in table
     assert "| group | runs | key a | key b | both | broad | positional | other |" in table
+
+
+@pytest.mark.parametrize("bad", [["a", "list"], {"a": "dict"}, 3, None])
+def test_roles_from_received_runs_are_text_in_the_table_and_a_role_that_is_no_name_leaves_its_run_out(tmp_path, bad):
+    """A role with HTML, a cell separator and a heading stays one cell of text; a run whose role is a list, a dict,
+    a number or null is left out with its reason, and the others are compared."""
+    from headlab.cli.compare import main
+
+    hostile = "<img src=x onerror=alert(1)>|x\n## injected"
+    for seed, role in enumerate([hostile, hostile, bad]):
+        run = tmp_path / f"run{seed}"
+        run.mkdir()
+        record = {"status": "completed", "metrics": {"test/acc": 0.9, "val/acc_best": 0.9},
+                  "config": {"model.attention.n_heads": 1, "seed": seed}}  # fmt: skip
+        (run / "results.json").write_text(json.dumps(record))
+        (run / "heads.json").write_text(json.dumps({"rows": [{"layer": 0, "head": 0, "entropy": 1.0, "role": role}]}))
+    main([str(tmp_path), "--roles", "--metric", "test/acc", "--no-plots"])
+    table = (tmp_path / "compare.md").read_text()
+    assert "| group | runs | &lt;img src=x onerror=alert(1)&gt;\\|x ## injected |" in table
+    assert "<img" not in table and "\n## injected" not in table
+    assert "| all runs | 2 | 2/2 " in table or "| model.attention.n_heads=1 | 2 | 2/2 " in table
+    assert f"{tmp_path / 'run2'}/heads.json: not a head analysis" in table
 
 
 def test_patching_by_position_finds_the_query_the_answer_is_read_at():

@@ -10,21 +10,74 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
 from headlab.cli.arguments import at_least
+from headlab.escape import csv_cell, terminal
 from headlab.files import read_received
+from headlab.printing import Column, print_table
 
 
-def _measured(heads_json: Path, checkpoint: Path) -> dict | None:
-    """The run's heads.json, when its importance was measured on this checkpoint's weights."""
+def _measured(heads_json: Path, checkpoint: Path, n_layers: int, n_heads: int) -> dict | None:
+    """The run's heads.json, when its importance was measured on this checkpoint's weights; one that is not a head
+    analysis of this model (a received file: a row missing or out of range, a value that is no number) is said in
+    one line and left out, and the rest is drawn."""
     try:
         report = json.loads(read_received(heads_json))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    ok = isinstance(report, dict) and report.get("checkpoint") and Path(report["checkpoint"]).name == checkpoint.name
-    return report if ok and "pruning_curve" in report else None
+    except (OSError, ValueError) as error:
+        print(terminal(f"headlab-heads: {heads_json} cannot be read ({error}): left out"), file=sys.stderr)
+        return None
+    ok = isinstance(report, dict) and isinstance(report.get("checkpoint"), str)
+    if not (ok and Path(report["checkpoint"]).name == checkpoint.name and "pruning_curve" in report):
+        return None
+    if why := _not_an_analysis(report, n_layers, n_heads):
+        print(terminal(f"headlab-heads: {heads_json}: {why}: its importance is left out"[:500]), file=sys.stderr)
+        return None
+    return report
+
+
+def _not_an_analysis(report: dict, n_layers: int, n_heads: int) -> str | None:
+    """Why a measured heads.json is no head analysis of a model of n_layers x n_heads, or None."""
+    from headlab.training import causal_report
+
+    rows, seen = report.get("rows"), set()
+    if not isinstance(rows, list):
+        return "its rows are not a list"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"row {i} is not an object"
+        where = (row.get("layer"), row.get("head"))
+        if not all(_is_int(v) and 0 <= v < n for v, n in zip(where, (n_layers, n_heads), strict=True)):
+            return f"row {i} names no head of this model (layer {where[0]!r}, head {where[1]!r})"
+        numbers = ["importance", *(k for k in causal_report.measured([row]) if k != "role")]
+        if bad := [k for k in numbers if not _is_number(row.get(k))]:
+            return f"row {i}'s {bad[0]} is {row.get(bad[0])!r}, not a number"
+        if not isinstance(row.get("role", ""), str):
+            return f"row {i}'s role is {row['role']!r}, not a name"
+        seen.add(where)
+    if len(seen) < n_layers * n_heads:
+        return f"{n_layers * n_heads - len(seen)} of the model's {n_layers * n_heads} heads have no row"
+    curves = report.get("pruning_baselines", {})
+    if not isinstance(curves, dict):
+        return "its pruning_baselines is not an object"
+    for name, curve in {"importance": report["pruning_curve"], **curves}.items():
+        points = curve if isinstance(curve, list) else [None]
+        if not all(isinstance(p, dict) and _is_number(p.get("fraction_pruned")) and _is_number(p.get("metric"))
+                   for p in points):  # fmt: skip
+            return f"its {name} pruning curve is not a list of points (fraction_pruned, metric)"
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,8 +94,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import numpy as np
-    from rich.console import Console
-    from rich.table import Table
 
     from headlab.cli import saved_run
     from headlab.files import write_bytes_atomic, write_text_atomic
@@ -62,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or args.run_dir / "heads"
     out.mkdir(parents=True, exist_ok=True)
     pngs = figures.render_heads(snapshot)  # attention/layer_0, heads/similarity
-    measured = _measured(args.run_dir / "heads.json", checkpoint)
+    measured = _measured(args.run_dir / "heads.json", checkpoint, model.n_layers, model.n_heads)
     if measured:  # importance and pruning curves, as the run measured them on this checkpoint
         importance = {(r["layer"], r["head"]): r.get("importance") for r in measured.get("rows", [])}
         causal = {(r["layer"], r["head"]): {k: r[k] for k in causal_report.measured([r])} for r in measured["rows"]}
@@ -85,28 +136,22 @@ def main(argv: list[str] | None = None) -> None:
     written = io.StringIO(newline="")
     writer = csv.DictWriter(written, fieldnames=columns)
     writer.writeheader()
-    writer.writerows(report["rows"])
+    writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in report["rows"])
     write_text_atomic(out / "statistics.csv", written.getvalue())
 
-    table = Table(title=f"heads of {args.run_dir} ({len(batch['tokens'])} probe examples)")
-    for c in columns:
-        table.add_column(c, justify="right")
-    for row in report["rows"]:
-        table.add_row(*(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns))
-    console = Console(width=max(Console().width, 130))
-    console.print(table)
+    title = f"heads of {args.run_dir} ({len(batch['tokens'])} probe examples)"
+    cells = [[f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns] for row in report["rows"]]
+    print_table(title, [Column(c, "cut") for c in columns], cells)
     names, share = seen["roles"]["names"], seen["roles"]["share"]  # (L, H, R)
-    where = Table(
-        title="where each head looks: the share of attention per key, over all probe queries; last row: the shares "
-        "of attention spread evenly (a head prefers a key where it gives more)"
+    where = [[str(layer), str(head), *(f"{v:.0%}" for v in row)] for layer, heads in enumerate(share)
+             for head, row in enumerate(heads)]  # fmt: skip
+    where.append(["", "uniform", *(f"{v:.0%}" for v in seen["roles"]["uniform"])])
+    print_table(
+        "where each head looks: the share of attention per key, over all probe queries; last row: the shares of "
+        "attention spread evenly (a head prefers a key where it gives more)",
+        [Column(c, "cut") for c in ["layer", "head", *names]],
+        where,
     )
-    for c in ["layer", "head", *names]:
-        where.add_column(c, justify="right")
-    for layer, heads in enumerate(share):
-        for head, row in enumerate(heads):
-            where.add_row(str(layer), str(head), *(f"{v:.0%}" for v in row))
-    where.add_row("", "uniform", *(f"{v:.0%}" for v in seen["roles"]["uniform"]))
-    console.print(where)
     print(f"wrote {out}", file=sys.stderr)
 
 

@@ -5,6 +5,7 @@ datasets, compare_meta.csv) and from its confirmation's (results/<block>/confirm
 it with each table, and --check says whether it is what the tables give."""
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 
 from headlab.compare import blocks
 from headlab.compare.tables import legend
+from headlab.files import read_received
 from headlab.stats.contrasts import CompareError, t_interval, welch
 from headlab.stats.power import ALPHA
 
@@ -107,14 +109,43 @@ def refresh(path: Path) -> bool:
     return True
 
 
+VERDICTS = ("significant", "not significant", "no difference found", "inconclusive", "")  # a table's verdict cells
+
+
 def read(c: Claim, folder: Path) -> dict | None:
     """{effect, low, high, p_holm, verdict} of the claim in the table of folder; None where the folder has no table
-    or no row of the arm (a confirmation that did not state the metric)."""
+    or no row of the arm (a confirmation that did not state the metric). A table may come from anyone: a cell that
+    is not what compare writes is a CompareError naming the file (_checked)."""
     name = "compare_meta.csv" if c.pooled else "compare.csv"
+    try:
+        found = _read(c, folder, name)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CompareError(f"{folder / name}: the row of {c.arm} cannot be read ({error})"[:400]) from None
+    return None if found is None else _checked(found, c, folder / name)
+
+
+def _checked(found: dict, c: Claim, where: Path) -> dict:
+    """A row as compare writes it: a verdict of VERDICTS, a finite effect, a Holm p-value in [0, 1] (none where no
+    test was made), an interval of numbers or none, and a verdict that a test was made for."""
+    effect, low, high, p = (found[k] for k in ("effect", "low", "high", "p_holm"))
+    wrong = [
+        f"verdict {found['verdict']!r}"[:80] if found["verdict"] not in VERDICTS else "",
+        f"effect {effect}" if not math.isfinite(effect) else "",
+        f"Holm p {p}" if not (0 <= p <= 1 or (math.isnan(p) and found["verdict"] == "")) else "",
+        f"interval [{low}, {high}]" if math.isinf(low) or math.isinf(high) or low > high else "",
+    ]
+    if wrong := [w for w in wrong if w]:
+        raise CompareError(f"{where}: the row of {c.arm} is not a table compare writes: {', '.join(wrong)}")
+    return found
+
+
+def _read(c: Claim, folder: Path, name: str) -> dict | None:
     if not (folder / name).is_file():
         return None
-    with (folder / name).open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        rows = list(csv.DictReader(io.StringIO(read_received(folder / name), newline="")))
+    except (OSError, UnicodeDecodeError) as error:  # a link, a pipe, over a record's size: never read
+        raise CompareError(f"{folder / name} cannot be read: {error}") from None
     if c.pooled:
         arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
         if not arm:

@@ -3,6 +3,7 @@
 import math
 
 from headlab.compare.tables import mean_interval
+from headlab.escape import markdown_cell
 from headlab.heads.causal import ROLES_BEYOND_FETCHING
 
 
@@ -11,13 +12,13 @@ def pruning_table(summary: list[dict]) -> list[str]:
     CI] over runs, in importance order and each baseline order, with the paired difference importance - baseline."""
     lines = []
     for group in summary:
-        title = ", ".join(f"{k}={v}" for k, v in group["group"].items()) or "all runs"
+        title = markdown_cell(", ".join(f"{k}={v}" for k, v in group["group"].items()) or "all runs")
         orders, baselines = group["orders"], group["orders"][1:]
         header = [
             "heads pruned",
             "fraction",
-            *(f"{o} order" for o in orders),
-            *(f"importance - {b}" for b in baselines),
+            *(markdown_cell(f"{o} order") for o in orders),
+            *(markdown_cell(f"importance - {b}") for b in baselines),
         ]
         lines += [
             f"Pruning curve ({title}; {group['runs']} runs; {group['split']} accuracy, mean [95% bootstrap CI]; "
@@ -64,7 +65,7 @@ def roles_table(summary: list[dict], solved: tuple[str, float] | None) -> list[s
     found = {n for g in summary for n in g["roles"]}
     names = sorted(found - set(ROLES_BEYOND_FETCHING)) + [n for n in ROLES_BEYOND_FETCHING if n in found]
     which = f"; runs with {solved[0]} >= {solved[1]:g} and below counted apart" if solved else ""
-    header = ["group", "runs", *names]
+    header = ["group", "runs", *map(markdown_cell, names)]
     lines = [
         f"Head roles (heads.json `role`, docs/heads.md: runs with a head in each role, k/n [exact 95% CI], and mean "
         f"heads in it a run{which}):",
@@ -73,7 +74,7 @@ def roles_table(summary: list[dict], solved: tuple[str, float] | None) -> list[s
         "|" + "---|" * len(header),
     ]
     for g in summary:
-        title = ", ".join(f"{k}={v}" for k, v in g["group"].items()) or "all runs"
+        title = markdown_cell(", ".join(f"{k}={v}" for k, v in g["group"].items()) or "all runs")
         title += "" if g["outcome"] == "all" else f" ({g['outcome']})"
         cells = [title, str(g["runs"])]
         for name in names:

@@ -7,8 +7,11 @@ import math
 import shlex
 from pathlib import Path
 
+from headlab import printing
 from headlab.compare.figures import plot, plot_curves
+from headlab.escape import csv_cell, markdown_cell
 from headlab.files import write_atomic
+from headlab.printing import Column
 from headlab.record import git_sha
 from headlab.stats import inference
 from headlab.stats.comparison import IMPROVING_MARGIN
@@ -110,7 +113,7 @@ def table_rows(keys: list[str], rows: list[dict], design: Design) -> tuple[list[
     body = []
     for row in rows:
         speed = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] else ""
-        cells = [*(inert(_key_cell(row, k, design)) for k in keys), str(row["runs"])]
+        cells = [*(markdown_cell(_key_cell(row, k, design)) for k in keys), str(row["runs"])]
         cells += [_cell(row.get(m), design) for m in design.metrics]
         if design.solved:
             cells.append(_solved_cell(row.get("solved")))
@@ -149,27 +152,20 @@ def follows_lines(follows: dict, design: Design) -> list[str]:
 
 
 def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
-    """The table on the terminal, as compare.md has it but fitted to the screen: keys by their last part (n_heads),
-    the other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """The table as compare.md has it: on a terminal fitted to the screen (keys by their last part, n_heads; the
+    other columns as narrow as their longest word, the metrics' columns sharing the rest; never cut), in a pipe
+    or a file whole (headlab.printing)."""
     keys, _ = dataset_keys(keys, rows, design)
     header, body = table_rows(keys, rows, design)
     title = f"{n_runs} runs, grouped by {', '.join(keys) or 'nothing (all alike)'} (compare.md: the legend)"
-    table = Table(title=title, expand=True)
+    columns = []
     for i, column in enumerate(header):
         if i < len(keys):  # model.attention.n_heads (selected on ...) -> n_heads (selected on ...)
             name, _, rest = column.partition(" ")
             column = " ".join((name.rsplit(".", 1)[-1], rest)).strip()
-        if any(column.startswith(f"{m} (") for m in design.metrics):
-            table.add_column(column, overflow="fold", ratio=1)
-        else:  # as narrow as its longest word: a number is never split
-            longest = max(len(word) for text in (column, *(r[i] for r in body)) for word in text.split() or [""])
-            table.add_column(column, overflow="fold", min_width=longest, max_width=longest)
-    for row in body:
-        table.add_row(*row)
-    Console(width=max(Console().width, 160)).print(table)
+        metric = any(column.startswith(f"{m} (") for m in design.metrics)
+        columns.append(Column(column, "fold" if metric else "word"))
+    printing.print_table(title, columns, body, width=160)
 
 
 _CROSS_VALIDATED = (
@@ -290,20 +286,6 @@ def few_replicates(keys: list[str], rows: list[dict], design: Design) -> str | N
     )
 
 
-def inert(text) -> str:
-    """Text from a run's records as one line of a markdown table that stays text: no line breaks, no cell
-    separators, no HTML (a marker such as <!-- /headlab-compare: x --> or a tag is shown, not read)."""
-    text = " ".join(str(text).splitlines())
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def spreadsheet_safe(value):
-    """A config value for a CSV cell that a spreadsheet shows as text, not a formula (=HYPERLINK(...), +, -, @)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
 def write_outputs(
     out: Path, keys: list[str], rows: list[dict], design: Design, runs: Runs, command, plots: bool = True
 ) -> list[Path]:
@@ -315,7 +297,9 @@ def write_outputs(
     if few := few_replicates(shown, rows, design):
         lines += ["", few]
     if runs.failed or runs.unreadable:
-        lines += ["", "Left out:"] + [f"- {inert(w)}: {inert(e)}" for w, e in runs.failed + runs.unreadable]
+        lines += ["", "Left out:"] + [
+            f"- {markdown_cell(w)}: {markdown_cell(e)}" for w, e in runs.failed + runs.unreadable
+        ]
     table = ("\n".join(lines) + "\n").encode()
     write_atomic(out / "compare.md", lambda f: f.write(table))
     write_atomic(out / "compare.csv", lambda f: f.write(_csv(keys, rows, design).encode()))
@@ -342,7 +326,7 @@ def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
             rate = [(row.get("solved") or {}).get(s, "") for s in rate_fields] if design.solved else []
             improving = list(row["improving"] or ("", ""))
             writer.writerow(
-                [*(spreadsheet_safe(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
+                [*(csv_cell(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
                 + [row.get("flops_per_token"), row.get("train_flops"), row["tokens_per_s"]]
             )
         return f.getvalue()

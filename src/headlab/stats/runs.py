@@ -141,9 +141,17 @@ def _read_heads(text: str | None) -> dict | None:
     except ValueError:
         return None
     rows = heads.get("rows", []) if isinstance(heads, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"layer", "head"} <= r.keys() for r in rows):
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and _is_head_row(r) for r in rows):
         return None
     return heads
+
+
+def _is_head_row(row: dict) -> bool:
+    """A row of a head analysis as headlab writes it: its layer and head indices, and a role that is a name."""
+    index = [row.get(k) for k in ("layer", "head")]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 100_000 for i in index):
+        return False
+    return "role" not in row or (isinstance(row["role"], str) and len(row["role"]) <= 100)
 
 
 def _head_scalars(rows: list[dict]) -> dict[str, float]:

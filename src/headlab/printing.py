@@ -1,0 +1,44 @@
+"""Tables printed for a person: fitted to the screen on a terminal, whole in a pipe or a file.
+
+On a terminal a table is Rich's, its cells folded or cut to fit the width; where stdout is a pipe or a file
+(`headlab-heads RUN > out.txt`, `| less`) nothing is cut: a Markdown table of whole values, as compare.md and
+statistics.csv hold them. Every cell is received text: shown as written (no markup, no escape sequence, no row
+break).
+"""
+
+import sys
+from dataclasses import dataclass
+
+from headlab.escape import markdown_cell, terminal
+
+
+@dataclass
+class Column:
+    name: str
+    fit: str = "fold"  # on a terminal: "fold" (wrapped), "cut" (an ellipsis), or "word" (as wide as its longest word)
+
+
+def print_table(title: str, columns: list[Column], rows: list[list[str]], width: int = 130) -> None:
+    """The table on stdout: Rich's at least `width` characters wide on a terminal, else Markdown."""
+    if not sys.stdout.isatty():
+        lines = [f"{markdown_cell(title)}:", "", "| " + " | ".join(markdown_cell(c.name) for c in columns) + " |"]
+        lines.append("|" + "---|" * len(columns))
+        lines += ["| " + " | ".join(markdown_cell(cell) for cell in row) + " |" for row in rows]
+        print("\n".join(lines) + "\n")
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(terminal(title)), expand=any(c.fit == "fold" for c in columns))
+    for i, c in enumerate(columns):
+        if c.fit == "word":  # a number is never split
+            longest = max(len(word) for text in (c.name, *(r[i] for r in rows)) for word in text.split() or [""])
+            table.add_column(escape(terminal(c.name)), overflow="fold", min_width=longest, max_width=longest)
+        elif c.fit == "fold":
+            table.add_column(escape(terminal(c.name)), overflow="fold", ratio=1)
+        else:
+            table.add_column(escape(terminal(c.name)), justify="right")
+    for row in rows:
+        table.add_row(*(escape(terminal(cell)) for cell in row))
+    Console(width=max(Console().width, width)).print(table)
