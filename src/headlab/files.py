@@ -3,6 +3,7 @@ version (and no temporary file) behind. Standard library only: every layer write
 
 import errno
 import json
+import math
 import os
 import stat
 import tempfile
@@ -63,7 +64,18 @@ def _disk_full(error: OSError, path: Path) -> Exception:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+    """obj as JSON, whole or not at all; a number that is not finite (NaN, Infinity: no JSON) is written null."""
+    write_bytes_atomic(path, (json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n").encode())
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -82,18 +82,23 @@ def test_check_replays_the_analysis_compare_json_records(sweep, tmp_path, monkey
     assert "differs: table/compare.md" in capsys.readouterr().out
 
 
-def test_a_metric_that_is_not_a_finite_number_is_left_out_as_corrupt(sweep, capsys):  # noqa: F811
+@pytest.mark.parametrize("metric, value", [("test/acc", float("inf")), ("test/loss", float("nan"))])
+def test_a_run_with_a_metric_that_is_not_a_finite_number_is_left_out_whole(sweep, capsys, metric, value):  # noqa: F811
+    """Infinity in a record, or a NaN loss (a model whose last update made its weights NaN: its accuracies are
+    those of chance): the run is left out, none of its metrics counted."""
     root, _ = sweep
     record = json.loads((root / "0" / "results.json").read_text())
-    record["metrics"]["test/acc"] = float("inf")  # json writes Infinity, and reads it back as a float
+    record["metrics"][metric] = value  # json writes Infinity and NaN, and reads them back as floats
     (root / "0" / "results.json").write_text(json.dumps(record))
     main([str(root), "--metric", "test/acc", "--no-plots"])
-    assert f"skipped {root / '0'}/results.json: metric test/acc is inf, not a finite number: left out" in (
-        capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert (
+        f"skipped {root / '0'}/results.json: metric {metric} is {value!r}, not a finite number: the run is left out"
+        in said
     )
     with (root / "compare.csv").open() as f:
         rows = {(r["model.attention.n_heads"], r["model.attention.scoring"]): r for r in csv.DictReader(f)}
-    assert rows[("1", "dot")]["test/acc_n"] == "2"  # the arm's mean is of the two runs with a finite test/acc
+    assert rows[("1", "dot")]["test/acc_n"] == "2"  # the arm's mean is of its two other runs
 
 
 def test_check_replays_no_abbreviated_option_of_a_received_command_line(tmp_path, monkeypatch, capsys):

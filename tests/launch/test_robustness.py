@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TESTS, TINY, as_interrupted, cli_env, headlab_train, train_here
+from conftest import TESTS, TINY, as_interrupted, cli_env, cli_here, headlab_train, train_here
 from headlab.model.attention import MultiHeadAttention
 
 
@@ -202,6 +202,37 @@ def test_a_non_finite_loss_stops_the_run_with_one_true_line_naming_its_cause(run
     assert line.endswith("no checkpoint was written before it") or "holds the last validated epoch" in line
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("TrainingError: non-finite training objective")
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        ["model.attention.normalizer=sigmoid", "hydra.run.dir=run"],
+        ["model.attention.differential=true", "seed=0,1", "hydra/launcher=packed", "hydra.sweep.dir=sweep"],
+    ],
+)
+def test_a_run_whose_last_update_makes_its_model_not_finite_never_ends_completed(run_cli, tmp_path, launch):
+    """One training step at a learning rate of 1e30: the training loss of that step is finite, the model after it
+    is not. A single run and every member of a pack end failed ("diverged", naming the metrics), never completed;
+    compare leaves them out; the records are valid JSON (no NaN)."""
+    packed = "hydra/launcher=packed" in launch
+    one_step = ["trainer.max_epochs=1", "++trainer.limit_train_batches=1", "optim.lr=1e30"]
+    result = run_cli(*(["-m"] if packed else []), *TINY, "logger=csv", *one_step, "callbacks.attention=null", *launch)
+    runs = [tmp_path / "sweep" / j for j in "01"] if packed else [tmp_path / "run"]
+    for run in runs:
+        text = (run / "results.json").read_text()
+        assert "NaN" not in text
+        record = json.loads(text)
+        assert record["status"] == "failed", record["status"]
+        assert record["error"].startswith("TrainingError: diverged: val/loss nan") and "not finite" in record["error"]
+    if not packed:
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith("headlab-train: training stopped: diverged: ")
+        evaluated = cli_here("eval", "run", "--checkpoint", "last", cwd=tmp_path)
+        assert evaluated.returncode == 1 and "headlab-eval: test/loss not finite" in evaluated.stderr
+        assert json.loads((tmp_path / "run" / "eval" / "test-last.json").read_text())["metrics"]["test/loss"] is None
+    else:
+        assert "0 of 2 jobs completed" in result.stdout + result.stderr
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,6 +7,7 @@ to RUN_DIR/eval/<split>-<checkpoint>.json (a checkpoint from outside the run's c
 """
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -49,10 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     own = checkpoint.resolve().parent == (args.run_dir / "checkpoints").resolve()
     out = args.run_dir / "eval" / f"{args.split}-{'' if own else 'other-'}{checkpoint.stem}.json"
-    write_json_atomic(out, record)
+    write_json_atomic(out, record)  # a number that is not finite as null: the file stays JSON
     for key, value in metrics.items():
         print(f"{key}\t{value:.4f}")
     print(f"wrote {out}", file=sys.stderr)
+    if bad := [k for k, v in metrics.items() if not math.isfinite(v)]:
+        sys.exit(
+            f"headlab-eval: {', '.join(bad)} not finite: the checkpoint's model is not (a diverged run); null in {out}"
+        )
 
 
 if __name__ == "__main__":

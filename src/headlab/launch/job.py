@@ -5,6 +5,7 @@ sweep a failed job is recorded and the others go on.
 """
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -46,6 +47,20 @@ def began() -> bool:
 
 def tracebacks() -> bool:
     return os.environ.get(TRACEBACKS) == "1"
+
+
+def diverged(fields: dict | None) -> str | None:
+    """Why a run that trained to its end has no finite model, or None: a metric it measured (validation, test,
+    the last epoch's training) that is not a finite number, as after an update that made its weights NaN."""
+    metrics = (fields or {}).get("metrics") or {}
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return None
+    shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+    return (
+        f"diverged: {shown} at the end of training (the model's outputs are not finite); lower optim.lr, or set "
+        "trainer.gradient_clip_val"
+    )
 
 
 def objective(cfg: DictConfig, record: dict) -> float:
@@ -157,6 +172,9 @@ class Job:
         user's mistakes outside a sweep); re-raise interrupts after recording them, unless stop=False (an interrupt
         of another process, a pack's worker, which this one outlives)."""
         cfg = self.cfg
+        if error is None and (why := diverged(fields)):  # a run without a trained, finite model never completes
+            self.record.update({k: v for k, v in (fields or {}).items() if k != "status"})
+            error = TrainingError(why)
         if isinstance(error, UsageError):
             if not self.owned:  # the directory is another run's (or another process's): nothing of it is touched
                 if self.sweep_dir is not None:

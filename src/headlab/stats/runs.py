@@ -90,11 +90,11 @@ def _add_run(runs: Runs, where: str, read) -> None:
     elif status == "completed":
         record["config"] = as_now(record["config"])
         not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not _is_number(v)}
-        for key, value in not_numbers.items():
-            runs.unreadable.append(
-                (f"{where}/results.json", f"metric {key} is {value!r}, not a finite number: left out")
-            )
-        record["metrics"] = {k: v for k, v in record["metrics"].items() if k not in not_numbers}
+        if not_numbers:  # a diverged model (its other metrics are those of NaN weights: chance) or a forged record
+            key, value = next(iter(not_numbers.items()))
+            why = f"metric {key} is {value!r}, not a finite number: the run is left out (a diverged model)"
+            runs.unreadable.append((f"{where}/results.json", why[:300]))
+            return
         record["head_analysis"] = _read_heads(read("heads.json"))  # ("heads": the resolved sizes in results.json)
         if record["head_analysis"] is None:
             runs.unreadable.append((f"{where}/heads.json", "not a head analysis (a JSON object with rows): left out"))
