@@ -399,6 +399,19 @@ def _check_refused(result, case: Case, tmp_path: Path) -> None:
     assert not record.exists() or json.loads(record.read_text())["status"] == "failed"
 
 
+@pytest.mark.parametrize(
+    "size, first",
+    [("model.attention.latent_kv=50000000", "model.attention.latent_kv (50000000)"),
+     ("model.d_ff=400000000", "model.d_ff (400000000)"), ("data.batch_size=2000000", "data.batch_size (2000000)")],
+)  # fmt: skip
+def test_a_model_too_large_for_memory_names_first_the_size_that_costs_most(run_cli, size, first):
+    """Whatever size makes it too large (a latent's rank, the feed-forward width, the batch), the refusal names it
+    first among what to lower: each size's cost is the memory its halving saves."""
+    done = run_cli(size, "logger=csv", "hydra.run.dir=run")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"GiB are free: lower what costs most, {first}, " in done.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("data", ["pair_recall", "mqar", "listops"])
 def test_every_shipped_data_config_composes_and_validates(data):
     with initialize_config_module("headlab.conf", version_base="1.3"):

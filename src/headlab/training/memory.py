@@ -2,10 +2,11 @@
 sizes) against what the device it trains on has free: a run that cannot fit is refused before its model is built,
 and a pack holds as many members as fit."""
 
+import copy
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from headlab.errors import ConfigError
 from headlab.model import rules
@@ -57,16 +58,43 @@ def free_bytes(accelerator: str) -> int:
 
 
 def check_fits(cfg: DictConfig, datamodule) -> None:
-    """Refuse, in one line, a model that would not fit in SHARE of the free memory of its device."""
+    """Refuse, in one line, a model that would not fit in SHARE of the free memory of its device, naming the sizes
+    that cost it most (largest_costs)."""
     need, free = model_bytes(cfg, datamodule), free_bytes(str(cfg.trainer.get("accelerator")))
     if need > SHARE * free:
-        att, shown = cfg.model.attention, lambda v: "null" if v is None else v  # noqa: E731
+        lower = [f"{key} ({value})" for key, value in largest_costs(cfg, datamodule, need)]
         raise ConfigError(
             f"this model needs about {need / 2**30:.1f} GiB to train (an estimate), and {free / 2**30:.1f} GiB are "
-            f"free: lower model.attention.d_k ({shown(att.d_k)}), .d_v ({shown(att.d_v)}), .n_heads ({att.n_heads}), "
-            f"model.d_model ({cfg.model.d_model}), model.d_ff ({shown(cfg.model.d_ff)}) or data.batch_size "
-            f"({datamodule.batch_size})"
+            f"free: lower what costs most, {', '.join(lower[:-1])} or {lower[-1]}"
         )
+
+
+SIZES = (  # what a run's memory grows with (the estimate of model_bytes)
+    *(f"model.attention.{k}" for k in ("d_k", "d_v", "n_heads", "n_kv_heads", "latent_kv")),
+    *(f"model.{k}" for k in ("d_model", "d_ff", "n_layers")),
+    "data.batch_size",
+)
+
+
+def largest_costs(cfg: DictConfig, datamodule, need: int, most: int = 3) -> list[tuple[str, int]]:
+    """The `most` sizes of SIZES whose halving saves the most memory, with their values, largest saving first."""
+    saved = {}
+    for key in SIZES:
+        value = datamodule.batch_size if key == "data.batch_size" else OmegaConf.select(cfg, key)
+        if not isinstance(value, int) or value < 2:
+            continue
+        smaller, data = copy.deepcopy(cfg), datamodule
+        if key == "data.batch_size":
+            data = copy.copy(datamodule)
+            data.batch_size = value // 2
+        else:
+            OmegaConf.update(smaller, key, value // 2)
+        try:
+            saved[key] = (need - model_bytes(smaller, data), value)
+        except ValueError:  # a rule of the model broken by the halving (heads that no longer divide d_model)
+            continue
+    ranked = sorted(saved.items(), key=lambda item: -item[1][0])
+    return [(key, value) for key, (_, value) in ranked[:most]]
 
 
 class ConfigSizes:
