@@ -235,6 +235,38 @@ def test_a_run_whose_last_update_makes_its_model_not_finite_never_ends_completed
         assert "0 of 2 jobs completed" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("normalizer", "sigmoid", "model.attention.normalizer='softmax', and the run's config says 'sigmoid'"),
+        ("scale", False, "model.attention.scale=true, and the run's config says false"),
+    ],
+)
+def test_a_resume_under_another_design_than_its_checkpoints_is_refused(run_cli, tmp_path, key, value, said):
+    """A received run whose .hydra/config.yaml and results.json both say another design than its checkpoint was
+    trained with (one that adds no parameter, so no shape differs): the checkpoint records its design, and the
+    resume is refused in one line, the run's files as they were."""
+    import yaml
+
+    first = run_cli(*TINY, "logger=csv", "trainer.max_epochs=1", "callbacks.attention=null", "hydra.run.dir=run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = tmp_path / "run"
+    record = json.loads((run / "results.json").read_text())
+    record["status"] = "interrupted"
+    record["config"][f"model.attention.{key}"] = value
+    (run / "results.json").write_text(json.dumps(record))
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["model"]["attention"][key] = value
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    files = lambda: {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "train.log"}  # noqa: E731
+    before = files()
+    resumed = run_cli(f"resume={run}")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
+    line = resumed.stderr.strip().splitlines()[-1]
+    assert "is invalid: expected a checkpoint of this design: it trained with " + said in line, line
+    assert files() == before  # train.log aside, which says what each attempt did
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     n_heads=st.integers(1, 8),

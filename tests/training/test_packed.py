@@ -101,6 +101,11 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
         for d in (run, tmp_path / "alone")
     )
     assert torch.equal(ours_state, theirs_state)  # its own dropout stream, where its single run's stands: resumable
+    ours_design, theirs_design = (
+        torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["design"]
+        for d in (run, tmp_path / "alone")
+    )
+    assert ours_design == theirs_design and ours_design["attention"]["n_heads"] == 4  # what a resume checks
     heads = cli_here("heads", str(run), cwd=tmp_path)
     assert heads.returncode == 0, heads.stderr[-2000:]
     # a member killed in its test (its record still "running") resumes as a single run: it tests its best again

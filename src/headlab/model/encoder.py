@@ -72,6 +72,11 @@ class Encoder(nn.Module):
         positional: str = "sinusoidal",
     ):
         super().__init__()
+        self.design = {  # what it computes, as built: a checkpoint records it (plain types only)
+            "vocab_size": vocab_size, "n_classes": n_classes, "max_len": max_len, "readout": readout,
+            "d_model": d_model, "n_layers": n_layers, "d_ff": d_ff, "dropout": dropout,
+            "attention": dict(attention or {}), "norm": norm, "positional": positional,
+        }  # fmt: skip
         rules.one_of("readout", readout, rules.READOUTS)
         rules.one_of("norm", norm, rules.NORMS)
         rules.one_of("positional", positional, rules.POSITIONALS)

@@ -32,6 +32,7 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
         super().__init__()
         self.model = model
         self.save_hyperparameters(ignore=["model"], logger=False)  # the loggers get the whole config
+        self.hparams["design"] = model.design  # in every checkpoint: a resume under another design is refused
         self._first_bad: torch.Tensor | None = None  # (first step with a non-finite objective or -1, its CE too)
         self.kept = KeptPredictions()  # the test predictions, for results.json
         self.acc = torch.nn.ModuleDict(

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.errors import ConfigError, UsageError, first_line
+from headlab.errors import ConfigError, UsageError, as_written, first_line
 from headlab.files import check_received
 from headlab.model import Encoder, rules
 from headlab.record import TRAIN_METRICS, VAL_ACC_BEST
@@ -51,7 +51,22 @@ def check_fits(path: str, module: pl.LightningModule) -> int:
         if name not in saved or saved[name].shape != tensor.shape:
             there = tuple(saved[name].shape) if name in saved else "no such tensor"
             fail("resume", path, f"a checkpoint of this model: {name} is {tuple(tensor.shape)} here, {there} there")
+    trained = (checkpoint.get("hyper_parameters") or {}).get("design")  # none in checkpoints from before
+    for key, (was, now) in _differences(trained if isinstance(trained, dict) else {}, module.hparams.design).items():
+        said = f"model.{key}={as_written(was)}, and the run's config says {as_written(now)}"
+        fail("resume", path, f"a checkpoint of this design: it trained with {said}")
     return int(checkpoint.get("global_step", 0))
+
+
+def _differences(trained: dict, now: dict, prefix: str = "") -> dict[str, tuple]:
+    """{key: (trained, now)} of the keys both designs state with different values (attention.gate, ...)."""
+    found = {}
+    for key in trained.keys() & now.keys():
+        if isinstance(trained[key], dict) and isinstance(now[key], dict):
+            found |= _differences(trained[key], now[key], f"{prefix}{key}.")
+        elif trained[key] != now[key]:
+            found[f"{prefix}{key}"] = (trained[key], now[key])
+    return found
 
 
 def _best_score(checkpoint) -> float:
