@@ -100,6 +100,16 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("limit, steps", [("+trainer.max_steps=2", 2), ("++trainer.limit_train_batches=3", 3 * 50)])
+def test_a_dry_run_counts_the_steps_the_trainer_will_take(run_cli, tmp_path, limit, steps):
+    """max_steps=2 with max_epochs=50 trains 2 steps (Lightning stops at whichever comes first), and
+    limit_train_batches=3 trains 3 steps an epoch: the dry run says so."""
+    result = run_cli(*QUICK, "trainer.max_epochs=50", limit, "--dry-run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("  job 0: ")]
+    assert f", {steps} steps each at " in line, line
+
+
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_jobs_given_one_run_directory_are_refused_before_any_trains(run_cli, tmp_path, launcher):
     args = ["-m", *QUICK, "seed=0,1", f"hydra/launcher={launcher}", "hydra.sweep.subdir=same"]

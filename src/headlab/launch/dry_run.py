@@ -30,14 +30,18 @@ def pack_groups(jobs: list[list[str]], packed: bool, max_pack: int) -> list[list
 
 
 def run_steps(cfg: DictConfig, datamodule) -> int:
-    """The optimizer steps one run of cfg trains: its epochs (auto: from the data's size) x the steps an epoch."""
+    """The optimizer steps one run of cfg trains: its epochs (auto: from the data's size) x the steps an epoch, at
+    most trainer.max_steps where that is set (as Lightning stops at whichever comes first)."""
     from headlab.training import epochs
 
     batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
     per_epoch = epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
     if cfg.trainer.get("max_epochs") == epochs.AUTO:
-        return per_epoch * epochs.auto_epochs(per_epoch, *epochs.budget(cfg))
-    return per_epoch * int(cfg.trainer.max_epochs)
+        steps = per_epoch * epochs.auto_epochs(per_epoch, *epochs.budget(cfg))
+    else:
+        steps = per_epoch * int(cfg.trainer.max_epochs)
+    max_steps = cfg.trainer.get("max_steps")
+    return min(steps, int(max_steps)) if isinstance(max_steps, int) and max_steps >= 0 else steps
 
 
 def seconds_a_step(cfg: DictConfig, datamodule, model, threads: int) -> float:
