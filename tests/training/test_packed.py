@@ -418,14 +418,15 @@ def csv_rows(run_dir) -> list[dict]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("moment", ["mid_epoch", "after_training"])
+@pytest.mark.parametrize("moment", ["mid_epoch", "after_training", "killed_mid_epoch"])
 def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged(tmp_path, moment):
     """SIGTERM to a packed sweep in its second epoch saves every member's last.ckpt at the next step, or after its
-    last validation (in the head analysis) leaves the last epoch's; resumed with sweep.resume=true, each member's
-    metrics.csv holds the rows logged before the stop, none twice, and equals its twin left alone, and so does its
-    learning curve."""
+    last validation (in the head analysis) leaves the last epoch's; SIGKILL in its second epoch leaves the first
+    epoch's last.ckpt, its training row written with it. Resumed with sweep.resume=true, each member's metrics.csv
+    holds the rows logged before the stop, none twice, and equals its twin left alone, and so does its learning
+    curve."""
     after = ["callbacks.attention.analysis_batches=64"]  # stopped in the head analysis: seconds of it on a busy CPU
-    analysis = ["callbacks.attention=null"] if moment == "mid_epoch" else after
+    analysis = after if moment == "after_training" else ["callbacks.attention=null"]
     slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
     command = ["-m", "hydra/launcher=packed", *slow]
     alone = train_here(*command, "hydra.sweep.dir=alone", cwd=tmp_path)
@@ -440,15 +441,19 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
         while time.time() < deadline and process.poll() is None:
             files = [sweep / str(n) / "progress.json" for n in range(2)]
             read = [json.loads(f.read_text()) if f.is_file() else {"step": 0, "steps": 1} for f in files]
-            if all(r["step"] > 80 if moment == "mid_epoch" else r["step"] == r["steps"] for r in read):
+            if all(r["step"] > 80 if moment != "after_training" else r["step"] == r["steps"] for r in read):
                 break
             time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
+        if moment == "killed_mid_epoch":
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, process.stderr.read().decode()[-2000:]
+    expected = -signal.SIGKILL if moment == "killed_mid_epoch" else 128 + signal.SIGTERM
+    assert process.returncode == expected, process.stderr.read().decode()[-2000:]
     before = [csv_rows(sweep / str(n)) for n in range(2)]
     assert all(len(rows) >= 2 for rows in before)  # the first epoch's validation at least
     resumed = train_here(*command, f"hydra.sweep.dir={sweep}", "sweep.resume=true", cwd=tmp_path)

@@ -39,8 +39,13 @@ class MemberWriter(pl.Callback):
         return pl_module.alive.tolist()
 
     def on_train_epoch_end(self, trainer, pl_module):
+        self._log_train_epoch(trainer, pl_module)  # where no validation ended the epoch (on_validation_end)
+
+    def _log_train_epoch(self, trainer, pl_module):
+        """The epoch's training means, a row each member's loggers write out with the checkpoint that ends the
+        epoch (a kill after it loses no row: a resume continues after that checkpoint)."""
         metrics = {k: v.tolist() for k, v in pl_module.epoch_metrics("train").items()}
-        if not metrics:  # continued from the checkpoint of this epoch's end: no step of it trained here
+        if not metrics:  # logged at the validation, or continued from this epoch's end: no step of it trained here
             return
         metrics["train/loss_epoch"] = metrics.pop("train/loss")  # logged on step and epoch, as Lightning names it
         rate = self.meter.rate
@@ -145,6 +150,8 @@ class MemberWriter(pl.Callback):
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
+        if trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._log_train_epoch(trainer, pl_module)  # before the checkpoints, and saved with them
         pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         with signals_held.held():  # every member's last.ckpt at this step, or none: a requeue continues them as one
             for member, alive in zip(self.members, self._alive(pl_module), strict=True):
