@@ -256,6 +256,34 @@ def test_a_run_still_training_is_not_evaluated_until_it_ends(text_run, tmp_path)
     assert tool("eval", str(text_run), "--checkpoint", "last").returncode == 0  # once it has ended
 
 
+@pytest.mark.e2e
+def test_a_finished_job_of_a_sweep_is_readable_while_the_sweep_goes_on(tmp_path):
+    """A sweep's job 0 ends and job 1 trains on: job 0's lock ends with it, so headlab-heads and headlab-eval read
+    it at once, not when the sweep ends."""
+    quick = ["model.d_model=16", "trainer.max_epochs=1", "logger=csv", "callbacks.progress_bar=null"]
+    command = [sys.executable, "-m", "headlab.cli.train", "-m", *quick, "data.n_train=256,400000",
+               "hydra.sweep.dir=sweep"]  # fmt: skip
+    sweep = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        first = tmp_path / "sweep" / "0"
+        deadline = time.time() + 240
+        while time.time() < deadline and sweep.poll() is None:
+            if (json.loads((first / "results.json").read_text()) if (first / "results.json").is_file() else {}).get(
+                "status"
+            ) == "completed" and (tmp_path / "sweep" / "1" / "results.json").is_file():
+                break
+            time.sleep(0.2)
+        assert sweep.poll() is None, "the sweep ended before its second job could be seen training"
+        for name in ("heads", "eval"):
+            done = tool(name, str(first), cwd=tmp_path)
+            assert done.returncode == 0, done.stderr[-2000:]
+        assert sweep.poll() is None  # read while job 1 still trained
+    finally:
+        os.killpg(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [

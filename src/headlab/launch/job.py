@@ -236,6 +236,7 @@ class Job:
             print(
                 f"headlab-train: the run's final status ({record['status']}) is not recorded: {full}", file=sys.stderr
             )
+        rundir.release(self.run_dir)  # its record is final: the run is readable (headlab-heads) while the sweep goes on
 
     def _write(self) -> None:
         """results.json, from the process that owns the run directory only (rank 0: the other ranks of a run that
