@@ -1,6 +1,7 @@
 """Hydra's own errors (unknown group option or key, unparsable override, unwritable output directory) as one line
 that names the key, the value and what is allowed, like headlab's ConfigError."""
 
+import difflib
 import errno
 import sys
 from importlib.resources import files
@@ -38,8 +39,12 @@ def _unknown_key(error: ConfigCompositionException) -> str:
     parent = getattr(cause, "parent_node", None)
     if not isinstance(cause, OmegaConfBaseException) or not key or parent is None:
         return f"invalid config: {_flat(error)}"
-    keys = ", ".join(str(k) for k in parent) if hasattr(parent, "keys") else ""
-    return f"invalid config: {key} is not a key of the config: expected one of {keys} (or +{key}=... to add one)"
+    known = [str(k) for k in parent if not str(k).startswith("_")] if hasattr(parent, "keys") else []
+    near = difflib.get_close_matches(str(key).rsplit(".", 1)[-1], known, n=1)
+    prefix = str(key).rpartition(".")[0]
+    meant = f"did you mean {prefix + '.' if prefix else ''}{near[0]}? " if near else ""
+    added = "" if str(key).startswith("model.") else f" (or +{key}=... to add one)"  # the model takes no other
+    return f"invalid config: {key} is not a key of the config: {meant}expected one of {', '.join(known)}{added}"
 
 
 def _long_key(filename) -> str | None:

@@ -5,8 +5,10 @@ value is reported in well under a second. The types of keys are checked here; th
 (headlab.model.rules) and of a generated task (its `check`) are theirs, called with the config's key names.
 """
 
+import difflib
 import importlib
 from collections.abc import Callable
+from importlib.resources import files
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -126,8 +128,30 @@ def fail(key: str, value, allowed: str) -> None:
     raise ConfigError(f"{key}={as_written(value)} is invalid: expected {allowed}")
 
 
+def check_model_keys(cfg: DictConfig) -> None:
+    """Every key under model and model.attention is one the model takes (conf/model/encoder.yaml states them all):
+    a key added with + (model.attention.gaet, a typo of gate) would fail only when the model is built, after the
+    data is prepared. Skipped for a model of another class (model._target_), whose keys are its own."""
+    shipped = OmegaConf.load(files("headlab.conf").joinpath("model", "encoder.yaml"))
+    if _value(cfg, "model._target_") != shipped._target_:
+        return
+    for prefix, node, known in (
+        ("model", cfg.model, shipped),
+        ("model.attention", cfg.model.attention, shipped.attention),
+    ):
+        names = [k for k in known if not k.startswith("_")]
+        for key in node:
+            if key not in known:
+                near = difflib.get_close_matches(key, names, n=1)
+                meant = f"did you mean {prefix}.{near[0]}? " if near else ""
+                raise ConfigError(
+                    f"{prefix}.{key} is not a key of the model: {meant}expected one of {', '.join(names)}"
+                )
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first invalid value, then for impossible combinations."""
+    check_model_keys(cfg)
     for key, (ok, allowed) in RULES.items():
         value = _value(cfg, key)
         if value is not _ABSENT and not ok(value):
