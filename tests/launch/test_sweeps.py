@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, cli_env
+from conftest import ROOT, TINY, cli_env, train_here
 from headlab.launch import runtime
 from headlab.launch.plan import PER_MEMBER
 from headlab.training.config_check import check_config
@@ -88,8 +88,8 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     result = run_cli(*args, "trainer.max_epochs=3", "hydra.sweep.dir=sweep", "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     said = result.stdout
-    what = "2 pack(s) of at most 64" if launcher == "packed" else "6 job(s)"
-    assert f"headlab-train --dry-run: 6 jobs in {what}; nothing is started" in said
+    what = " in 2 pack(s) of at most 64" if launcher == "packed" else ""
+    assert f"headlab-train --dry-run: 6 jobs{what}; nothing is started" in said
     steps = 3 * 256 // 32  # 3 epochs of 256 training examples in batches of 32
     lines = [line for line in said.splitlines() if line.startswith(("  pack", "  job"))]
     assert len(lines) == (2 if launcher == "packed" else 6)
@@ -98,6 +98,23 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
         assert lines[0].startswith("  pack 0: 3 run(s) of model.attention.n_heads=1,") and "seed" not in lines[0]
     assert said.splitlines()[-1].startswith("about ") and "of training on this machine" in said
     assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["model.attention.gate=headwize"],
+         "headlab-train: invalid config: model.attention.gate='headwize' is invalid: expected one of "),
+        (["data=cr"], "headlab-train: data error: data.files.train: cannot read "),
+    ],
+)  # fmt: skip
+def test_a_dry_run_that_cannot_price_its_jobs_says_why_in_one_line(tmp_path, monkeypatch, args, said):
+    """A bad value (named with its whole key, before any data is prepared) or data that is not there: one line,
+    exit 2, as the run itself would say it."""
+    env = cli_env() | {"HEADLAB_DATA": str(tmp_path / "nothing")}
+    result = train_here(*(QUICK if args[0] != "data=cr" else []), *args, "--dry-run", cwd=tmp_path, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(said), result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("limit, steps", [("+trainer.max_steps=2", 2), ("++trainer.limit_train_batches=3", 3 * 50)])

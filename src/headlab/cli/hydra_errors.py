@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
-from headlab.errors import ConfigError
+from headlab.errors import ConfigError, DataError
 
 
 def _flat(text: str) -> str:
@@ -63,6 +63,8 @@ def one_line(error: BaseException) -> str | None:
     sweep's settings (hydra.launcher.*); None for any other."""
     if isinstance(error, ConfigError):
         return f"invalid config: {error}"
+    if isinstance(error, DataError):  # data a dry run prepares to time its jobs: missing files, say
+        return f"data error: {error}"
     if isinstance(error, MissingConfigException):
         return _unknown_option(error)
     if isinstance(error, OverrideParseException):

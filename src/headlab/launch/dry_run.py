@@ -113,12 +113,16 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
     """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
     most max_pack, the launcher's by default); Hydra's config loader composes each pack's config. Returns the
     sweep's (empty) list of returns."""
+    from headlab.training.config_check import check_config
+
     launcher = config.hydra.launcher
     max_pack = max_pack or int(launcher.get("max_pack") or 1)
     groups = pack_groups(jobs, packed, max_pack)
     configs = [loader.load_sweep_config(config, group[0]) for group in groups]
-    runs = f"{len(groups)} pack(s) of at most {max_pack}" if packed else f"{len(groups)} job(s)"
-    print(f"headlab-train --dry-run: {len(jobs)} {what} in {runs}; nothing is started")
+    for cfg in configs:  # what each job would refuse, before any data is prepared to time it
+        check_config(cfg)
+    runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
+    print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}; nothing is started")
     print("\n".join(report(groups, configs, int(launcher.get("n_jobs") or 1))))
     return []
 
