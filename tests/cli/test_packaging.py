@@ -58,3 +58,13 @@ def test_wheel_ships_every_config_group(tmp_path):
         "heads_vs_depth" in experiments
         and "listops, mpqa, mqar, mr, pair_recall, sst2, sst5, subj, trec" in probe.stdout
     )
+
+
+def test_the_viewers_the_readme_shows_come_with_the_install_a_user_runs():
+    """`make install` installs headlab without extras: TensorBoard, which the README shows as a place to look, is
+    among its own requirements, not only the tests'."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(r.split(">")[0].split("=")[0].strip() == "tensorboard" for r in project["dependencies"])
+    assert "tensorboard --logdir" in (ROOT / "README.md").read_text()
