@@ -52,3 +52,12 @@ def data_dir() -> Path:
     """Where the released text benchmarks are (conf/data/mr.yaml, ...): $HEADLAB_DATA, else ../shared/data, as an
     absolute path (a run records where its files were)."""
     return Path(os.environ.get("HEADLAB_DATA") or "../shared/data").expanduser().resolve()
+
+
+def released_name(value):
+    """A data file under $HEADLAB_DATA named from there ($HEADLAB_DATA/cr/custrev.all), as every machine names it;
+    any other value as it is."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return value
+    path, root = Path(value).resolve(), data_dir()
+    return f"$HEADLAB_DATA/{path.relative_to(root).as_posix()}" if path.is_relative_to(root) else value

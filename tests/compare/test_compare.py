@@ -319,6 +319,17 @@ def test_a_misspelt_or_absent_metric_is_an_error_naming_the_runs_metrics(sweep, 
     assert not (root / "compare.md").exists()
 
 
+@pytest.mark.parametrize("order", ["dirs first", "metrics first"])
+def test_several_metrics_after_one_flag_are_each_compared(sweep, order):
+    """--metric test/acc val/acc_best, before or after the directories, as --metric given twice."""
+    root, _ = sweep
+    flags = ["--metric", "test/acc", "val/acc_best", "--no-plots"]
+    main([str(root), *flags] if order == "dirs first" else [*flags[:3], str(root), "--no-plots"])
+    with (root / "compare.csv").open() as f:
+        header = next(csv.reader(f))
+    assert "test/acc_mean" in header and "val/acc_best_mean" in header
+
+
 def test_a_sweep_still_running_is_one_line_of_counts_and_compare_md_lists_each_run(sweep, capsys):
     root, _ = sweep
     for i in range(7):

@@ -110,6 +110,22 @@ def test_the_tables_list_the_keys_that_follow_the_dataset_once_not_as_columns(se
     assert "data.files.train" in (search / "compare.csv").read_text().splitlines()[0]
 
 
+def test_keys_that_follow_the_dataset_name_a_released_file_from_headlab_data(tmp_path, monkeypatch):
+    """Runs that read $HEADLAB_DATA/cr/cr.all on this machine: compare.md names the file as every machine does."""
+    monkeypatch.setenv("HEADLAB_DATA", str(tmp_path / "released"))
+    i = 0
+    for name in ("cr", "subj"):
+        for h in (1, 4):
+            for seed in range(2):
+                path = str(tmp_path / "released" / name / f"{name}.all")
+                config = {"data": name, "data.files.train": path, HEADS: h, "seed": seed}
+                write(tmp_path / "runs", i, config, CHANCE[name] + 0.1 * h + 0.01 * seed, CHANCE[name])
+                i += 1
+    main([str(tmp_path / "runs"), "--across", "data", "--metric", "test/acc", "--no-plots"])
+    record = (tmp_path / "runs" / "compare.md").read_text()
+    assert "- cr: data.files.train=$HEADLAB_DATA/cr/cr.all\n" in record and str(tmp_path / "released") not in record
+
+
 def test_cross_validated_arms_draw_chance_as_the_mean_of_their_folds_majority_rates(tmp_path):
     """Each fold has its own test split and majority rate: the chance line of an arm's mean is their mean."""
     folds = [0.62, 0.64, 0.66]  # three folds' majority rates
@@ -121,6 +137,46 @@ def test_cross_validated_arms_draw_chance_as_the_mean_of_their_folds_majority_ra
     ax = metric_figure(keys, rows, "test/acc", Design(metrics=["test/acc"])).axes[0]
     (line,) = [line for line in ax.get_lines() if "chance" in line.get_label()]
     assert line.get_label() == "chance (0.64, mean over runs)" and list(line.get_ydata()) == [pytest.approx(0.64)] * 2
+
+
+def test_arms_that_differ_by_names_only_are_drawn_each_at_its_place_with_every_seed(tmp_path):
+    """Only a key of names varies (a head design): compare_test_acc.png is drawn, one place per arm, its mean and
+    interval from compare's table and every seed's value a dot (it was skipped without a word)."""
+    accs = {"softmax": [0.70, 0.72, 0.74], "sigmoid": [0.60, 0.61, 0.65]}
+    i = 0
+    for design, values in accs.items():
+        for seed, acc in enumerate(values):
+            write(tmp_path / "runs", i, {"model.attention.normalizer": design, "seed": seed}, acc, 0.5)
+            i += 1
+    keys, rows = rows_of(tmp_path / "runs", Design(metrics=["test/acc"]))
+    (ax,) = metric_figure(keys, rows, "test/acc", Design(metrics=["test/acc"])).axes
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert sorted(names) == ["normalizer=sigmoid", "normalizer=softmax"]
+    from matplotlib.collections import PathCollection
+
+    dots = sorted(float(y) for c in ax.collections if isinstance(c, PathCollection) for _, y in c.get_offsets())
+    assert dots == sorted(v for values in accs.values() for v in values)
+    main([str(tmp_path / "runs"), "--metric", "test/acc", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "compare_test_acc.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_cross_validated_table_says_its_intervals_are_the_corrected_t_over_folds(tmp_path):
+    for i, (h, fold) in enumerate((h, f) for h in (1, 4) for f in range(3)):
+        write(tmp_path / "runs", i, {HEADS: h, "data.cv.fold": fold, "seed": 0}, 0.7 + 0.01 * h + 0.01 * fold, 0.5)
+    main([str(tmp_path / "runs"), "--metric", "test/acc", "--baseline", f"{HEADS}=4", "--no-plots"])
+    (intervals,) = [
+        line for line in (tmp_path / "runs" / "compare.md").read_text().splitlines() if "Intervals:" in line
+    ]
+    assert "Student's t over folds with the corrected variance" in intervals and "bootstrap" not in intervals
+    assert "p: the corrected paired t over folds," in intervals
+
+
+def test_an_accuracys_interval_over_few_folds_is_clipped_to_what_an_accuracy_can_be(tmp_path):
+    """Three folds at 0.98, 0.70, 1.00: the corrected t interval reaches above 1; the table's stops at 1.0000."""
+    for fold, acc in enumerate([0.98, 0.70, 1.00]):
+        write(tmp_path / "runs", fold, {HEADS: 1, "data.cv.fold": fold, "data.cv.folds": 3, "seed": 0}, acc, 0.5)
+    keys, rows = rows_of(tmp_path / "runs", Design(metrics=["test/acc"]))
+    assert rows[0]["test/acc"]["high"] == 1.0 and rows[0]["test/acc"]["low"] < 0.7
 
 
 LONG_NAMES = {

@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
 def compare_command(argv: list[str]) -> None:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if taken := [m for m in args.metric or [] if Path(m).exists()]:  # --metric A B DIR: the directory is a source
+        args.metric = [m for m in args.metric if m not in taken] or None
+        args.dirs = [*args.dirs, *map(Path, taken)]
     if args.check or args.update:
         if not args.check or [a for a in argv if a.startswith("-") and a not in ("--check", "--update")]:
             parser.error("--check [--update] takes folders or compare.md files only (it replays each table)")

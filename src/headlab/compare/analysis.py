@@ -18,7 +18,9 @@ from headlab.stats.contrasts import TESTS, CompareError, Design
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The options that say how runs are compared: what an experiment's `compare` key may state."""
-    parser.add_argument("--metric", action="append", help=f"metrics to show (default: {', '.join(METRICS[:2])})")
+    parser.add_argument(
+        "--metric", action="extend", nargs="+", help=f"metrics to show (default: {', '.join(METRICS[:2])})"
+    )
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="add each group's difference to this group")
     parser.add_argument(
         "--within", metavar="KEY", action="append", help="with --baseline: compare only with the baseline of equal KEY"

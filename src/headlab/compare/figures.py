@@ -111,12 +111,15 @@ def x_key_of(keys: list[str], rows: list[dict]) -> str | None:
 def metric_figure(keys: list[str], rows: list[dict], metric: str, design: Design):
     """metric against the numeric varying key of most values, one line per combination of the other keys, 95% CI
     bars and every seed a dot; a panel per dataset. A key chosen per arm (--select) is written at each point, not
-    a line of its own. None when no numeric key varies or no row has metric."""
+    a line of its own. Where only keys of names vary (a design), each arm at its own place (arm_figure). None
+    when nothing varies or no row has metric."""
     layout, varying = panels(keys, rows, design)
     selected = design.select[0] if design.select and design.select[0] in keys else None
     x_key = x_key_of(varying, rows)
-    if x_key is None or not any(metric in r for r in rows):
+    if not varying or not any(metric in r for r in rows):
         return None
+    if x_key is None:
+        return arm_figure(layout, varying, metric)
     series_keys = [k for k in varying if k != x_key]
     colours = palette(rows, series_keys)
     fig, axes = grid(len(layout))
@@ -147,6 +150,27 @@ def metric_figure(keys: list[str], rows: list[dict], metric: str, design: Design
             frame_accuracy(ax, panel_rows)
         ax.grid(alpha=0.3)
     legend_below(fig, axes)
+    return fig
+
+
+def arm_figure(layout: list[tuple[str, list[dict]]], varying: list[str], metric: str):
+    """metric of each arm (its varying keys' values, none numeric: normalizer=sigmoid, gate=headwise) at a place of
+    its own, with its 95% CI bar and every seed a dot; a panel per dataset."""
+    fig, axes = grid(len(layout))
+    for ax, (title, panel_rows) in zip(axes, layout, strict=True):
+        arms = [r for r in panel_rows if metric in r]
+        for x, arm in enumerate(arms):
+            summary = arm[metric]
+            below = 0 if math.isnan(summary["low"]) else summary["mean"] - summary["low"]
+            above = 0 if math.isnan(summary["high"]) else summary["high"] - summary["mean"]
+            ax.errorbar([x], [summary["mean"]], yerr=[[below], [above]], marker="o", capsize=3, color="C0")
+            ax.scatter([x] * len(summary["values"]), summary["values"], s=10, alpha=0.5, color="C0")
+        ax.set_xticks(range(len(arms)), [series_label(a, varying) for a in arms], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(f"{metric} (mean, 95% CI)")
+        ax.set_title(title, fontsize=9)
+        if "acc" in metric.rsplit("/", 1)[-1]:
+            frame_accuracy(ax, panel_rows)
+        ax.grid(alpha=0.3)
     return fig
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from headlab import printing
 from headlab.compare.figures import plot, plot_curves
+from headlab.conventions import released_name
 from headlab.escape import csv_cell, markdown_cell
 from headlab.files import write_atomic
 from headlab.printing import Column
@@ -147,8 +148,8 @@ def follows_lines(follows: dict, design: Design) -> list[str]:
     if not any(follows.values()):
         return []
     head = f"Keys that follow {design.dataset} (one value per dataset; compare.csv has them as columns):"
-    items = (", ".join(f"{k}={v}" for k, v in values.items()) or "none" for values in follows.values())
-    return [head, *(f"- {name}: {item}" for name, item in zip(follows, items, strict=True)), ""]
+    items = (", ".join(f"{k}={released_name(v)}" for k, v in values.items()) or "none" for values in follows.values())
+    return [head, *(markdown_cell(f"- {name}: {item}") for name, item in zip(follows, items, strict=True)), ""]
 
 
 def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) -> None:
@@ -170,8 +171,8 @@ def print_table(keys: list[str], rows: list[dict], design: Design, n_runs: int) 
 
 _CROSS_VALIDATED = (
     "Cross-validated runs: each fold's value is the mean over its seeds; the interval is Student's t over folds with "
-    "Nadeau & Bengio's corrected variance (1/folds + 1/(k-1)) for overlapping training sets, and p its paired test "
-    "over the shared folds."
+    "Nadeau & Bengio's corrected variance (1/folds + 1/(k-1)) for overlapping training sets (an accuracy's clipped "
+    "to [0, 1], which the t interval does not know), and p its paired test over the shared folds."
 )
 
 
@@ -237,21 +238,27 @@ def provenance(runs: list[dict], command: list[str], design: Design) -> list[str
         res = r.get("resources") or {}
         name = f"{res.get('accelerator', '?')} x{res.get('devices', '?')}, {res.get('threads', '?')} threads"
         hardware[name] = hardware.get(name, 0) + 1
+    folds = any(r["config"].get("data.cv.fold") is not None for r in runs)
+    intervals = (
+        "Student's t over folds with the corrected variance (Cross-validated runs, below)"
+        if folds
+        else "95% percentile bootstrap of the mean over seeds (10,000 resamples)"
+    )
     return [
         f"Command: `{shlex.join(command)}`",
         f"headlab commit (compare): {git_sha() or 'unknown'}",
         "Runs' commits: " + ", ".join(f"{c} ({n} runs)" for c, n in commits.items()),
         "Runs' hardware: " + ", ".join(f"{h} ({n} runs)" for h, n in hardware.items()),
-        "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); solve rates: exact "
-        f"Clopper-Pearson; p: {design.test_name}, {design.solve_test_name}, Holm-adjusted over the comparisons of "
-        f"each column{f' and value of {design.meta}' if design.meta else ''}.",
+        f"Intervals: {intervals}; solve rates: exact Clopper-Pearson; p: "
+        f"{'the corrected paired t over folds' if folds else design.test_name}, {design.solve_test_name}, "
+        f"Holm-adjusted over the comparisons of each column{f' and value of {design.meta}' if design.meta else ''}.",
         *([_verdicts(design)] if design.baseline else []),
         *(
             [f"On the log scale (geometric means; tests on the logs; x: the ratio): {', '.join(design.log)}."]
             if design.log
             else []
         ),
-        *([_CROSS_VALIDATED] if any(r["config"].get("data.cv.fold") is not None for r in runs) else []),
+        *([_CROSS_VALIDATED] if folds else []),
         *([speed] if (speed := packing(runs)) else []),
         *(
             [

@@ -243,7 +243,14 @@ def summarise_folds(runs: list[dict], metric: str) -> dict:
     means = {fold: sum(v) / len(v) for fold, v in sorted(by_fold.items(), key=lambda item: str(item[0]))}
     k = runs[0]["config"].get("data.cv.folds") or len(means)
     low, high = inference.cv_interval(list(means.values()), k)
+    if is_proportion(metric):  # the t interval is unbounded: an accuracy's is clipped to what it can be
+        low, high = max(low, 0.0), min(high, 1.0)
     return {"mean": sum(means.values()) / len(means), "low": low, "high": high, "folds": means, "k": k}
+
+
+def is_proportion(metric: str) -> bool:
+    """An accuracy (val/acc, test/acc, val/acc_best): a number in [0, 1]."""
+    return metric.split("@", 1)[0].rsplit("/", 1)[-1].startswith("acc")
 
 
 def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dict]:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from headlab.conventions import PATH_SUFFIXES, data_dir
+from headlab.conventions import PATH_SUFFIXES, released_name
 from headlab.errors import first_line
 from headlab.files import write_text_atomic
 from headlab.record import VAL_ACC_BEST
@@ -186,15 +186,11 @@ def run_facts(fields: dict, config: dict) -> dict:
 def shown(config: dict) -> dict:
     """The config as the dashboards get it: without the run's own directories (where it ran, not what it is:
     results.json keeps them), a file under $HEADLAB_DATA named from there, as every machine names it."""
-    root = data_dir().resolve()
-    out = {}
-    for key, value in config.items():
-        if key.endswith(PATH_SUFFIXES):
-            continue
-        if key.startswith("data.files.") and isinstance(value, str) and Path(value).resolve().is_relative_to(root):
-            value = f"$HEADLAB_DATA/{Path(value).resolve().relative_to(root).as_posix()}"
-        out[key] = value
-    return out
+    return {
+        key: released_name(value) if key.startswith("data.files.") else value
+        for key, value in config.items()
+        if not key.endswith(PATH_SUFFIXES)
+    }
 
 
 def derived_tags(config: dict) -> list[str]:
