@@ -290,3 +290,8 @@ def test_every_file_headlab_writes_is_written_whole_or_not_at_all():
     writes = {p: _writes(p) for p in sources if Path(os.path.relpath(p, SRC)).as_posix() not in WRITERS_ELSEWHERE}
     assert [w for found in writes.values() for w in found] == []
     assert all(_writes(SRC / p) for p in WRITERS_ELSEWHERE if p != "files.py")  # each exception still writes
+
+
+def test_the_readme_reads_in_one_sitting():
+    """A person's first page: at most 250 lines; the rest is in docs/."""
+    assert len(README.read_text().splitlines()) <= 250

@@ -362,6 +362,18 @@ def test_head_view_works_as_bertviz_does_and_says_what_the_heads_do(run, browser
     )
     for row, share in zip(roles, heads["attention_roles"]["share"][0], strict=True):
         assert [c.text for c in row.find_elements("css selector", "td")][1:] == [f"{round(100 * v)}%" for v in share]
+    uniform = browser.find_element("css selector", "#roles tr.uniform")  # the reference row docs/heads.md describes
+    assert [c.text for c in uniform.find_elements("css selector", "td")] == [
+        "uniform",
+        *(f"{round(100 * v)}%" for v in heads["attention_roles"]["uniform"]),
+    ]
+    # a small statistic (a gate of 0.002) keeps its significant digits: 0.000 said nothing
+    assert script("return [number(0.00234), number(-0.0041), number(0), number(0.5)]") == [
+        "0.00234",
+        "-0.00410",
+        "0.000",
+        "0.500",
+    ]
 
     browser.find_element("id", "all").click()  # every head again
     browser.find_element("css selector", "#mode option[value='matrix']").click()

@@ -47,7 +47,15 @@ def page_data(snapshot: dict, title: str) -> dict:
     statistics = [k for k in rows[0] if k not in ("layer", "head")] if rows else []
     clean = [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()} for r in rows]
     roles = snapshot.get("roles")
-    shares = {"names": roles["names"], "share": np.round(np.asarray(roles["share"]), 4).tolist()} if roles else None
+    shares = (
+        {
+            "names": roles["names"],
+            "share": np.round(np.asarray(roles["share"]), 4).tolist(),
+            "uniform": np.round(np.asarray(roles["uniform"]), 4).tolist(),  # the reference row: no preference
+        }
+        if roles
+        else None
+    )
     largest = max((float(np.abs(w).max()) for w in weights if w.size), default=1.0)
     return {
         "title": title,
