@@ -3,6 +3,7 @@ TensorBoard's EventAccumulator (images, one HParams session with the final metri
 the records W&B's API would return, and the interactive head view in a real headless Chromium."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -306,8 +307,12 @@ def test_head_view_renders_the_probe_tokens_and_switching_heads_changes_what_is_
     row = next(r for r in heads["rows"] if (r["layer"], r["head"]) == (1, 2))
     columns = [c.text for c in browser.find_elements("css selector", "#stats th")]
     cells = [c.text for c in stats[0].find_elements("css selector", "td")]
+
+    def number(v: float) -> str:  # three decimals, three significant digits below 0.01 (JavaScript's toPrecision)
+        return f"{v:.3f}" if v == 0 or abs(v) >= 0.01 else f"{v:.{2 - math.floor(math.log10(abs(v)))}f}"
+
     for name in ("importance", "ablate_mean_loss", "restore_key_b", "role"):  # causal scores beside each head
-        shown = row[name] if name == "role" else f"{row[name]:.3f}"
+        shown = row[name] if name == "role" else number(row[name])
         assert cells[columns.index(name.replace("_", " "))] == shown, name
 
     browser.find_element("css selector", "#mode option[value='matrix']").click()

@@ -142,8 +142,9 @@ def test_headlab_heads_probes_the_sentences_given_and_nothing_else(text_run, tmp
             for j in range(n):
                 role = 0 if i == j else 1 if j == i - 1 else 2 if j == i + 1 else 3 if j == 0 else 4
                 counts[role] += 1 / n / sum(lengths)
-    uniform = next(line for line in done.stdout.splitlines() if "uniform" in line)
-    assert [int(c.strip().rstrip("%")) for c in uniform.split("│")[3:-1]] == [round(100 * c) for c in counts]
+    uniform = next(line for line in done.stdout.splitlines() if "| uniform |" in line)  # a pipe: Markdown
+    assert [int(c.strip().rstrip("%")) for c in uniform.split("|")[3:-1]] == [round(100 * c) for c in counts]
+    assert data["roles"]["uniform"] == pytest.approx(counts, abs=1e-4)  # the head view's reference row
     more = tool("heads", str(text_run), "--text", "a good film", "--n-probe", "3", "--out", str(tmp_path / "b"))
     assert "(4 probe examples)" in " ".join(more.stdout.split())
 

@@ -116,7 +116,7 @@ def snapshot(model, datamodule, batch: dict, seen: dict, step: int, examples: in
         "tokens": tokens,
         "outcomes": [_outcome(datamodule, model, labels[e], predicted[e], lengths[e]) for e in range(count)],
         "notation": datamodule.notation,
-        "roles": {"names": seen["roles"]["names"], "share": seen["roles"]["share"]},
+        "roles": {k: seen["roles"][k] for k in ("names", "share", "uniform")},
         "similarity": seen["report"]["similarity"].cpu().numpy(),
         "mixing": seen["mixing"],
         "n_heads": model.n_heads,
