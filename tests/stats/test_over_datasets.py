@@ -272,3 +272,44 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
         ]
     )
     assert "on test/acc, and a target met there is met against it." in (root / "compare.md").read_text()
+
+
+def test_two_nearly_agreeing_datasets_cannot_pool_into_an_interval_narrower_than_either_allows():
+    """QK-norm on CR and MPQA: +0.0056 (se 0.0108) and +0.0060 (se 0.0059). Hartung-Knapp's scale from two nearly
+    equal estimates is ~0: untruncated, the interval would be ~37 times narrower than either dataset's own. The
+    variance is never below DerSimonian-Laird's (here tau² = 0: the fixed-effect variance), written out."""
+    effects, errors = [0.0056, 0.0060], [0.0108, 0.0059]
+    pooled = meta.random_effects(effects, errors)
+    w = [1 / e**2 for e in errors]
+    mean = sum(wi * y for wi, y in zip(w, effects, strict=True)) / sum(w)
+    scale = sum(wi * (y - mean) ** 2 for wi, y in zip(w, effects, strict=True)) / (2 - 1)
+    assert scale < 0.01  # what the untruncated Hartung-Knapp variance would have been scaled by
+    se = math.sqrt(1 / sum(w))  # truncated: DerSimonian-Laird's
+    half = stats.t.ppf(0.975, 1) * se
+    assert pooled["tau2"] == 0 and pooled["se"] == pytest.approx(se, rel=1e-12)
+    assert (pooled["low"], pooled["high"]) == pytest.approx((mean - half, mean + half), rel=1e-9)
+    assert pooled["low"] < -0.05 and pooled["high"] > 0.05  # [-0.060, +0.071]: no match can be read from it
+
+
+@pytest.mark.parametrize(
+    "k, verdicts, low_high, se, said",
+    [
+        (2, {"cr": "inconclusive", "mpqa": "inconclusive"}, (-0.004, 0.008), 0.0005, "inconclusive"),
+        (2, {"cr": "no difference found", "mpqa": "no difference found"}, (-0.004, 0.008), 0.0005,
+         "no difference found"),
+        (3, {"a": "inconclusive", "b": "inconclusive", "c": "inconclusive"}, (-0.004, 0.008), 0.0005,
+         "no difference found"),
+        (3, {"a": "inconclusive", "b": "inconclusive", "c": "inconclusive"}, (-0.004, 0.008), 0.02, "inconclusive"),
+        (3, {}, (-0.004, 0.012), 0.0005, "inconclusive"),
+    ],
+)  # fmt: skip
+def test_a_pooled_match_needs_three_datasets_or_each_alone_and_the_power_every_match_needs(
+    k, verdicts, low_high, se, said
+):
+    """Within the margin (0.01) is not enough: with two datasets each must find no difference alone; and the pooled
+    test's power at the margin must be 0.5 or more (se 0.02 on 2 df: far below), as for every contrast."""
+    from headlab.compare.over_datasets import meta_verdict
+
+    result = {"p_holm": 0.6, "low": low_high[0], "high": low_high[1], "se": se, "k": k, "verdicts": verdicts}
+    assert meta_verdict(result, 0.01) == said
+    assert meta_verdict(result, None) == "not significant"

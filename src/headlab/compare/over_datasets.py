@@ -8,32 +8,50 @@ import math
 from pathlib import Path
 
 from headlab.files import append_text_atomic, write_text_atomic
+from headlab.stats import power
 from headlab.stats.contrasts import Design
+from headlab.stats.power import ALPHA
+
+FEWEST_TO_SHOW_NONE = 3  # datasets a pooled "no difference found" needs unless each alone shows none
 
 
 def meta_verdict(result: dict, effect: float | None) -> str:
     """A pooled contrast: significant (Holm p < 0.05); else, given the smallest effect that matters, no difference
-    found where the whole interval lies within it, inconclusive where the interval reaches it; else not
-    significant."""
+    found where the whole interval lies within it, the pooled test had power 0.5 or more there (the rule of every
+    other contrast), and either FEWEST_TO_SHOW_NONE datasets were pooled or each dataset alone found no difference
+    (two nearly agreeing estimates give a tau² of 0 and a spread that says little); inconclusive where not; without
+    a margin, not significant."""
     if math.isnan(result["p_holm"]):
         return "too few datasets"
-    if result["p_holm"] < 0.05:
+    if result["p_holm"] < ALPHA:
         return "significant"
     if effect is None:
         return "not significant"
-    return "no difference found" if -effect < result["low"] and result["high"] < effect else "inconclusive"
+    within = -effect < result["low"] and result["high"] < effect
+    powered = power.pooled_power(effect, result["se"], result["k"]) >= 0.5
+    each = result["k"] >= FEWEST_TO_SHOW_NONE or all(
+        v == "no difference found" for v in result.get("verdicts", {}).values()
+    )
+    return "no difference found" if within and powered and each else "inconclusive"
 
 
 def meta_table(pooled: list[dict], design: Design) -> list[str]:
     """Markdown: each arm's contrast pooled over the values of design.meta (comparison.pool)."""
     key = design.meta
-    at = f"; inconclusive: not significant, the interval reaching ±{design.effect}" if design.effect else ""
+    at = (
+        f"; no difference found: not significant, the interval within ±{design.effect}, the pooled test's power "
+        f"there 0.5 or more, and {FEWEST_TO_SHOW_NONE} or more values pooled or each value alone finding none; "
+        "else inconclusive"
+        if design.effect
+        else ""
+    )
     lines = [
         f"Pooled over the values of {key} (a random-effects meta-analysis of k values: each value's difference "
         "weighted by its standard error (Welch's, paired over seeds, or corrected over folds) and the between-value "
         "variance tau² (DerSimonian-Laird); the mean's 95% interval and t-test by Hartung-Knapp-Sidik-Jonkman on "
-        f"k - 1 df, Holm-adjusted over the arms of a metric{at}; I² and Cochran's Q for heterogeneity; the 95% "
-        "prediction interval for a new value on k - 2 df; log-scale metrics: differences of logs):",
+        "k - 1 df, its variance never below DerSimonian-Laird's (the usual truncation), Holm-adjusted over the arms "
+        f"of a metric{at}; I² and Cochran's Q for heterogeneity; the 95% prediction interval for a new value on "
+        "k - 2 df; log-scale metrics: differences of logs):",
         "",
         f"| arm | metric | k | pooled Δ [95% CI] | p (Holm) | tau | I² | Q (p) | 95% prediction interval | "
         f"per {key}: Δ (se) |",

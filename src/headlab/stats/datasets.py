@@ -33,13 +33,16 @@ def pool(rows: list[dict], keys: list[str], design: Design) -> list[dict]:
         for row in rows:
             if "se" in (row.get(metric) or {}):
                 arm = tuple(row[k] for k in arm_keys)
-                arms.setdefault(arm, []).append((row[design.meta], row[metric]["effect"], row[metric]["se"]))
+                summary = row[metric]
+                contrast = (row[design.meta], summary["effect"], summary["se"], summary.get("verdict", ""))
+                arms.setdefault(arm, []).append(contrast)
         found = []
         for arm, contrasts in arms.items():
-            usable = [(d, e, se) for d, e, se in contrasts if se > 0 and math.isfinite(se)]
-            combined = meta.random_effects([e for _, e, _ in usable], [se for _, _, se in usable])
-            combined["datasets"] = {d: (e, se) for d, e, se in usable}
-            combined["left_out"] = [d for d, _, se in contrasts if not (se > 0 and math.isfinite(se))]
+            usable = [(d, e, se, v) for d, e, se, v in contrasts if se > 0 and math.isfinite(se)]
+            combined = meta.random_effects([e for _, e, _, _ in usable], [se for _, _, se, _ in usable])
+            combined["datasets"] = {d: (e, se) for d, e, se, _ in usable}
+            combined["verdicts"] = {d: v for d, _, _, v in usable}  # each dataset's own reading
+            combined["left_out"] = [d for d, _, se, _ in contrasts if not (se > 0 and math.isfinite(se))]
             found.append({"arm": dict(zip(arm_keys, arm, strict=True)), "metric": metric, **combined})
         for result, adjusted in zip(found, inference.holm([r["p_value"] for r in found]), strict=True):
             result["p_holm"] = adjusted

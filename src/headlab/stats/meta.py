@@ -5,8 +5,11 @@ The datasets differ in more than their noise, so each is taken to have its own t
 with a between-dataset variance tau^2 (DerSimonian & Laird 1986, moment estimator). The mean's interval and test
 follow Hartung & Knapp (2001) and Sidik & Jonkman (2002): Student's t on k - 1 degrees of freedom with the scale
 estimated from the datasets' spread, which keeps its coverage with as few datasets as a study has (the normal
-interval is too narrow there). Heterogeneity: Cochran's Q and its test, I^2 (Higgins & Thompson 2002), and the 95%
-prediction interval of the effect on a new dataset (Higgins, Thompson & Spiegelhalter 2009; t on k - 2).
+interval is too narrow there); that scale is never taken below 1, so the variance never falls below
+DerSimonian-Laird's (the usual truncation: Knapp & Hartung 2003; Röver, Knapp & Friede 2015): two datasets that
+happen to agree would otherwise give an interval far narrower than either dataset's own. Heterogeneity:
+Cochran's Q and its test, I^2 (Higgins & Thompson 2002), and the 95% prediction interval of the effect on a new
+dataset (Higgins, Thompson & Spiegelhalter 2009; t on k - 2).
 """
 
 import math
@@ -33,7 +36,8 @@ def random_effects(effects: list[float], errors: list[float]) -> dict:
     tau2 = max(0.0, (q - (k - 1)) / float(np.sum(w) - np.sum(w**2) / np.sum(w)))
     w_re = 1 / (v + tau2)
     mean = float(np.sum(w_re * y) / np.sum(w_re))
-    se = math.sqrt(float(np.sum(w_re * (y - mean) ** 2)) / (k - 1) / float(np.sum(w_re)))  # Hartung-Knapp
+    scale = float(np.sum(w_re * (y - mean) ** 2)) / (k - 1)  # Hartung-Knapp's, truncated at 1 (DL's variance)
+    se = math.sqrt(max(1.0, scale) / float(np.sum(w_re)))
     half = stats.t.ppf((1 + LEVEL) / 2, k - 1) * se
     p = float(2 * stats.t.sf(abs(mean) / se, k - 1)) if se > 0 else float(mean == 0)
     out.update(effect=mean, se=se, low=float(mean - half), high=float(mean + half), p_value=p, tau2=tau2, q=q)

@@ -67,6 +67,14 @@ def normal_power(delta: float, se: float, alpha: float = ALPHA) -> float:
     return float(stats.norm.cdf(delta / se - z) + stats.norm.cdf(-delta / se - z))
 
 
+def pooled_power(delta: float, se: float, k: int, alpha: float = ALPHA) -> float:
+    """Power of a random-effects mean's two-sided t-test on k - 1 degrees of freedom (Hartung-Knapp) with this
+    standard error to detect a pooled difference `delta`."""
+    if k < 2 or not se > 0 or math.isnan(delta):
+        return math.nan
+    return _two_sided_power(delta / se, k - 1, alpha)
+
+
 def _two_sided_power(noncentrality: float, df: float, alpha: float) -> float:
     """P(|T| > critical) for T noncentral t; the far tail, where scipy's nct returns nan, is 0 to many digits."""
     critical, nc = stats.t.ppf(1 - alpha / 2, df), abs(noncentrality)
