@@ -96,8 +96,26 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     assert all(f", {steps} steps each at " in line for line in lines)
     if launcher == "packed":
         assert lines[0].startswith("  pack 0: 3 run(s) of model.attention.n_heads=1,") and "seed" not in lines[0]
-    assert said.splitlines()[-1].startswith("about ") and "of training on this machine" in said
+    assert said.splitlines()[-1].startswith("about ") and " on this machine (" in said
     assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
+
+
+def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cli, tmp_path):
+    """--dry-run --json: stdout is one JSON object, nothing else (Lightning's lines about the Trainer that times the
+    steps are not said): jobs (overrides, pack, steps, seconds), packs, and the sweep's seconds."""
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1", "hydra/launcher=packed", "trainer.max_epochs=3"]
+    result = run_cli(*args, "hydra.sweep.dir=sweep", "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    assert plan["packs"] == 2 and len(plan["jobs"]) == 4
+    assert sorted(job["pack"] for job in plan["jobs"]) == [0, 0, 1, 1]
+    assert all(job["steps"] == 3 * 256 // 32 and job["seconds"] > 0 for job in plan["jobs"])
+    assert {" ".join(job["overrides"][-2:]) for job in plan["jobs"]} == {
+        f"model.attention.n_heads={h} seed={s}" for h in (1, 2) for s in (0, 1)
+    }  # each job's overrides as its job would get them, the dry run's own left out
+    at_once = sum(job["seconds"] for job in plan["jobs"]) / plan["at_a_time"]
+    assert at_once <= plan["seconds"] < at_once + 60  # and this process's start-up
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.parametrize(

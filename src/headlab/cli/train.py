@@ -60,10 +60,12 @@ def resume_argv(argv: list[str]) -> list[str]:
 
 
 def dry_run_argv(argv: list[str]) -> list[str]:
-    """`--dry-run`: sweep.dry_run=true, as a sweep (a single run is a sweep of one job): what would run, nothing run."""
+    """`--dry-run`: sweep.dry_run=true, as a sweep (a single run is a sweep of one job): what would run, nothing run;
+    `--dry-run --json`: sweep.dry_run=json, the same as one JSON object on stdout."""
     if "--dry-run" not in argv:
         return argv
-    argv = [a for a in argv if a != "--dry-run"] + ["sweep.dry_run=true"]
+    as_json = "--json" in argv
+    argv = [a for a in argv if a not in ("--dry-run", "--json")] + [f"sweep.dry_run={'json' if as_json else 'true'}"]
     return argv if any(a in ("-m", "--multirun") for a in argv) else ["-m", *argv]
 
 
@@ -73,7 +75,7 @@ def cli() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     register()
     sys.argv[1:] = resume_argv(dry_run_argv(sys.argv[1:]))
-    elsewhere = "hydra/launcher=slurm" in sys.argv or "sweep.dry_run=true" in sys.argv  # or nothing trains
+    elsewhere = "hydra/launcher=slurm" in sys.argv or any(a.startswith("sweep.dry_run=") for a in sys.argv)
     if not elsewhere and (line := neighbours.warning()):  # slurm: it trains elsewhere
         print(f"headlab-train: {line}", file=sys.stderr)
     try:

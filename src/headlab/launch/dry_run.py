@@ -1,20 +1,28 @@
-"""headlab-train -m ... --dry-run (sweep.dry_run=true): what a sweep would run, said before anything starts: its
-jobs, the packs they form (jobs that differ only in their seeds and per-member optimizer settings), each run's
-training steps, and about how long they take here, from a few timed training steps of each pack's model on this
-machine, with the threads a pack gets. Nothing trains and nothing is written but the prepared data's cache (text
-data is prepared to know its size, as its runs would prepare it); the estimate leaves out start-up,
-validation and the head analysis, and on a CPU a pack's step costs about its members' steps together (on a GPU, a
+"""headlab-train -m ... --dry-run (sweep.dry_run=true; --dry-run --json: sweep.dry_run=json): what a sweep would run,
+said before anything starts: its jobs, the packs they form (jobs that differ only in their seeds and per-member
+optimizer settings), each run's training steps, and about how long the sweep takes here. Each pack's model is
+built and timed on this machine, with the threads a pack gets: its training steps (R-Drop's and SAM's second pass
+included), a validation and a test batch, and the head analysis (importance and pruning curves, as the run makes
+them); the data's preparation and this process's own start-up are measured too. Nothing trains and nothing is
+written but the prepared data's cache. On a CPU a pack's step costs about its members' steps together (on a GPU, a
 pack trains many times faster than its members one by one: BENCHMARKS.md)."""
 
+import contextlib
+import json
+import logging
 import math
+import os
 import statistics
 import time
+import warnings
+from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.launch.plan import PER_MEMBER
 
-TIMED_STEPS = 3  # after one untimed step
+WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
+SANITY_BATCHES = 2  # Lightning's validation batches before training
 
 
 def pack_groups(jobs: list[list[str]], packed: bool, max_pack: int) -> list[list[list[str]]]:
@@ -29,109 +37,249 @@ def pack_groups(jobs: list[list[str]], packed: bool, max_pack: int) -> list[list
     return [g[i : i + max_pack] for g in groups.values() for i in range(0, len(g), max_pack)]
 
 
+@dataclass
+class Cost:
+    """What one run of a config costs here, in seconds (a pack of E members: about E times as much on a CPU)."""
+
+    steps: int  # optimizer steps
+    step_s: float  # one training step
+    evaluation_s: float  # every validation (one an epoch, and Lightning's sanity check) and the test
+    analysis_s: float  # the head analysis after training
+    prepare_s: float  # the data and the model built
+
+    @property
+    def seconds(self) -> float:
+        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s
+
+
 def run_steps(cfg: DictConfig, datamodule) -> int:
     """The optimizer steps one run of cfg trains: its epochs (auto: from the data's size) x the steps an epoch, at
-    most trainer.max_steps where that is set (as Lightning stops at whichever comes first)."""
+    most trainer.max_steps where that is set (as Lightning stops at whichever comes first). Early stopping may end a
+    run sooner: this is its worst case."""
     from headlab.training import epochs
 
-    batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
-    per_epoch = epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
+    per_epoch = steps_an_epoch(cfg, datamodule)
     if cfg.trainer.get("max_epochs") == epochs.AUTO:
         steps = per_epoch * epochs.auto_epochs(per_epoch, *epochs.budget(cfg))
     else:
         steps = per_epoch * int(cfg.trainer.max_epochs)
     max_steps = cfg.trainer.get("max_steps")
-    return min(steps, int(max_steps)) if isinstance(max_steps, int) and max_steps >= 0 else steps
+    return min(steps, max_steps) if isinstance(max_steps, int) and max_steps >= 0 else steps
 
 
-def seconds_a_step(cfg: DictConfig, datamodule, model, threads: int) -> float:
-    """The median time of a training step of the model on its first training batch (forward, cross-entropy,
-    backward, AdamW), here, on `threads` threads."""
+def steps_an_epoch(cfg: DictConfig, datamodule) -> int:
+    from headlab.training import epochs
+
+    batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
+    return epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
+
+
+def epochs_of(cfg: DictConfig, datamodule) -> int:
+    """The epochs (each ending in a validation) of a run's steps."""
+    return math.ceil(run_steps(cfg, datamodule) / steps_an_epoch(cfg, datamodule))
+
+
+def _batches(datamodule, split: str, limit) -> int:
+    """The batches of a split a validation or test reads, cut by trainer.limit_*_batches as Lightning cuts them."""
+    from headlab.training import epochs
+
+    if not datamodule.splits.get(split):
+        return 0
+    return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), 1, limit)
+
+
+def _median_seconds(action, repeats: int = TIMED) -> float:
+    """The median time of action() after WARM_UP untimed calls (a noisy machine's outliers aside)."""
+    for _ in range(WARM_UP):
+        action()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(cfg: DictConfig, threads: int) -> Cost:
+    """Build cfg's data and model here and time what a run of it does, on `threads` threads."""
     import torch
 
-    from headlab.training.objective import training_step
-
-    torch.set_num_threads(threads)
-    batch = next(iter(datamodule.train_dataloader()))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    rdrop = float(cfg.optim.get("rdrop") or 0)
-    model.train()
-    times = []
-    for _ in range(TIMED_STEPS + 1):
-        started = time.perf_counter()
-        forward = lambda: model(batch["tokens"], batch["padding_mask"])[0][None]  # noqa: E731 (1, B, [n,] C)
-        step = training_step(forward, batch["labels"][None], rdrop)
-        optimizer.zero_grad()
-        step.objective.sum().backward()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
-
-
-def timings(configs: list[DictConfig], threads: int) -> list[tuple[int, float]]:
-    """Each config's (training steps of a run, seconds a step here on `threads` threads), built and timed once for
-    configs of one shape (headlab.launch.dry_run._shape)."""
     from headlab.training.run import build
 
-    timed: dict[str, tuple[int, float]] = {}
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    datamodule, model = build(cfg)
+    prepare_s = time.perf_counter() - started
+
+    def forward(split: str):
+        evaluated = next(iter(datamodule.ordered_dataloader(split)))
+        model.eval()
+        with torch.no_grad():
+            return lambda: model(evaluated["tokens"], evaluated["padding_mask"])
+
+    step_s = lightning_step_seconds(cfg, datamodule, model)
+    trainer = cfg.trainer
+    evaluation_s = 0.0
+    if n := _batches(datamodule, "val", trainer.get("limit_val_batches")):
+        validations = epochs_of(cfg, datamodule) * n + min(SANITY_BATCHES, n)
+        evaluation_s += validations * _median_seconds(forward("val"))
+    if n := _batches(datamodule, "test", trainer.get("limit_test_batches")):
+        evaluation_s += n * _median_seconds(forward("test"))
+    analysis_s = 0.0
+    if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
+        analysis_s = _median_seconds(lambda: analyst.analyse(model, datamodule, torch.device("cpu")), repeats=1)
+    return Cost(run_steps(cfg, datamodule), step_s, evaluation_s, analysis_s, prepare_s)
+
+
+def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
+    """The median time from one training step's start to the next's in a real Trainer.fit of the run's module
+    (loading the batch, the forward and backward passes, R-Drop's and SAM's second pass, AdamW, the schedule, the
+    metrics and Lightning's hooks), WARM_UP steps untimed; no logger, checkpoint or validation."""
+    import lightning.pytorch as pl
+
+    from headlab.training.module import HeadLabModule
+
+    starts: list[float] = []
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            starts.append(time.perf_counter())
+
+    steps = WARM_UP + TIMED + 1
+    module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
+    with _quiet():
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[Clock()],
+        )  # fmt: skip
+        trainer.fit(module, datamodule=datamodule)
+    return statistics.median(b - a for a, b in zip(starts[WARM_UP:], starts[WARM_UP + 1 :], strict=False))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Lightning's lines and warnings about a Trainer the user never asked for left unsaid (stdout stays the dry
+    run's: --json prints one object there)."""
+    logging.disable(logging.INFO)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _analyst(cfg: DictConfig):
+    """The run's head analysis (callbacks.attention) with the settings that decide its cost, or None without it."""
+    from headlab.training.attention_logging import AttentionLogger
+
+    if OmegaConf.select(cfg, "callbacks.attention") is None or not OmegaConf.select(
+        cfg, "callbacks.attention.importance"
+    ):
+        return None
+    keys = ("pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines", "seed")
+    settings = {k: OmegaConf.select(cfg, f"callbacks.attention.{k}") for k in keys}  # not out_dir: no run dir yet
+    return AttentionLogger(out_dir=".", **{k: v for k, v in settings.items() if v is not None})
+
+
+def costs(configs: list[DictConfig], threads: int) -> list[Cost]:
+    """Each config's Cost, measured once for configs of one shape (_shape)."""
+    measured: dict[str, Cost] = {}
     for cfg in configs:
-        if (key := _shape(cfg)) not in timed:
-            datamodule, model = build(cfg)
-            timed[key] = run_steps(cfg, datamodule), seconds_a_step(cfg, datamodule, model, threads)
-    return [timed[_shape(cfg)] for cfg in configs]
+        if (key := _shape(cfg)) not in measured:
+            measured[key] = measure(cfg, threads)
+    return [measured[_shape(cfg)] for cfg in configs]
 
 
-def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> str:
-    """About how long packs (or jobs) of these many members and these configs train here, n_jobs at a time, each on
-    its share of the cores: the line a packed sweep starts with."""
-    return f"about {duration(_total(members, timings(configs, _threads(n_jobs)), n_jobs))} of training here"
-
-
-def report(groups: list[list[list[str]]], configs: list[DictConfig], n_jobs: int) -> list[str]:
-    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total."""
-    threads = _threads(n_jobs)
-    times = timings(configs, threads)
-    lines = []
-    given = [dict(o.split("=", 1) for o in group[0] if "=" in o) for group in groups]
-    varied = [k for k in given[0] if len({g.get(k) for g in given}) > 1]  # what tells the packs (or jobs) apart
-    for k, (group, (steps, seconds)) in enumerate(zip(groups, times, strict=True)):
-        named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
-        lines.append(
-            f"  {'pack' if len(group) > 1 else 'job'} {k}: {len(group)} run(s) of {named}, {steps:,} steps each at "
-            f"{seconds * 1000:.0f} ms a step here: about {duration(len(group) * steps * seconds)}"
-        )
-    total = _total([len(group) for group in groups], times, n_jobs)
-    lines.append(
-        f"about {duration(total)} of training on this machine ({min(n_jobs, len(groups))} at a time, {threads} "
-        "thread(s) each; start-up, validation and the head analysis not counted)"
-    )
-    return lines
+def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> float:
+    """About how many seconds packs (or jobs) of these many members and these configs take here, n_jobs at a time,
+    each on its share of the cores: what a packed sweep says it will take when it starts."""
+    return _total(members, costs(configs, _threads(n_jobs)), n_jobs)
 
 
 def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: str = "jobs",
         max_pack: int | None = None) -> list:  # fmt: skip
     """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
-    most max_pack, the launcher's by default); Hydra's config loader composes each pack's config. Returns the
-    sweep's (empty) list of returns."""
+    most max_pack, the launcher's by default): lines for a person, or with sweep.dry_run=json one JSON object.
+    Hydra's config loader composes each pack's config. Returns the sweep's (empty) list of returns."""
     from headlab.training.config_check import check_config
 
+    startup = startup_seconds()  # before anything is measured here
     launcher = config.hydra.launcher
     max_pack = max_pack or int(launcher.get("max_pack") or 1)
     groups = pack_groups(jobs, packed, max_pack)
     configs = [loader.load_sweep_config(config, group[0]) for group in groups]
     for cfg in configs:  # what each job would refuse, before any data is prepared to time it
         check_config(cfg)
+    n_jobs = int(launcher.get("n_jobs") or 1)
+    measured = costs(configs, _threads(n_jobs))
+    if str(OmegaConf.select(config, "sweep.dry_run")) == "json":
+        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup)))
+        return []
     runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
     print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}; nothing is started")
-    print("\n".join(report(groups, configs, int(launcher.get("n_jobs") or 1))))
+    print("\n".join(report(groups, measured, n_jobs, startup)))
     return []
 
 
-def _total(members: list[int], times: list[tuple[int, float]], n_jobs: int) -> float:
-    """Seconds of training of packs of these many members, n_jobs at a time."""
-    return sum(n * steps * seconds for n, (steps, seconds) in zip(members, times, strict=True)) / min(
-        n_jobs, len(times)
+def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, packed: bool, startup: float) -> dict:
+    """The dry run as one object: jobs (each its overrides, pack, steps and seconds), packs, seconds (the
+    expected wall time of the whole sweep), and what it was measured with."""
+    jobs = [
+        {
+            "overrides": [o for o in job if not o.startswith("sweep.dry_run=")],
+            "pack": k if packed else None,
+            "steps": cost.steps,
+            "seconds": round(cost.seconds, 1),
+        }
+        for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
+        for job in group
+    ]
+    total = startup + _total([len(g) for g in groups], measured, n_jobs)
+    return {"jobs": jobs, "packs": len(groups) if packed else 0, "seconds": round(total, 1),
+            "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
+
+
+def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, startup: float) -> list[str]:
+    """The dry run's lines: each pack (or job) with its runs' steps and time, and the sweep's total."""
+    lines = []
+    given = [dict(o.split("=", 1) for o in group[0] if "=" in o) for group in groups]
+    varied = [k for k in given[0] if len({g.get(k) for g in given}) > 1]  # what tells the packs (or jobs) apart
+    for k, (group, cost) in enumerate(zip(groups, measured, strict=True)):
+        named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
+        what = "pack" if len(group) > 1 else "job"
+        lines.append(
+            f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps each at {cost.step_s * 1000:.0f} ms "
+            f"a step here; with validation, test and head analysis about {duration(len(group) * cost.seconds)}"
+        )
+    total = startup + _total([len(group) for group in groups], measured, n_jobs)
+    lines.append(
+        f"about {duration(total)} on this machine ({min(n_jobs, len(groups))} at a time, {_threads(n_jobs)} "
+        f"thread(s) each; training {duration(_training(groups, measured, n_jobs))} of it)"
     )
+    return lines
+
+
+def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
+    """Seconds of packs of these many members, n_jobs at a time (the sweep's process start-up aside)."""
+    return sum(n * c.seconds for n, c in zip(members, measured, strict=True)) / min(n_jobs, len(measured))
+
+
+def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
+    return sum(len(g) * c.steps * c.step_s for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
+
+
+def startup_seconds() -> float:
+    """How long this process took to start (Python, torch, Lightning, Hydra's composition): what a sweep's process
+    pays once before its first job; 0 where the system does not say (Linux's /proc does)."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def duration(seconds: float) -> str:
@@ -140,12 +288,15 @@ def duration(seconds: float) -> str:
 
 
 def _shape(cfg: DictConfig) -> str:
-    """What a run's steps and a step's time depend on: the model, the data but for its fold and seed (folds differ
-    by a row or two), and R-Drop's second pass."""
+    """What a run's cost depends on: the model, the data but for its fold and seed (folds differ by a row or two),
+    R-Drop's and SAM's passes, the trainer's limits and the head analysis."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("seed", None)
     (data.get("cv") or {}).pop("fold", None)
-    return repr((OmegaConf.to_container(cfg.model, resolve=True), data, cfg.optim.get("rdrop")))
+    rest = {k: OmegaConf.select(cfg, k) for k in ("optim.rdrop", "optim.sam_rho", "callbacks.attention")}
+    limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches")
+    trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet
+    return repr((OmegaConf.to_container(cfg.model, resolve=True), data, trainer, repr(rest)))
 
 
 def _threads(n_jobs: int) -> int:

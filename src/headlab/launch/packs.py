@@ -97,6 +97,7 @@ def launch(
         log.info(said)
         return returns
     done, closed, began = set(), [False] * len(packs), []
+    estimated: list[float] = []  # seconds the packs were said to take, where it could be said
 
     def start(k: int) -> None:
         began.append(time.monotonic())
@@ -112,10 +113,13 @@ def launch(
             done.add(id(job))
         closed[k] = True
         completed, ended = sum(job.record.get("status") == "completed" for _, job in ready), sum(closed)
-        pace = f"; about {duration((time.monotonic() - began[0]) / ended * (len(packs) - ended))} to go at this pace"
+        took = time.monotonic() - began[0]
+        pace = f"; about {duration(took / ended * (len(packs) - ended))} to go at this pace"
+        if ended == len(packs):  # what it took against what it was said to take
+            pace = f"; they took {duration(took)}" + (f" (estimated {duration(estimated[0])})" if estimated else "")
         log.info(
             "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed%s",
-            ended, len(packs), completed, len(ready), pace if ended < len(packs) else "",
+            ended, len(packs), completed, len(ready), pace,
         )  # fmt: skip
 
     if submit == "slurm":
@@ -128,7 +132,8 @@ def launch(
         return returns
     specs = [(pack.id, pack.members()) for pack in packs]
     try:
-        log.info(said + _estimate(packs, n_jobs))
+        estimated += _estimate(packs, n_jobs)
+        log.info(said + (f", about {duration(estimated[0])} here" if estimated else ""))
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
@@ -167,14 +172,14 @@ def _on_cpu(cfg) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
 
 
-def _estimate(packs: list, n_jobs: int) -> str:
-    """How long the packs train on this CPU, timed as --dry-run times them; nothing where they train elsewhere, or
+def _estimate(packs: list, n_jobs: int) -> list[float]:
+    """[seconds] the packs take on this CPU, measured as --dry-run measures them; [] where they train elsewhere, or
     where a pack cannot be built (it says why when it trains, as without an estimate)."""
     from headlab.launch.dry_run import estimate
 
     if not _on_cpu(packs[0].jobs[0].cfg):
-        return ""
+        return []
     try:
-        return f", {estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)}"
+        return [estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)]
     except Exception:
-        return ""
+        return []

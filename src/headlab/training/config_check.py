@@ -84,6 +84,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.rdrop": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: one pass a batch, no consistency term)"),
     "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
     "sweep.objective": one_of(*OBJECTIVES),
+    "sweep.dry_run": (lambda v: v in (True, False, "json"), "true, false or json (--dry-run, --dry-run --json)"),
     "sweep.extend.select_on": one_of(*OBJECTIVES),
     "sweep.extend.factor": (lambda v: _is_number(v) and v > 1, "a number > 1 (past the top: x factor; the bottom: /)"),
     "sweep.extend.limit": POSITIVE,
