@@ -12,6 +12,17 @@ from dataclasses import dataclass
 from headlab.escape import markdown_cell, terminal
 
 
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: seconds below 90 s, minutes below 90 min, then hours and minutes."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    minutes = round(seconds / 60)  # 7,199 s: 2 h 0 min, not 1 h 60 min
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
 @dataclass
 class Column:
     name: str

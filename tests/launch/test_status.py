@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import TINY, cli_env, cli_here, session_processes, train_here
-from headlab.cli.status import duration
 from headlab.launch.rundir import earlier_attempts
 from headlab.launch.summary import job_ranges, table
+from headlab.printing import duration
 from headlab.record import total_seconds
 
 

@@ -16,6 +16,7 @@ from headlab.cli.pipe import piped
 from headlab.conventions import PROGRESS
 from headlab.files import read_received
 from headlab.launch.summary import job_ranges
+from headlab.printing import duration
 from headlab.record import read_record, total_seconds
 
 ORDER = ("completed", "running", "queued", "interrupted", "failed")  # the statuses, in the order they are told
@@ -168,16 +169,6 @@ def _validation(members: list[dict]) -> str:
         return f"val/acc {values[0]:.4f}{at}{note}"
     mean = math.fsum(values) / len(values)
     return f"val/acc {mean:.4f} [{min(values):.4f}, {max(values):.4f}]{at}{note}"
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    minutes = round(seconds / 60)  # 7,199 s: 2 h 0 min, not 1 h 60 min
-    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _time(text: str | None) -> datetime | None:

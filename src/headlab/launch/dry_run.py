@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.launch.plan import PER_MEMBER
+from headlab.printing import duration
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
 SANITY_BATCHES = 2  # Lightning's validation batches before training
@@ -280,11 +281,6 @@ def startup_seconds() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def duration(seconds: float) -> str:
-    """A rough duration: minutes, or hours from 90 minutes."""
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
 
 
 def _shape(cfg: DictConfig) -> str:

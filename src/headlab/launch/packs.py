@@ -15,9 +15,9 @@ from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job
 from omegaconf import OmegaConf, open_dict
 
 from headlab.launch import console
-from headlab.launch.dry_run import duration
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
 from headlab.launch.plan import plan
+from headlab.printing import duration
 from headlab.record import read_record
 from headlab.training.loggers import run_identity
 
