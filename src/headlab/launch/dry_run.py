@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -271,8 +272,12 @@ def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
 
 
 def startup_seconds() -> float:
-    """How long this process took to start (Python, torch, Lightning, Hydra's composition): what a sweep's process
-    pays once before its first job; 0 where the system does not say (Linux's /proc does)."""
+    """How long this process took to start (Python, imports, Hydra's composition) up to now, where it is
+    headlab-train's own: what a sweep's process pays once before its first job; 0 inside another program (the
+    command's function called from a test) or where the system does not say (Linux's /proc does)."""
+    main = str(getattr(sys.modules.get("__main__"), "__file__", ""))
+    if not main.endswith(("headlab-train", os.path.join("headlab", "cli", "train.py"))):
+        return 0.0
     try:
         with open("/proc/self/stat") as f:
             started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
