@@ -9,7 +9,7 @@ break).
 import sys
 from dataclasses import dataclass
 
-from headlab.escape import markdown_cell, terminal
+from headlab.escape import terminal
 
 
 def duration(seconds: float) -> str:
@@ -23,6 +23,12 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
+def _cell(text) -> str:
+    """A cell of a table read as text (a file, a pager): one line, no cell separator, no control character; not
+    HTML-escaped, as compare.md's cells are (nothing renders it)."""
+    return terminal(" ".join(str(text).splitlines())).replace("|", "\\|")
+
+
 @dataclass
 class Column:
     name: str
@@ -32,9 +38,9 @@ class Column:
 def print_table(title: str, columns: list[Column], rows: list[list[str]], width: int = 130) -> None:
     """The table on stdout: Rich's at least `width` characters wide on a terminal, else Markdown."""
     if not sys.stdout.isatty():
-        lines = [f"{markdown_cell(title)}:", "", "| " + " | ".join(markdown_cell(c.name) for c in columns) + " |"]
+        lines = [f"{_cell(title)}:", "", "| " + " | ".join(_cell(c.name) for c in columns) + " |"]
         lines.append("|" + "---|" * len(columns))
-        lines += ["| " + " | ".join(markdown_cell(cell) for cell in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
         print("\n".join(lines) + "\n")
         return
     from rich.console import Console
