@@ -27,6 +27,10 @@ DESIGNS = {  # each design alone, and together with the head split's other keys
     "softmax1": dict(normalizer="softmax1"),
     "softmax1, unscaled, grouped": dict(normalizer="softmax1", scale=False, n_kv_heads=1),
     "sink": dict(normalizer="sink"),
+    "softpick": dict(normalizer="softpick"),
+    "softpick, additive, gate": dict(normalizer="softpick", scoring="additive", gate="headwise"),
+    "ssmax": dict(normalizer="ssmax"),
+    "ssmax, grouped, talking both": dict(normalizer="ssmax", n_kv_heads=2, talking_heads="both"),
     "qk-norm": dict(qk_norm=True),
     "latent": dict(latent_kv=6),
     "latent, grouped, d_k d_v": dict(latent_kv=6, n_kv_heads=2, d_k=5, d_v=3),
@@ -81,6 +85,11 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int]) -> 
             A = 1 / (1 + torch.exp(-(scores - math.log(L))))
         elif attn.normalizer == "softmax1":  # Miller 2023: exp(s) / (1 + sum exp(s))
             A = e / (1 + e.sum(-1, keepdim=True))
+        elif attn.normalizer == "softpick":  # Zuhri et al. 2025: relu(e^s - 1) / (sum |e^s - 1| + eps)
+            A = torch.relu(e - 1) / ((e - 1).abs().sum(-1, keepdim=True) + 1e-6)
+        elif attn.normalizer == "ssmax":  # Nakanishi 2025: softmax(c_h log(n) s), n: the real keys
+            scaled = torch.exp(scores * attn.length_scale.view(H, 1, 1, 1) * math.log(L))
+            A = scaled / scaled.sum(-1, keepdim=True)
         else:  # sink: exp(s) / (exp(z_h) + sum exp(s))
             A = e / (torch.exp(attn.sink_logit).view(H, 1, 1, 1) + e.sum(-1, keepdim=True))
         if attn.differential:  # Ye et al. 2024
@@ -223,7 +232,10 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
             dict(differential=True, normalizer="sigmoid"),
             "normalizer='sigmoid' is invalid: expected softmax while differential=true",
         ),
-        (dict(normalizer="relu"), "normalizer='relu' is invalid: expected one of sigmoid, sink, softmax, softmax1"),
+        (
+            dict(normalizer="relu"),
+            "normalizer='relu' is invalid: expected one of sigmoid, sink, softmax, softmax1, softpick, ssmax",
+        ),
         (dict(gate="channel"), "gate='channel' is invalid: expected one of elementwise, headwise, none"),
         (dict(talking_heads="yes"), "talking_heads='yes' is invalid: expected one of none, pre, post, both"),
         (dict(latent_kv=0), "latent_kv=0 is invalid: expected an int >= 1"),
@@ -477,3 +489,25 @@ def test_the_memory_estimate_counts_each_designs_tensors():
     assert differential - plain == 4 * 64 * 33 * 3 * 4 * 33
     latent = training_bytes(**sizes, latent_kv=16)  # fewer parameters, one more activation (the latent)
     assert latent - plain == 20 * ((64 + 128) * 16 - 64 * 128) + 4 * 64 * 33 * 3 * 16
+
+
+def test_softpick_weighs_every_key_zero_where_every_logit_is_below_zero_and_ssmax_keeps_a_peak_as_keys_grow():
+    """Softpick's point: a row of logits all below 0 (and padded keys) has zero mass, exactly. Scalable softmax's:
+    with one key at +3 and the rest at -2, softmax's peak fades as the keys grow; c log(n) keeps it near 1."""
+    from headlab.model.normalizers import ScalableSoftmax, Softmax, Softpick
+
+    scores = torch.tensor([[[[-0.5, -1.0, -2.0, 4.0]]]], dtype=torch.float64)  # (1, 1, 1, 4)
+    padding = torch.tensor([[False, False, False, True]])
+    assert (Softpick.weights(None, scores, padding) == 0).all()
+    big = Softpick.weights(None, torch.full((1, 1, 1, 3), 300.0, dtype=torch.float64), None)  # no overflow
+    torch.testing.assert_close(big, torch.full((1, 1, 1, 3), 1 / 3, dtype=torch.float64))
+    attn = MultiHeadAttention(8, 1, normalizer="ssmax")
+    peaks = {}
+    for n in (16, 256, 4096):
+        row = torch.full((1, 1, 1, n), -2.0)
+        row[..., -1] = 3.0
+        peaks[n] = (
+            float(Softmax.weights(attn, row, None)[..., -1]),
+            float(ScalableSoftmax.weights(attn, row, None)[..., -1]),
+        )
+    assert peaks[4096][0] < 0.05 < 0.99 < peaks[4096][1]  # softmax fades, ssmax (c = 1) holds

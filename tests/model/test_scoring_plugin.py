@@ -113,4 +113,4 @@ def test_a_normalizer_from_a_package_is_a_stage_like_a_scoring_function(tmp_path
     assert member["metrics"]["test/loss"] == pytest.approx(record["metrics"]["test/loss"], abs=1e-4)
     refused = headlab_train("model.attention.normalizer=bogus", cwd=tmp_path, env=env)
     assert refused.returncode == 2
-    assert refused.stderr.strip().endswith("expected one of relu, sigmoid, sink, softmax, softmax1")
+    assert refused.stderr.strip().endswith("expected one of relu, sigmoid, sink, softmax, softmax1, softpick, ssmax")

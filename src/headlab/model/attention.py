@@ -8,7 +8,7 @@ forward() is the definition, one stage after another:
     projections   q, k, v from x; keys and values from a shared latent of rank r (latent_kv); QK-norm (qk_norm)
     score         a scoring function (headlab.model.scoring: dot, additive, or a package's) gives the logits
     logit mixing  talking heads before the normaliser (talking_heads: pre, both)
-    normaliser    softmax, sigmoid, softmax1, sink (headlab.model.normalizers), padded keys exactly 0
+    normaliser    softmax, sigmoid, softmax1, sink, softpick, ssmax (headlab.model.normalizers), padded keys exactly 0
     differential  two maps a head, the second subtracted with weight lambda (differential)
     weight mixing talking heads after the normaliser (talking_heads: post, both)
     values        weights @ v, then a differential head's own normalisation

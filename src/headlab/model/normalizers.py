@@ -5,9 +5,13 @@
     softmax1  exp(s_ij) / (1 + sum_k exp(s_ik))                 ("off by one", Miller 2023: one more logit, 0)
     sink      exp(s_ij) / (exp(z_h) + sum_k exp(s_ik))          (a learned sink logit z_h per head, as gpt-oss;
                                                                  Xiao et al. 2023 on attention sinks)
+    softpick  relu(exp(s_ij) - 1) / (sum_k |exp(s_ik) - 1| + eps)  (Zuhri et al. 2025: a head may weigh every key 0)
+    ssmax     softmax_j(c_h log(m) s_ij)                         (scalable softmax, Nakanishi 2025: a learned scale
+                                                                 c_h per head times the log of the real keys m)
 
-Padded keys get exactly zero weight from each. Only softmax's rows sum to 1: softmax1's and sink's give the rest to
-no key (a sink), sigmoid's weigh each key on its own (headlab.heads.statistics reads both as a row's mass).
+Padded keys get exactly zero weight from each. Only softmax's and ssmax's rows sum to 1: softmax1's and sink's give
+the rest to no key (a sink), sigmoid's weigh each key on its own, softpick's sum to at most 1 and may be all 0
+(headlab.heads.statistics reads each as a row's mass).
 
 A normaliser is a subclass of Normalizer: `weights` is its definition; `fused` may give weights @ v by a path that
 never stores the (B, H, n, m) weights (None: the explicit path runs); `add_parameters` registers its learned
@@ -104,3 +108,38 @@ class Sink(Normalizer):
     @staticmethod
     def weights(attn, scores, key_padding_mask):
         return _softmax_with_extra_logit(_masked(scores, key_padding_mask), attn.sink_logit.view(1, -1, 1, 1))
+
+
+class Softpick(Normalizer):
+    """Rectified softmax: keys whose logit is below 0 get exactly 0, and the row's mass is at most 1. Computed with
+    exp(s - c), c = max(0, the row's largest real logit), in numerator and denominator alike (eps times exp(-c)):
+    the same ratio, with no overflow."""
+
+    EPS = 1e-6
+
+    @staticmethod
+    def weights(attn, scores, key_padding_mask):
+        top = _masked(scores, key_padding_mask).amax(dim=-1, keepdim=True).clamp(min=0).detach()  # (B, H, n, 1)
+        shifted = torch.exp(scores - top) - torch.exp(-top)  # (e^s - 1) e^-c
+        if key_padding_mask is not None:
+            shifted = shifted.masked_fill(key_padding_mask[:, None, None, :], 0.0)
+        total = shifted.abs().sum(dim=-1, keepdim=True) + Softpick.EPS * torch.exp(-top)
+        return shifted.clamp(min=0) / total
+
+
+class ScalableSoftmax(Normalizer):
+    """softmax of the logits times c_h log m (m: the query's real keys), c_h learned per head from 1: a row keeps
+    its peak as the keys grow in number."""
+
+    @staticmethod
+    def add_parameters(attn):
+        attn.length_scale = nn.Parameter(torch.ones(attn.n_heads))  # c: (H,)
+
+    @staticmethod
+    def weights(attn, scores, key_padding_mask):
+        if key_padding_mask is None:
+            log_m = scores.new_full((scores.shape[0],), math.log(scores.shape[-1]))
+        else:
+            log_m = (~key_padding_mask).sum(-1).clamp(min=1).to(scores.dtype).log()  # (B,)
+        factor = attn.length_scale.view(1, -1, 1, 1) * log_m.view(-1, 1, 1, 1)  # (B, H, 1, 1)
+        return _masked(scores * factor, key_padding_mask).softmax(dim=-1)
