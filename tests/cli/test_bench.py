@@ -12,10 +12,12 @@ from headlab.cli.bench import gpu, main, overhead
 pytestmark = pytest.mark.e2e
 
 
-def test_quick_bench_writes_every_section(tmp_path, monkeypatch):
+def test_quick_bench_writes_every_section(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "BENCHMARKS.md"
     main(["--quick", "--out", str(out)])
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("headlab-bench: [")]
+    assert said[0].startswith("headlab-bench: [1/17] matmul peak (0 s so far)") and len(said) == 17  # as it goes
     text = out.read_text()
     for section in ("## Encoder training throughput", "## Additive scoring", "## Attention capture", "## Start-up"):
         assert section in text

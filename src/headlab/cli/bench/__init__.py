@@ -15,6 +15,7 @@ import torch
 from headlab.cli.arguments import at_least
 from headlab.cli.bench import commands, micro, overhead, packing, report, timing
 from headlab.files import write_text_atomic
+from headlab.printing import duration
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,24 +49,41 @@ def main(argv: list[str] | None = None) -> None:
         write_text_atomic(args.out, report.join(sections))
         print(f"wrote the GPU section of {args.out}", file=sys.stderr)
         return
-    r["peak"] = args.peak = timing.matmul_peak(repeats=args.repeats)
-    r["encoder"] = [row for d in ((32,) if args.quick else (128, 256)) for row in micro.encoder_throughput(d, args)]
-    r["dropout"] = micro.dropout_masks(args)
-    r["freed_memory"] = micro.freed_memory(args)
-    r["additive"] = micro.additive_throughput(args)
-    r["designs"] = micro.design_throughput(args)
-    r["hooks"] = micro.hook_cost(args)
-    r["memory"] = micro.attention_memory(args.memory_seq)
-    r["capture"] = micro.capture_cost(args)
-    r["startup"] = commands.startup(tmp, 1 if args.quick else 3)
-    r["default_run"] = None if args.quick else commands.default_run(tmp)
-    r["sst2"] = commands.sst2_preparation(tmp, args.data_dir, 2000 if args.quick else None)
-    r["sst2_recipe"] = commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not args.quick else None
-    r["sst2_overhead"] = overhead.sst2_recipe_overhead(tmp, args.data_dir, "cpu") if r["sst2_recipe"] else None
-    sizes, shapes = ((1, 4), ("default run",)) if args.quick else ((1, 4, 16), tuple(packing.SHAPES))
-    r["packs"] = packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes)
-    r["sweep"] = None if args.quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)
-    r["parallel_packs"] = None if args.quick else packing.parallel_packs(tmp)
+    quick = args.quick
+
+    def peak() -> float:  # what the encoder's rows are a share of (micro.encoder_throughput reads args.peak)
+        args.peak = timing.matmul_peak(repeats=args.repeats)
+        return args.peak
+
+    sizes, shapes = ((1, 4), ("default run",)) if quick else ((1, 4, 16), tuple(packing.SHAPES))
+    steps = [  # (key, what is measured, how): each said on stderr as it starts, with the time so far
+        ("peak", "matmul peak", peak),
+        ("encoder", "encoder throughput",
+         lambda: [row for d in ((32,) if quick else (128, 256)) for row in micro.encoder_throughput(d, args)]),
+        ("dropout", "dropout masks", lambda: micro.dropout_masks(args)),
+        ("freed_memory", "freed memory", lambda: micro.freed_memory(args)),
+        ("additive", "additive scoring", lambda: micro.additive_throughput(args)),
+        ("designs", "head designs", lambda: micro.design_throughput(args)),
+        ("hooks", "hook points", lambda: micro.hook_cost(args)),
+        ("memory", "attention memory", lambda: micro.attention_memory(args.memory_seq)),
+        ("capture", "attention capture", lambda: micro.capture_cost(args)),
+        ("startup", "start-up", lambda: commands.startup(tmp, 1 if quick else 3)),
+        ("default_run", "the default run", lambda: None if quick else commands.default_run(tmp)),
+        ("sst2", "SST-2 preparation", lambda: commands.sst2_preparation(tmp, args.data_dir, 2000 if quick else None)),
+        ("sst2_recipe", "the SST-2 recipe",
+         lambda: commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not quick else None),
+        ("sst2_overhead", "the SST-2 recipe's overhead",
+         lambda: overhead.sst2_recipe_overhead(tmp, args.data_dir, "cpu") if r["sst2_recipe"] else None),
+        ("packs", "pack throughput", lambda: packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes)),
+        ("sweep", "a packed sweep against one process a job",
+         lambda: None if quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)),
+        ("parallel_packs", "packs side by side", lambda: None if quick else packing.parallel_packs(tmp)),
+    ]  # fmt: skip
+    started = time.monotonic()
+    for k, (key, what, measure) in enumerate(steps, 1):
+        print(f"headlab-bench: [{k}/{len(steps)}] {what} ({duration(time.monotonic() - started)} so far)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        r[key] = measure()
     sections = report.sections(args.out)
     sections["cpu"] = report.report(r, args)
     write_text_atomic(args.out, report.join(sections))
