@@ -114,7 +114,8 @@ def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cl
         f"model.attention.n_heads={h} seed={s}" for h in (1, 2) for s in (0, 1)
     }  # each job's overrides as its job would get them, the dry run's own left out
     at_once = sum(job["seconds"] for job in plan["jobs"]) / plan["at_a_time"]
-    assert at_once <= plan["seconds"] < at_once + 60  # and this process's start-up
+    rounding = 0.05 * len(plan["jobs"])  # each figure to 0.1 s
+    assert at_once - rounding <= plan["seconds"] < at_once + rounding + 60  # and this process's start-up
     assert not (tmp_path / "sweep").exists()
 
 
