@@ -6,6 +6,7 @@ Standard library only: the config check, the launchers and the statistics over r
 
 import functools
 import json
+import math
 import platform
 import subprocess
 from importlib import metadata
@@ -22,6 +23,12 @@ TRAIN_METRICS = ("train/acc", "train/loss_epoch")  # the last epoch's, beside va
 # every metric of a record's "metrics": what a sweep may optimise (sweep.objective)
 OBJECTIVES = (VAL_ACC_BEST, "val/acc", "val/loss", TEST_ACC, TEST_LOSS, *TRAIN_METRICS)
 PACKAGES = ("headlab", "torch", "lightning", "hydra-core", "torchmetrics", "numpy")
+
+
+def is_finite_number(value) -> bool:
+    """A measurement as a record holds it: a number, not a bool, neither NaN nor infinite (a diverged model's or a
+    forged record's are not measurements)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse(text: str | None) -> dict | None:

@@ -10,7 +10,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from headlab.cli.arguments import at_least
 from headlab.escape import csv_cell, terminal
 from headlab.files import read_received
 from headlab.printing import Column, print_table
+from headlab.record import is_finite_number
 
 
 def _measured(heads_json: Path, checkpoint: Path, n_layers: int, n_heads: int) -> dict | None:
@@ -54,7 +54,7 @@ def _not_an_analysis(report: dict, n_layers: int, n_heads: int) -> str | None:
         if not all(_is_int(v) and 0 <= v < n for v, n in zip(where, (n_layers, n_heads), strict=True)):
             return f"row {i} names no head of this model (layer {where[0]!r}, head {where[1]!r})"
         numbers = ["importance", *(k for k in causal_report.measured([row]) if k != "role")]
-        if bad := [k for k in numbers if not _is_number(row.get(k))]:
+        if bad := [k for k in numbers if not is_finite_number(row.get(k))]:
             return f"row {i}'s {bad[0]} is {row.get(bad[0])!r}, not a number"
         if not isinstance(row.get("role", ""), str):
             return f"row {i}'s role is {row['role']!r}, not a name"
@@ -66,18 +66,14 @@ def _not_an_analysis(report: dict, n_layers: int, n_heads: int) -> str | None:
         return "its pruning_baselines is not an object"
     for name, curve in {"importance": report["pruning_curve"], **curves}.items():
         points = curve if isinstance(curve, list) else [None]
-        if not all(isinstance(p, dict) and _is_number(p.get("fraction_pruned")) and _is_number(p.get("metric"))
-                   for p in points):  # fmt: skip
+        numbers = [p.get(k) if isinstance(p, dict) else None for p in points for k in ("fraction_pruned", "metric")]
+        if not all(map(is_finite_number, numbers)):
             return f"its {name} pruning curve is not a list of points (fraction_pruned, metric)"
     return None
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def main(argv: list[str] | None = None) -> None:

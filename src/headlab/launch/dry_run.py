@@ -114,10 +114,10 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     prepare_s = time.perf_counter() - started
 
     def forward(split: str):
+        """A validation (or test) batch's forward pass, as Lightning runs it: in eval mode, without gradients."""
         evaluated = next(iter(datamodule.ordered_dataloader(split)))
         model.eval()
-        with torch.no_grad():
-            return lambda: model(evaluated["tokens"], evaluated["padding_mask"])
+        return torch.no_grad()(lambda: model(evaluated["tokens"], evaluated["padding_mask"]))
 
     step_s = lightning_step_seconds(cfg, datamodule, model)
     trainer = cfg.trainer
@@ -175,9 +175,7 @@ def _analyst(cfg: DictConfig):
     """The run's head analysis (callbacks.attention) with the settings that decide its cost, or None without it."""
     from headlab.training.attention_logging import AttentionLogger
 
-    if OmegaConf.select(cfg, "callbacks.attention") is None or not OmegaConf.select(
-        cfg, "callbacks.attention.importance"
-    ):
+    if not OmegaConf.select(cfg, "callbacks.attention.importance", default=False):
         return None
     keys = ("pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines", "seed")
     settings = {k: OmegaConf.select(cfg, f"callbacks.attention.{k}") for k in keys}  # not out_dir: no run dir yet

@@ -5,7 +5,6 @@ sweep a failed job is recorded and the others go on.
 """
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_text_atomic
 from headlab.launch import console, rundir
-from headlab.record import git_sha, read_record, versions, write_record
+from headlab.record import git_sha, is_finite_number, read_record, versions, write_record
 from headlab.training import cores, trust
 from headlab.training.config_check import check_config, check_launch, check_resume
 from headlab.training.run_config import flat_config, recorded_config
@@ -53,7 +52,7 @@ def diverged(fields: dict | None) -> str | None:
     """Why a run that trained to its end has no finite model, or None: a metric it measured (validation, test,
     the last epoch's training) that is not a finite number, as after an update that made its weights NaN."""
     metrics = (fields or {}).get("metrics") or {}
-    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    bad = {k: v for k, v in metrics.items() if v is not None and not is_finite_number(v)}  # compare's rule
     if not bad:
         return None
     shown = ", ".join(f"{k} {v}" for k, v in bad.items())

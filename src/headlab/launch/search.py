@@ -21,8 +21,8 @@ from optuna.trial import TrialState
 
 from headlab.errors import ConfigError, as_written
 from headlab.files import write_text_atomic
-from headlab.record import OBJECTIVES
-from headlab.training.config_check import POSITIVE, fail
+from headlab.record import VAL_ACC_BEST
+from headlab.training.config_check import POSITIVE, RULES, fail
 from headlab.training.pruning import PRUNERS, make_pruner
 
 log = logging.getLogger("headlab")
@@ -83,8 +83,9 @@ def check(n_trials: int, n_jobs: int, pruner: str, packed: bool, direction: str,
         fail("hydra.sweeper.pruner", pruner, "none with a packed launcher (a pack trains its members to the end)")
     if direction not in ("maximize", "minimize"):
         fail("hydra.sweeper.direction", direction, "maximize or minimize")
-    if objective not in OBJECTIVES:
-        fail("sweep.objective", objective, f"a metric of every run's record: {', '.join(OBJECTIVES)}")
+    ok, allowed = RULES["sweep.objective"]  # the config check's rule: no job is composed before the trials
+    if not ok(objective):
+        fail("sweep.objective", objective, allowed)
 
 
 def absolute(storage: str | None) -> str | None:
@@ -95,7 +96,7 @@ def absolute(storage: str | None) -> str | None:
 
 
 def open_study(
-    name: str, storage: str | None, direction: str, pruner: str, objective: str = "val/acc_best"
+    name: str, storage: str | None, direction: str, pruner: str, objective: str = VAL_ACC_BEST
 ) -> optuna.Study:
     """The study, created or (in storage) loaded, with what it optimises: a stored study continues only under its
     own direction and objective (its trials' values mean nothing under another)."""
@@ -126,9 +127,7 @@ def shared(storage: str | None) -> bool:
 
 
 def _what(stored: dict) -> str:
-    return f"{stored['direction']}s {stored['objective']}".replace("maximizes", "maximises").replace(
-        "minimizes", "minimises"
-    )
+    return f"{stored['direction'].replace('ize', 'ises')} {stored['objective']}"
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from headlab.conventions import as_now
 from headlab.files import read_received
+from headlab.record import is_finite_number
 from headlab.stats import archive
 
 LN2 = math.log(2)  # the largest Jensen-Shannon divergence, in nats
@@ -89,7 +90,7 @@ def _add_run(runs: Runs, where: str, read) -> None:
         runs.unreadable.append((f"{where}/results.json", f"a completed record without {' or '.join(missing)}"))
     elif status == "completed":
         record["config"] = as_now(record["config"])
-        not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not _is_number(v)}
+        not_numbers = {k: v for k, v in record["metrics"].items() if v is not None and not is_finite_number(v)}
         if not_numbers:  # a diverged model (its other metrics are those of NaN weights: chance) or a forged record
             key, value = next(iter(not_numbers.items()))
             why = f"metric {key} is {value!r}, not a finite number: the run is left out (a diverged model)"
@@ -126,11 +127,6 @@ def _csv_curve(text: str | None) -> list[dict]:
         return []
 
 
-def _is_number(value) -> bool:
-    """A finite number (Infinity and NaN in a record are not a measurement)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _read_heads(text: str | None) -> dict | None:
     """heads.json as a dict; {} without one (analysis off, or a run that never got there); None when it is there
     but not a head analysis."""
@@ -165,7 +161,7 @@ def head_means(metrics: dict) -> dict[str, float]:
     a metric like any other (--metric heads/entropy)."""
     per_stat: dict[str, list[float]] = {}
     for key, value in metrics.items():
-        if (match := HEAD_KEY.match(key)) and _is_number(value):
+        if (match := HEAD_KEY.match(key)) and is_finite_number(value):
             per_stat.setdefault(match.group(1), []).append(value)
     return {f"heads/{stat}": sum(values) / len(values) for stat, values in per_stat.items()}
 
@@ -177,7 +173,7 @@ def head_similarity(divergence) -> dict[str, float]:
     if not isinstance(divergence, list) or len(divergence) < 2:
         return {}
     pairs = [row[b] for a, row in enumerate(divergence) if isinstance(row, list) for b in range(a + 1, len(row))]
-    if not pairs or not all(_is_number(v) and 0 <= v <= LN2 + 1e-6 for v in pairs):
+    if not pairs or not all(is_finite_number(v) and 0 <= v <= LN2 + 1e-6 for v in pairs):
         return {}
     return {"heads/similarity": 1 - sum(pairs) / len(pairs) / LN2}
 

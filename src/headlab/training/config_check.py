@@ -45,6 +45,7 @@ def one_of(*allowed) -> tuple[Callable, str]:
 POSITIVE = (positive_int, "an int >= 1")
 OPTIONAL_POSITIVE = (optional_positive_int, "an int >= 1 or null")
 PROBABILITY = (probability, "a number in [0, 1)")
+METRIC = (lambda v: v in OBJECTIVES, f"a metric of every run's record: {', '.join(OBJECTIVES)}")
 
 # key -> (check, what is allowed); keys absent from the config (another task, say) are skipped
 RULES: dict[str, tuple[Callable, str]] = {
@@ -83,9 +84,9 @@ RULES: dict[str, tuple[Callable, str]] = {
     "optim.sam_rho": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: plain AdamW steps)"),
     "optim.rdrop": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: one pass a batch, no consistency term)"),
     "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
-    "sweep.objective": one_of(*OBJECTIVES),
+    "sweep.objective": METRIC,
     "sweep.dry_run": (lambda v: v in (True, False, "json"), "true, false or json (--dry-run, --dry-run --json)"),
-    "sweep.extend.select_on": one_of(*OBJECTIVES),
+    "sweep.extend.select_on": METRIC,
     "sweep.extend.factor": (lambda v: _is_number(v) and v > 1, "a number > 1 (past the top: x factor; the bottom: /)"),
     "sweep.extend.limit": POSITIVE,
     "auto_epochs.steps": POSITIVE,
