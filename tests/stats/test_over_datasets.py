@@ -276,7 +276,7 @@ def test_across_ranks_settings_by_their_gap_to_each_datasets_best_and_chooses_on
 
 def test_two_nearly_agreeing_datasets_cannot_pool_into_an_interval_narrower_than_either_allows():
     """QK-norm on CR and MPQA: +0.0056 (se 0.0108) and +0.0060 (se 0.0059). Hartung-Knapp's scale from two nearly
-    equal estimates is ~0: untruncated, the interval would be ~37 times narrower than either dataset's own. The
+    equal estimates is ~0: untruncated, the interval would be tens of times narrower than either dataset's own. The
     variance is never below DerSimonian-Laird's (here tau² = 0: the fixed-effect variance), written out."""
     effects, errors = [0.0056, 0.0060], [0.0108, 0.0059]
     pooled = meta.random_effects(effects, errors)
