@@ -79,6 +79,9 @@ CASES = [
     value("model.attention.talking_heads=yes", "one of none, pre, post, both"),
     value("model.attention.differential=maybe", "true or false"),
     value("model.attention.latent_kv=0", "an int >= 1 (the latent's rank) or null"),
+    value("model.positional=relative", "one of sinusoidal, learned, rope, alibi"),
+    value("model.rope_base=1", "a number > 1 (rotary angles base^(-2i/d_k))"),
+    value("model.attention.value_residual=maybe", "true or false"),
     value("callbacks.attention.causal_batches=-1", "an int >= 0 (0: no causal analysis)"),
     Case(
         "optim.betas=[0.9]",
@@ -178,6 +181,24 @@ CASES = [
         files={"train.csv": GOOD_CSV},
     ),
     Case(
+        "rope with additive scoring",
+        ["+design=rope", "model.attention.scoring=additive"],
+        "invalid config: model.attention.scoring='additive' is invalid: expected dot with model.positional=rope "
+        "(rotary positions are relative through q . k; additive's are not), or model.positional=alibi",
+    ),
+    Case(
+        "rope with an odd d_k",
+        ["model.positional=rope", "model.attention.d_k=7"],
+        "invalid config: model.attention.d_k=7 is invalid: expected an even number with model.positional=rope "
+        "(rotary turns pairs)",
+    ),
+    Case(
+        "value residual in one layer",
+        ["+design=value_residual"],
+        "invalid config: model.attention.value_residual=true is invalid: expected false while model.n_layers=1 "
+        "(the first layer's values mix into later layers')",
+    ),
+    Case(
         "kv heads not dividing heads",
         ["model.attention.n_kv_heads=3"],
         "invalid config: model.attention.n_kv_heads=3 is invalid: expected a divisor of model.attention.n_heads=4",
@@ -202,7 +223,7 @@ CASES = [
     unknown("callbacks", "default"),
     unknown(
         "experiment",
-        "fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, heads_vs_depth, key_size, "
+        "differential_confound, fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, heads_vs_depth, key_size, "
         "scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
@@ -221,13 +242,13 @@ CASES = [
         "unknown key",
         ["model.heads=4"],
         "invalid config: model.heads is not a key of the config: expected one of d_model, n_layers, d_ff, "
-        "dropout, norm, positional, readout, compile, attention",
+        "dropout, norm, positional, rope_base, readout, compile, attention",
     ),
     Case(
         "added key the model does not take",
         ["+model.heads=4"],
         "invalid config: model.heads is not a key of the model: expected one of d_model, n_layers, d_ff, "
-        "dropout, norm, positional, readout, compile, attention",
+        "dropout, norm, positional, rope_base, readout, compile, attention",
     ),
     Case(
         "a misspelt key suggests the key meant",

@@ -35,7 +35,52 @@ DESIGNS = {  # each design alone, and together with the head split's other keys
     "latent": dict(latent_kv=6),
     "latent, grouped, d_k d_v": dict(latent_kv=6, n_kv_heads=2, d_k=5, d_v=3),
     "everything": dict(gate="headwise", talking_heads="both", normalizer="sink", qk_norm=True, latent_kv=10),
+    "rope": dict(position="rope"),
+    "rope, differential, grouped, qk-norm": dict(position="rope", differential=True, n_kv_heads=2, qk_norm=True),
+    "rope, base 100, latent, softpick": dict(position="rope", rope_base=100.0, latent_kv=6, normalizer="softpick"),
+    "alibi": dict(position="alibi"),
+    "alibi, additive, sigmoid": dict(position="alibi", scoring="additive", normalizer="sigmoid"),
+    "alibi, talking both, ssmax, grouped": dict(
+        position="alibi", talking_heads="both", normalizer="ssmax", n_kv_heads=2
+    ),
+    "alibi, differential": dict(position="alibi", differential=True),
+    "value residual": dict(value_residual=True, layer=1),
+    "value residual, grouped, rope, gate": dict(
+        value_residual=True, layer=1, n_kv_heads=2, position="rope", gate="headwise"
+    ),
 }
+
+
+def value_store(attn: MultiHeadAttention, B: int, n: int) -> dict:
+    """What an earlier first layer left for a value-mixing layer: its values (B, G, n, d_v)."""
+    gen = torch.Generator().manual_seed(2)
+    return {"first": torch.randn(B, attn.n_kv_heads, n, attn.d_v, generator=gen, dtype=attn.v_proj.weight.dtype)}
+
+
+def rotated(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Su et al. 2021: position i's pairs (x_2p, x_2p+1) turned by the angle i base^(-2p/d): x (n, ..., d)."""
+    out = x.clone()
+    d = x.shape[-1]
+    for i in range(x.shape[0]):
+        for p in range(d // 2):
+            angle = torch.tensor(i * base ** (-2 * p / d), dtype=x.dtype)
+            a, b = x[i, ..., 2 * p], x[i, ..., 2 * p + 1]
+            out[i, ..., 2 * p] = a * torch.cos(angle) - b * torch.sin(angle)
+            out[i, ..., 2 * p + 1] = a * torch.sin(angle) + b * torch.cos(angle)
+    return out
+
+
+def press_slopes(H: int) -> list[float]:
+    """ALiBi's slopes as Press et al.'s code computes them."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(H).is_integer():
+        return power_of_2(H)
+    closest = 2 ** math.floor(math.log2(H))
+    return power_of_2(closest) + press_slopes(2 * closest)[0::2][: H - closest]
 
 
 def perturbed(attn: nn.Module) -> nn.Module:
@@ -53,7 +98,7 @@ def layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
     return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
 
 
-def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, list]:
+def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int], store=None) -> tuple[torch.Tensor, list]:
     """Each design's formula, one example at a time over its real keys: (out (B, n, d), [weights (H, n, L_b)])."""
     H, G, d_k, d_v, c = attn.n_heads, attn.n_kv_heads, attn.d_k, attn.d_v, attn.maps
     outs, maps = [], []
@@ -65,6 +110,10 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int]) -> 
         v = (source @ attn.v_proj.weight.T + attn.v_proj.bias).view(L, G, d_v)
         if attn.q_norm is not None:
             q, k = layer_norm(q, attn.q_norm), layer_norm(k, attn.k_norm)
+        if attn.value_mix is not None:  # Zhou et al. 2024: lambda_1 V_l + lambda_2 V_1
+            v = attn.value_mix[0] * v + attn.value_mix[1] * store["first"][b, :, :L].transpose(0, 1)
+        if attn.position == "rope":
+            q, k = rotated(q, attn.rope_base), rotated(k, attn.rope_base)
         scores = torch.zeros(H, c, len(xb), L, dtype=x.dtype)
         for h in range(H):
             g = h // (H // G)  # its key/value head
@@ -76,6 +125,10 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int]) -> 
                             scores[h, m, i, j] = w @ torch.tanh(q[i, h, m] + k[j, g, m])
                 else:
                     scores[h, m] = q[:, h, m] @ k[:, g, m].T * attn.scale
+                if attn.position == "alibi":  # Press et al. 2022, both directions: -m_h |i - j|
+                    for i in range(len(xb)):
+                        for j in range(L):
+                            scores[h, m, i, j] -= press_slopes(H)[h] * abs(i - j)
         if attn.logit_mix is not None:  # Shazeer et al. 2020: L[h'] = sum_h J[h] P_l[h, h']
             scores = torch.stack([sum(attn.logit_mix[h, t] * scores[h] for h in range(H)) for t in range(H)])
         e = torch.exp(scores)
@@ -128,13 +181,14 @@ def test_each_design_equals_its_formula_on_a_padded_batch(name):
     attn = perturbed(MultiHeadAttention(16, 4, **DESIGNS[name]).double())
     x = torch.randn(len(LENGTHS), max(LENGTHS), 16, dtype=torch.float64)
     padding = torch.arange(max(LENGTHS))[None, :] >= torch.tensor(LENGTHS)[:, None]  # (B, n)
-    out, weights = attn(x, padding)
-    expected, maps = reference(attn, x, LENGTHS)
+    store = value_store(attn, len(LENGTHS), max(LENGTHS))
+    out, weights = attn(x, padding, value_store=dict(store))
+    expected, maps = reference(attn, x, LENGTHS, store)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     for b, L in enumerate(LENGTHS):
         torch.testing.assert_close(weights[b, :, :, :L], maps[b], rtol=1e-10, atol=1e-10)
         assert (weights[b, :, :, L:] == 0).all()  # padded keys: exactly zero weight
-    fused, none = attn(x, padding, need_weights=False)
+    fused, none = attn(x, padding, need_weights=False, value_store=dict(store))
     assert none is None
     torch.testing.assert_close(fused, out, rtol=1e-10, atol=1e-10)
 
@@ -144,7 +198,9 @@ def test_every_parameter_of_every_design_gets_a_gradient(name):
     torch.manual_seed(0)
     attn = perturbed(MultiHeadAttention(16, 4, **DESIGNS[name]))
     padding = torch.arange(7)[None, :] >= torch.tensor([7, 4])[:, None]
-    attn(torch.randn(2, 7, 16), padding, need_weights=False)[0].square().sum().backward()
+    attn(torch.randn(2, 7, 16), padding, need_weights=False, value_store=value_store(attn, 2, 7))[
+        0
+    ].square().sum().backward()
     assert [n for n, p in attn.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
 
 
@@ -212,6 +268,7 @@ def test_a_parameter_matched_differential_head_halves_the_heads():
         (dict(qk_norm=True), 4 * 4, 6 * 4 * 4),
         (dict(latent_kv=4), -(2 * 16 * 16) + 16 * 4 + 4 * 32, 6 * (-(2 * 16 * 16) + 16 * 4 + 4 * 32)),
         (dict(differential=True), 4 * 2 + 4, 6 * (4 * 2 + 4)),  # d_k 2 a component, d_v 4: score FLOPs equal
+        (dict(value_residual=True), 0, 0),  # one layer: the first, whose values are not mixed
     ],
 )
 def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
@@ -240,6 +297,9 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
         (dict(talking_heads="yes"), "talking_heads='yes' is invalid: expected one of none, pre, post, both"),
         (dict(latent_kv=0), "latent_kv=0 is invalid: expected an int >= 1"),
         (dict(differential=True, n_heads=3), "n_heads=3 is invalid: expected half a divisor of d_model=16"),
+        (dict(position="rope", scoring="additive"), "scoring='additive' is invalid: expected dot with position=rope"),
+        (dict(position="rope", d_k=3), "d_k=3 is invalid: expected an even number with position=rope"),
+        (dict(position="relative"), "position='relative' is invalid: expected one of none, rope, alibi"),
     ],
 )
 def test_impossible_designs_fail_at_construction_naming_both_keys(design, message):
@@ -489,6 +549,48 @@ def test_the_memory_estimate_counts_each_designs_tensors():
     assert differential - plain == 4 * 64 * 33 * 3 * 4 * 33
     latent = training_bytes(**sizes, latent_kv=16)  # fewer parameters, one more activation (the latent)
     assert latent - plain == 20 * ((64 + 128) * 16 - 64 * 128) + 4 * 64 * 33 * 3 * 16
+    rotary = training_bytes(**sizes, rotary=True)  # rotated copies of queries and keys
+    assert rotary - plain == 4 * 64 * 33 * 2 * (64 + 64)
+    alibi = training_bytes(**sizes, alibi=True)  # one bias row a head
+    assert alibi - plain == 4 * 64 * 33 * 4 * 33
+    mixed = training_bytes(**sizes, value_residual=True)  # the mixed values
+    assert mixed - plain == 4 * 64 * 33 * 64
+
+
+def test_alibi_slopes_are_press_et_al_s_for_any_head_count_and_rope_scores_depend_on_distance_only():
+    from headlab.model.positions import alibi_slopes, rotate
+
+    for H in (1, 2, 3, 4, 6, 8, 12, 16):
+        torch.testing.assert_close(alibi_slopes(H), torch.tensor(press_slopes(H)))
+    q, k = torch.randn(1, 16, dtype=torch.float64), torch.randn(1, 16, dtype=torch.float64)
+    at = lambda x, i: rotate(x.expand(i + 1, 16), 10000.0)[i]  # noqa: E731  the vector at position i
+    assert torch.isclose(at(q, 5) @ at(k, 2), at(q, 9) @ at(k, 6))  # q_i . k_j: a function of i - j
+    assert not torch.isclose(at(q, 5) @ at(k, 2), at(q, 5) @ at(k, 3))
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
+def test_positions_inside_the_heads_replace_the_input_s_and_value_residual_mixes_the_first_layer_s_values(positional):
+    """rope and alibi add no position vector to the input, and the model's output moves with the words' order; with
+    value_residual, every later layer's values are lambda_1 v_l + lambda_2 v_1, v_1 read at the first layer's
+    hook_v."""
+    from headlab.model.hooks import recorded
+
+    torch.manual_seed(0)
+    model = Encoder(20, 3, 6, "mean", d_model=16, n_layers=3, positional=positional,
+                    attention=dict(n_heads=4, value_residual=True)).double().eval()  # fmt: skip
+    assert model.pos_emb is None and model.blocks[0].attn.value_mix is None
+    tokens = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert not torch.allclose(model(tokens)[0], model(tokens[:, [1, 0, 2, 3, 4, 5]])[0])  # (bidirectional alibi
+        # is blind to a reversal: |i - j| is the same read backwards)
+        for block in model.blocks[1:]:
+            block.attn.value_mix.copy_(torch.tensor([0.3, 1.7], dtype=torch.float64))
+        with recorded(model, "hook_v") as own, recorded(model, "hook_z") as z:
+            model(tokens, need_weights=True)
+        weights = model(tokens, need_weights=True)[1]
+    for layer in (1, 2):
+        mixed = 0.3 * own[layer] + 1.7 * own[0]  # (1, H, n, d_v)
+        torch.testing.assert_close(z[layer], weights[layer] @ mixed)
 
 
 def test_softpick_weighs_every_key_zero_where_every_logit_is_below_zero_and_ssmax_keeps_a_peak_as_keys_grow():

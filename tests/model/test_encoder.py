@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from headlab.model.encoder import Encoder, count_parameters, flops_per_token, sinusoidal_positions
+from headlab.model.encoder import Encoder, count_parameters, flops_per_token
+from headlab.model.positions import sinusoidal as sinusoidal_positions
 
 torch.manual_seed(0)
 

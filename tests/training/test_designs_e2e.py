@@ -10,7 +10,8 @@ import yaml
 from conftest import ROOT, TINY, as_interrupted, cli_here, headlab_train
 
 DESIGNS = sorted(p.stem for p in (ROOT / "conf" / "design").glob("*.yaml"))
-COMMON = [*TINY, "logger=csv", "model.d_model=32"]  # 32: the latent's rank 16 is below the width
+COMMON = [*TINY, "logger=csv", "model.d_model=32", "model.n_layers=2"]  # 32: the latent's rank 16 is below the width;
+# 2 layers: the value residual mixes the first layer's values into the second's
 
 
 def records(sweep: Path) -> dict[str, dict]:

@@ -5,8 +5,10 @@ G key/value heads (H % G == 0; G = H is ordinary multi-head attention, G = 1 mul
 d_k per-head query/key size, d_v per-head value size, c attention maps per head (2 differential, else 1).
 
 forward() is the definition, one stage after another:
-    projections   q, k, v from x; keys and values from a shared latent of rank r (latent_kv); QK-norm (qk_norm)
-    score         a scoring function (headlab.model.scoring: dot, additive, or a package's) gives the logits
+    projections   q, k, v from x; keys and values from a shared latent of rank r (latent_kv); QK-norm (qk_norm);
+                  later layers' values mixed with the first layer's (value_residual); q and k rotated (rope)
+    score         a scoring function (headlab.model.scoring: dot, additive, or a package's) gives the logits,
+                  plus each head's distance penalty (alibi)
     logit mixing  talking heads before the normaliser (talking_heads: pre, both)
     normaliser    softmax, sigmoid, softmax1, sink, softpick, ssmax (headlab.model.normalizers), padded keys exactly 0
     differential  two maps a head, the second subtracted with weight lambda (differential)
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 
 from headlab.errors import InvalidSetting
-from headlab.model import rules
+from headlab.model import positions, rules
 from headlab.model.dropout import dropout
 from headlab.model.hooks import HookPoint
 
@@ -32,14 +34,17 @@ from headlab.model.hooks import HookPoint
 class MultiHeadAttention(nn.Module):
     """Self-attention with H heads of query/key size d_k and value size d_v, scored by the scoring function named.
 
-    forward(x, key_padding_mask, need_weights, head_mask) -> (out, weights):
+    forward(x, key_padding_mask, need_weights, head_mask, value_store) -> (out, weights):
       x (B, n, d_model); key_padding_mask (B, n) bool, True = padding;
       head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019);
+      value_store, a dict shared by the layers of one forward pass: the first layer leaves its values there, and a
+      later layer with value_residual mixes them into its own;
       out (B, n, d_model); weights (B, H, n, n) after the normaliser (and mixing), exactly 0 on padded keys, or
       None. Rows sum to 1 with softmax only; a differential head's weights are signed.
     Without weights asked for, fused paths that never store the (B, H, n, n) weights may run (dispatch).
-    The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv; `layer`, the
-    block's index from 0, sets a differential head's lambda_init.
+    The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv, value_residual;
+    position inside the heads: rope (rope_base) or alibi (headlab.model.positions; the encoder's `positional`).
+    `layer`, the block's index from 0, sets a differential head's lambda_init and whether values are mixed.
     """
 
     def __init__(
@@ -58,6 +63,9 @@ class MultiHeadAttention(nn.Module):
         normalizer: str = "softmax",
         qk_norm: bool = False,
         latent_kv: int | None = None,
+        value_residual: bool = False,
+        position: str = "none",
+        rope_base: float = 10000.0,
         layer: int = 0,
     ):
         super().__init__()
@@ -66,6 +74,7 @@ class MultiHeadAttention(nn.Module):
         sizes = rules.head_sizes(d_model, n_heads, d_k, d_v, n_kv_heads, differential=differential)
         self.d_k, self.d_v, self.n_kv_heads = sizes
         rules.designs(differential, talking_heads, normalizer, gate, latent_kv)
+        rules.position_in_heads(position, scoring, self.d_k)
         self.d_model, self.n_heads, self.scoring, self.dropout = d_model, n_heads, scoring, dropout
         self.normalizer, self.gate, self.talking_heads = normalizer, gate, talking_heads
         self.maps = 2 if differential else 1
@@ -88,14 +97,20 @@ class MultiHeadAttention(nn.Module):
                 setattr(self, name, nn.Parameter(torch.randn(self.d_k) * 0.1))
             self.head_norm = nn.RMSNorm(self.d_v, eps=1e-5)
         self.differential = differential
+        # value residual (Zhou et al. 2024): v_l <- lambda_1 v_l + lambda_2 v_1 in layers after the first, from 0.5 each
+        self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if value_residual and layer > 0 else None
+        self.position, self.rope_base = position, rope_base
+        if position == "alibi":
+            self.register_buffer("alibi_slopes", positions.alibi_slopes(n_heads), persistent=False)  # (H,)
         self.scoring_fn = rules.load_stage("scoring", scoring)  # a class of headlab.model.scoring (or a package's)
         self.normalizer_fn = rules.load_stage("normalizer", normalizer)
         self.gate_fn = rules.load_stage("gate", gate)
         for stage in (self.scoring_fn, self.normalizer_fn, self.gate_fn):
             stage.add_parameters(self)
-        for point in ("q", "k", "v", "attn_scores", "pattern", "z", "gate", "result"):
+        for point in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "gate", "result"):
             setattr(self, f"hook_{point}", HookPoint())
-        self.fusable = talking_heads == "none" and not differential  # maps that the fused paths compute
+        # maps that the fused paths compute: no mixing, one map a head, no bias beside the padding mask
+        self.fusable = talking_heads == "none" and not differential and position != "alibi"
 
     def forward(
         self,
@@ -103,8 +118,9 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = True,
         head_mask: torch.Tensor | None = None,
+        value_store: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v = self.project(x)  # (B, H c, n, d_k), (B, G c, n, d_k), (B, G, n, d_v)
+        q, k, v = self.project(x, value_store)  # (B, H c, n, d_k), (B, G c, n, d_k), (B, G, n, d_v)
         p_drop = self.dropout if self.training else 0.0
         explicit = need_weights or not self.fusable or self.hook_attn_scores.hooked or self.hook_pattern.hooked
         if not explicit and (y := self.normalizer_fn.fused(self, q, k, v, key_padding_mask, p_drop)) is not None:
@@ -120,9 +136,12 @@ class MultiHeadAttention(nn.Module):
             y = self.head_norm(y) * (1 - self.lambda_init)
         return self.merge(self.hook_z(self.gated(y, x)), head_mask), (weights if need_weights else None)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, value_store: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of every head: x (B, n, d_model) -> (B, H c, n, d_k), (B, G c, n, d_k),
-        (B, G, n, d_v); a head's c maps are consecutive."""
+        (B, G, n, d_v); a head's c maps are consecutive. hook_q, hook_k, hook_v see them before rotation and
+        mixing, hook_rot_q and hook_rot_k after rotation (TransformerLens's names)."""
         B, n, _ = x.shape
         H, G, c = self.n_heads, self.n_kv_heads, self.maps
         latent = x if self.kv_down is None else self.kv_down(x)  # (B, n, r): c = W_down x
@@ -131,7 +150,23 @@ class MultiHeadAttention(nn.Module):
         v = self.v_proj(latent).view(B, n, G, self.d_v).transpose(1, 2)  # (B, G, n, d_v)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if value_store is not None:
+            v = self.mix_values(v, value_store)
+        if self.position == "rope":
+            q, k = (
+                self.hook_rot_q(positions.rotate(q, self.rope_base)),
+                self.hook_rot_k(positions.rotate(k, self.rope_base)),
+            )
+        return q, k, v
+
+    def mix_values(self, v: torch.Tensor, value_store: dict) -> torch.Tensor:
+        """The first layer's values, kept; a later layer's mixed with them when it has value_mix:
+        v (B, G, n, d_v) -> lambda_1 v + lambda_2 v_first (B, G, n, d_v)."""
+        first = value_store.setdefault("first", v)
+        if self.value_mix is None:
+            return v
+        return self.value_mix[0] * v + self.value_mix[1] * first
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
         """Score, mix logits, normalise, subtract a differential head's second map, mix weights:
@@ -139,17 +174,33 @@ class MultiHeadAttention(nn.Module):
         if self.differential:  # (softmax(q1 k1^T s) - lambda softmax(q2 k2^T s)) for each head (Ye et al. 2024)
             (q1, q2), (k1, k2) = q.unflatten(1, (-1, 2)).unbind(2), k.unflatten(1, (-1, 2)).unbind(2)  # (B, H, n, d_k)
             scores = self.hook_attn_scores(
-                torch.stack([self.scoring_fn.scores(self, q1, k1), self.scoring_fn.scores(self, q2, k2)], dim=2)
+                torch.stack([self.score(q1, k1), self.score(q2, k2)], dim=2)
             )  # (B, H, 2, n, m)
             first, second = (self.normalizer_fn.weights(self, s, key_padding_mask) for s in scores.unbind(2))
             return first - self.lambda_full() * second
-        scores = self.scoring_fn.scores(self, q, k)  # (B, H, n, m)
+        scores = self.score(q, k)  # (B, H, n, m)
         if self.logit_mix is not None:
             scores = torch.einsum("bhnm,hg->bgnm", scores, self.logit_mix)
         weights = self.normalizer_fn.weights(self, self.hook_attn_scores(scores), key_padding_mask)  # (B, H, n, m)
         if self.weight_mix is not None:
             weights = torch.einsum("bhnm,hg->bgnm", weights, self.weight_mix)
         return weights
+
+    def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The logits: the scoring function's, plus ALiBi's -m_h |i - j|: q (B, H, n, d_k), k (B, H, m, d_k) ->
+        (B, H, n, m)."""
+        scores = self.scoring_fn.scores(self, q, k)
+        if self.position == "alibi":
+            scores = scores + positions.alibi_bias(self.alibi_slopes, q.shape[-2], k.shape[-2]).to(scores.dtype)
+        return scores
+
+    def dot_product_points(self) -> tuple[str, str] | None:
+        """The hook points whose queries and keys give every logit as one scaled dot product (q . k) scale, after
+        rotation with rope; None where a logit is more (additive scoring, two maps a head, logits mixed across
+        heads, a distance bias)."""
+        if not self.scoring_fn.dot_product or self.maps != 1 or self.logit_mix is not None or self.position == "alibi":
+            return None
+        return ("hook_rot_q", "hook_rot_k") if self.position == "rope" else ("hook_q", "hook_k")
 
     def lambda_full(self) -> torch.Tensor:
         """A differential layer's lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init."""

@@ -1,28 +1,18 @@
 """A Transformer encoder (Vaswani et al. 2017) built on headlab's MultiHeadAttention.
 
-tokens -> embedding + positions -> n_layers x [attention, feed-forward] -> readout -> classifier.
+tokens -> embedding (+ positions) -> n_layers x [attention, feed-forward] -> readout -> classifier.
+Positions are added to the embeddings (sinusoidal, learned) or live inside each head (rope, alibi:
+headlab.model.positions).
 Shapes: B batch, n sequence length, c tokens summed per position, d d_model, L layers, H heads.
 """
-
-import math
 
 import torch
 from torch import nn
 
 from headlab.conventions import PAD_ID
-from headlab.model import rules
+from headlab.model import positions, rules
 from headlab.model.attention import MultiHeadAttention
 from headlab.model.dropout import Dropout  # headlab's dropout: a cheap CPU mask, F.dropout elsewhere
-
-
-def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...): (n, d)."""
-    pos = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # (ceil(d/2),)
-    pe = torch.zeros(n, d)
-    pe[:, 0::2] = torch.sin(pos * freq)
-    pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
-    return pe
 
 
 class Block(nn.Module):
@@ -30,19 +20,19 @@ class Block(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, norm: str, attention: dict, layer: int = 0):
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, **attention, layer=layer)
+        self.attn = MultiHeadAttention(d_model, **attention, layer=layer)  # attention: its keys and position
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = Dropout(dropout)
         self.pre_norm = norm == "pre"
 
-    def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None):
-        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None
+    def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None, value_store=None):
+        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None; value_store: MultiHeadAttention's
         if self.pre_norm:
-            a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask)
+            a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask, value_store)
             x = x + self.drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
-        a, w = self.attn(x, key_padding_mask, need_weights, head_mask)
+        a, w = self.attn(x, key_padding_mask, need_weights, head_mask, value_store)
         x = self.norm1(x + self.drop(a))
         return self.norm2(x + self.drop(self.ff(x))), w
 
@@ -70,12 +60,13 @@ class Encoder(nn.Module):
         attention: dict | None = None,
         norm: str = "post",
         positional: str = "sinusoidal",
+        rope_base: float = 10000.0,
     ):
         super().__init__()
         self.design = {  # what it computes, as built: a checkpoint records it (plain types only)
             "vocab_size": vocab_size, "n_classes": n_classes, "max_len": max_len, "readout": readout,
             "d_model": d_model, "n_layers": n_layers, "d_ff": d_ff, "dropout": dropout,
-            "attention": dict(attention or {}), "norm": norm, "positional": positional,
+            "attention": dict(attention or {}), "norm": norm, "positional": positional, "rope_base": rope_base,
         }  # fmt: skip
         rules.one_of("readout", readout, rules.READOUTS)
         rules.one_of("norm", norm, rules.NORMS)
@@ -85,11 +76,15 @@ class Encoder(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
         if positional == "learned":
             self.pos_emb = nn.Parameter(torch.randn(n_pos, d_model) * 0.02)
-        else:
-            self.register_buffer("pos_emb", sinusoidal_positions(n_pos, d_model), persistent=False)
+        elif positional == "sinusoidal":
+            self.register_buffer("pos_emb", positions.sinusoidal(n_pos, d_model), persistent=False)
+        else:  # inside the heads
+            self.pos_emb = None
         self.cls = nn.Parameter(torch.randn(1, 1, d_model) * 0.02) if readout == "cls" else None
         self.drop = Dropout(dropout)
         attention = dict(attention or {})  # MultiHeadAttention's own defaults
+        if positional in rules.IN_HEADS:
+            attention |= {"position": positional, "rope_base": rope_base}
         self.blocks = nn.ModuleList(
             Block(d_model, d_ff or 4 * d_model, dropout, norm, attention, layer) for layer in range(n_layers)
         )
@@ -121,11 +116,11 @@ class Encoder(nn.Module):
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + n, d)
             if key_padding_mask is not None:
                 key_padding_mask = self.attention_padding_mask(key_padding_mask)  # (B, 1 + n)
-        x = self.drop(x + self.pos_emb[: x.shape[1]])
-        weights = []
+        x = self.drop(x if self.pos_emb is None else x + self.pos_emb[: x.shape[1]])
+        weights, value_store = [], {}  # value_store: the first layer's values, for the value residual
         for layer, block in enumerate(self.blocks):
             layer_mask = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
-            x, w = block(x, key_padding_mask, need_weights, layer_mask)
+            x, w = block(x, key_padding_mask, need_weights, layer_mask, value_store)
             weights.append(w)
         x = self.final_norm(x)  # (B, n', d)
         if self.readout == "cls":

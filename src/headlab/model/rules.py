@@ -12,7 +12,8 @@ from importlib.metadata import EntryPoint, entry_points
 from headlab.errors import InvalidSetting
 
 NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned")
+POSITIONALS = ("sinusoidal", "learned", "rope", "alibi")
+IN_HEADS = ("rope", "alibi")  # positions inside the heads, not added to the input (headlab.model.positions)
 READOUTS = ("cls", "mean", "max", "token")  # null in a config: the task's own (readout_for)
 TALKING_HEADS = ("none", "pre", "post", "both")  # where heads' maps are mixed: logits, weights, or both
 # the attention's stages that are tables, each an entry-point group that names its classes (pyproject.toml)
@@ -101,6 +102,19 @@ def designs(
         raise InvalidSetting(n("normalizer"), normalizer, f"softmax while {n('differential')}=true")
 
 
+def position_in_heads(position: str, scoring: str, d_k: int, name: Callable[[str], str] = same) -> None:
+    """Position inside the heads, where its formula holds: rope rotates pairs of a query's and a key's coordinates
+    (an even d_k) so that their dot product depends on i - j only; additive scoring's tanh(q_i + k_j) keeps no such
+    property, so rope with it is refused (alibi, a bias on any logit, takes every scoring)."""
+    n = name
+    one_of(n("position"), position, ("none", "rope", "alibi"))
+    if position == "rope" and scoring == "additive":
+        rule = f"dot with {n('position')}=rope (rotary positions are relative through q . k; additive's are not)"
+        raise InvalidSetting(n("scoring"), scoring, rule + f", or {n('position')}=alibi")
+    if position == "rope" and d_k % 2:
+        raise InvalidSetting(n("d_k"), d_k, f"an even number with {n('position')}=rope (rotary turns pairs)")
+
+
 @cache
 def _entry_points(stage: str) -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=STAGES[stage])}
@@ -147,6 +161,9 @@ def training_bytes(
     gate_width: int = 0,
     two_passes: bool = False,
     ascent: bool = False,
+    rotary: bool = False,
+    alibi: bool = False,
+    value_residual: bool = False,
 ) -> int:
     """An estimate of the memory training one model takes, in bytes: 20 a parameter (weights, gradients, AdamW's
     two moments and a scratch tensor; 24 when a sharpness-aware ascent is kept, `ascent`), and per layer and
@@ -154,7 +171,9 @@ def training_bytes(
     temporaries), 20 tensors as wide as d_model, two as wide as the feed-forward, three rows of attention weights
     per head and map; activations twice over when two passes are kept for one backward (R-Drop, `two_passes`).
     Designs: `maps` attention maps a head (2: differential), keys and values from a latent of rank `latent_kv`, an
-    output gate `gate_width` wide. Measured against the peak memory of real runs in docs/runs.md."""
+    output gate `gate_width` wide; rotated copies of queries and keys (`rotary`), a distance bias row per head
+    (`alibi`), the values mixed with the first layer's (`value_residual`). Measured against the peak memory of real
+    runs in docs/runs.md."""
     qk = maps * d_k  # query/key width of a head
     kv = n_kv_heads * (qk + d_v)
     kv_params = d_model * kv if latent_kv is None else (d_model + kv) * latent_kv
@@ -162,6 +181,7 @@ def training_bytes(
     per_layer = attention + 2 * d_model * d_ff + 6 * d_model + 2 * d_ff
     params = vocab_size * d_model + positions * d_model + n_layers * per_layer + d_model * (n_classes + 1)
     projections = 3 * (n_heads * qk + kv + (latent_kv or 0) + gate_width)
-    per_position = projections + 20 * d_model + 2 * d_ff + 3 * n_heads * maps * positions
+    projections += 2 * (n_heads + n_kv_heads) * qk * rotary + n_kv_heads * d_v * value_residual
+    per_position = projections + 20 * d_model + 2 * d_ff + (3 + alibi) * n_heads * maps * positions
     activations = 4 * batch_size * positions * n_layers * per_position * (2 if two_passes else 1)
     return (24 if ascent else 20) * params + activations

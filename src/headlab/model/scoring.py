@@ -6,7 +6,8 @@
 A scoring function is a subclass of Scoring. `scores` is its definition; `fused` may give softmax(scores) @ v by a
 path that never stores the (B, H, n, m) weights (None: the explicit path runs); `add_parameters` registers its
 learned tensors on the attention module (their names are the checkpoint's); `zero_key_logit` says that a key of
-zeros scores 0 for every query (the softmax1 normaliser's fused path rests on it). A differential head's two
+zeros scores 0 for every query (the softmax1 normaliser's fused path rests on it); `dot_product` that a logit is
+q . k times attn.scale (the neuron view shows those vectors). A differential head's two
 components are scored one after the other, both with the head's parameters. The table is the entry-point group
 headlab.scoring (pyproject.toml), so an installed package adds one for every process; register_scoring adds one
 in this process. MultiHeadAttention(scoring=name) looks a name up, and an unknown name raises (headlab.model.rules).
@@ -25,6 +26,7 @@ class Scoring:
     """The interface (and the defaults: no parameters, no fused path). `attn` is the MultiHeadAttention."""
 
     zero_key_logit = False
+    dot_product = False
 
     @staticmethod
     def add_parameters(attn: nn.Module) -> None:
@@ -44,6 +46,7 @@ class Scoring:
 
 class Dot(Scoring):
     zero_key_logit = True  # q . 0 = 0
+    dot_product = True
 
     @staticmethod
     def scores(attn, q, k):

@@ -56,6 +56,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.dropout": PROBABILITY,
     "model.norm": one_of(*rules.NORMS),
     "model.positional": one_of(*rules.POSITIONALS),
+    "model.rope_base": (lambda v: _is_number(v) and v > 1, "a number > 1 (rotary angles base^(-2i/d_k))"),
     "model.readout": one_of(None, *rules.READOUTS),
     "model.compile": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.n_heads": POSITIVE,
@@ -68,6 +69,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.attention.differential": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.qk_norm": (lambda v: isinstance(v, bool), "true or false"),
     "model.attention.latent_kv": (optional_positive_int, "an int >= 1 (the latent's rank) or null"),
+    "model.attention.value_residual": (lambda v: isinstance(v, bool), "true or false"),
     "data.batch_size": POSITIVE,
     "data.n_train": POSITIVE,
     "data.n_val": POSITIVE,
@@ -160,10 +162,11 @@ def check_config(cfg: DictConfig) -> None:
             fail(key, value, allowed)
 
     att = cfg.model.attention
-    model_key = lambda key: "model.d_model" if key == "d_model" else f"model.attention.{key}"  # noqa: E731
+    on_model = {"d_model": "model.d_model", "position": "model.positional"}
+    model_key = lambda key: on_model.get(key, f"model.attention.{key}")  # noqa: E731
     added = {k.removeprefix("model.attention."): v for k, v in ADDED_KEYS.items() if k.startswith("model.attention.")}
     design = {key: att.get(key, default) for key, default in added.items()}  # a config saved before the keys
-    rules.head_sizes(
+    d_k, _, _ = rules.head_sizes(
         cfg.model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, model_key, design["differential"]
     )
     rules.check_stage("scoring", att.scoring, "model.attention.scoring")
@@ -175,6 +178,14 @@ def check_config(cfg: DictConfig) -> None:
         design["latent_kv"],
         model_key,
     )
+    positional = cfg.model.get("positional")
+    rules.position_in_heads(positional if positional in rules.IN_HEADS else "none", att.scoring, d_k, model_key)
+    if design["value_residual"] and cfg.model.n_layers == 1:
+        fail(
+            "model.attention.value_residual",
+            True,
+            "false while model.n_layers=1 (the first layer's values mix into later layers')",
+        )
     if _value(cfg, "optim.rdrop") not in (_ABSENT, 0) and not (cfg.model.dropout or att.get("dropout")):
         rule = "0 while model.dropout and model.attention.dropout are 0 (R-Drop compares two dropout masks)"
         rule += "; set optim.rdrop=0 (text data's defaults set 3)"

@@ -40,6 +40,9 @@ def model_bytes(cfg: DictConfig, datamodule) -> int:
         gate_width=gate_width,
         two_passes=bool(cfg.optim.get("rdrop")),
         ascent=bool(cfg.optim.get("sam_rho")),
+        rotary=model.get("positional") == "rope",
+        alibi=model.get("positional") == "alibi",
+        value_residual=bool(att.get("value_residual")),
     )
 
 

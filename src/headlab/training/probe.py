@@ -14,7 +14,6 @@ from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
 from headlab.heads import head_view, statistics
 from headlab.model.hooks import recorded
-from headlab.model.scoring import Dot
 
 
 def attention(model, datamodule, batch: dict) -> dict:
@@ -24,12 +23,13 @@ def attention(model, datamodule, batch: dict) -> dict:
     evaluation mode."""
     was_training = model.training
     model.eval()
+    q_point, k_point = model.blocks[0].attn.dot_product_points() or ("hook_q", "hook_k")
     with (
         torch.no_grad(),
         recorded(model, "hook_attn_scores") as scores,
         recorded(model, "hook_gate") as gates,
-        recorded(model, "hook_q") as queries,
-        recorded(model, "hook_k") as keys,
+        recorded(model, q_point) as queries,
+        recorded(model, k_point) as keys,
     ):
         logits, weights = model(batch["tokens"], batch["padding_mask"], need_weights=True)
     model.train(was_training)
@@ -52,9 +52,9 @@ NEURON_VIEW = "dot-product scores of one map a head, unmixed"  # what the neuron
 def vectors(model, queries: list[torch.Tensor], keys: list[torch.Tensor]) -> dict:
     """The query and key vectors behind each weight, for the head view's neuron view: per layer q and k (B, H, n',
     d_k) (a shared key head repeated for each query head it serves) and the scale of q . k; or why not, where a
-    score is not one scaled dot product (additive scoring, differential maps, talking heads mixing logits)."""
+    logit is not one scaled dot product (MultiHeadAttention.dot_product_points)."""
     attn = model.blocks[0].attn
-    if attn.scoring_fn is not Dot or attn.maps != 1 or attn.logit_mix is not None:
+    if attn.dot_product_points() is None:
         return {"why_not": f"the neuron view shows {NEURON_VIEW}"}
     repeat = attn.n_heads // attn.n_kv_heads
     return {

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from headlab.cli.bench.timing import interleaved
-from headlab.model import Encoder, MultiHeadAttention, kernels, training_flops_per_token
+from headlab.model import Encoder, MultiHeadAttention, kernels, rules, training_flops_per_token
 from headlab.model.additive import additive_scores_naive
 from headlab.model.encoder import Block
 
@@ -41,8 +41,9 @@ class HeadlabStack(nn.Module):
         self.blocks = nn.ModuleList(Block(d, 4 * d, dropout, "post", attention, i) for i in range(layers))
 
     def forward(self, x):
+        value_store = {}  # the first layer's values, for the value residual
         for block in self.blocks:
-            x, _ = block(x)
+            x, _ = block(x, value_store=value_store)
         return x
 
 
@@ -217,10 +218,13 @@ def design_throughput(args) -> list[dict]:
     x = torch.randn(B, n, d)
     stacks = {}
     for name, keys in designs().items():
-        if keys.keys() != {"attention"}:
+        if not keys.keys() <= {"attention", "positional"}:
             continue  # a variant matched at another width (gate_elementwise_narrow): not the design's own cost
+        attention = dict(keys.get("attention", {}))
+        if keys.get("positional") in rules.IN_HEADS:  # rope, alibi: the heads' own positions
+            attention["position"] = keys["positional"]
         torch.manual_seed(0)
-        stacks[name] = HeadlabStack(d, 4, 4, 0.0, 0.0, design=keys["attention"])
+        stacks[name] = HeadlabStack(d, 4, 4, 0.0, 0.0, design=attention)
     seconds = interleaved({name: train_step(stack, x) for name, stack in stacks.items()}, args.repeats)
     rows = []
     for name, stack in stacks.items():
