@@ -31,6 +31,7 @@ ADDED_KEYS = {
     "model.attention.qk_norm": False,
     "model.attention.latent_kv": None,
     "model.attention.value_residual": False,
+    "model.attention.mta": None,
 }
 PROGRESS = "progress.json"  # in a run directory while it trains: where it stands (training.progress_record)
 

@@ -193,6 +193,18 @@ CASES = [
         "(rotary turns pairs)",
     ),
     Case(
+        "mta with an even kernel",
+        ["+design=mta", "model.attention.mta.query_kernel=4"],
+        "invalid config: model.attention.mta.query_kernel=4 is invalid: expected an odd int >= 1 (a kernel centred "
+        "on the logit)",
+    ),
+    Case(
+        "mta with talking heads",
+        ["+design=mta", "model.attention.talking_heads=both"],
+        "invalid config: model.attention.talking_heads='both' is invalid: expected none with model.attention.mta "
+        "(it mixes heads itself)",
+    ),
+    Case(
         "value residual in one layer",
         ["+design=value_residual"],
         "invalid config: model.attention.value_residual=true is invalid: expected false while model.n_layers=1 "
@@ -223,8 +235,8 @@ CASES = [
     unknown("callbacks", "default"),
     unknown(
         "experiment",
-        "differential_confound, fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, heads_vs_depth, key_size, "
-        "scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
+        "differential_confound, fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, "
+        "heads_vs_depth, key_size, scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, grid, search"),

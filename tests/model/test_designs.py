@@ -3,6 +3,7 @@ independently, example by example over the real keys only (padding is cut off, n
 named is the model as it was before the designs, bit for bit, and its checkpoints load."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -47,6 +48,13 @@ DESIGNS = {  # each design alone, and together with the head split's other keys
     "value residual": dict(value_residual=True, layer=1),
     "value residual, grouped, rope, gate": dict(
         value_residual=True, layer=1, n_kv_heads=2, position="rope", gate="headwise"
+    ),
+    "mta": dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2)),
+    "mta 1x1, groups of 4, alibi, additive": dict(
+        mta=dict(query_kernel=1, key_kernel=1, head_group=4), position="alibi", scoring="additive"
+    ),
+    "mta, sigmoid, grouped, d_k d_v": dict(
+        mta=dict(query_kernel=5, key_kernel=3, head_group=1), normalizer="sigmoid", n_kv_heads=2, d_k=5, d_v=3
     ),
 }
 
@@ -131,6 +139,22 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int], sto
                             scores[h, m, i, j] -= press_slopes(H)[h] * abs(i - j)
         if attn.logit_mix is not None:  # Shazeer et al. 2020: L[h'] = sum_h J[h] P_l[h, h']
             scores = torch.stack([sum(attn.logit_mix[h, t] * scores[h] for h in range(H)) for t in range(H)])
+        if (
+            attn.mta_kernel is not None
+        ):  # Golovneva et al. 2025: sum_{a, b} theta_h[a, b] s[i + a - c_q/2, j + b - c_k/2]
+            cq, ck = attn.mta_kernel.shape[-2:]
+            real = scores.clone()
+            real[:, :, L:] = 0  # a padded query's logits: 0 (its keys beyond L are not there: 0 too)
+            conv = torch.zeros_like(scores)
+            for h in range(H):
+                for i in range(len(xb)):
+                    for j in range(L):
+                        for a in range(cq):
+                            for b_ in range(ck):
+                                i2, j2 = i + a - cq // 2, j + b_ - ck // 2
+                                if 0 <= i2 < len(xb) and 0 <= j2 < L:
+                                    conv[h, :, i, j] += attn.mta_kernel[h, 0, a, b_] * real[h, :, i2, j2]
+            scores = conv
         e = torch.exp(scores)
         if attn.normalizer == "softmax":
             A = e / e.sum(-1, keepdim=True)
@@ -156,6 +180,11 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int], sto
             A = A[:, 0]
         if attn.weight_mix is not None:  # U[h'] = sum_h W[h] P_w[h, h']
             A = torch.stack([sum(attn.weight_mix[h, t] * A[h] for h in range(H)) for t in range(H)])
+        if attn.mta_mix is not None:  # within a group of g heads: A'[t] = sum_s M[s, t] A[s]
+            g = attn.mta_mix.shape[-1]
+            A = torch.stack(
+                [sum(attn.mta_mix[t // g, s, t % g] * A[(t // g) * g + s] for s in range(g)) for t in range(H)]
+            )
         heads = []
         for h in range(H):
             o = A[h] @ v[:, h // (H // G)]  # (n, d_v)
@@ -269,6 +298,11 @@ def test_a_parameter_matched_differential_head_halves_the_heads():
         (dict(latent_kv=4), -(2 * 16 * 16) + 16 * 4 + 4 * 32, 6 * (-(2 * 16 * 16) + 16 * 4 + 4 * 32)),
         (dict(differential=True), 4 * 2 + 4, 6 * (4 * 2 + 4)),  # d_k 2 a component, d_v 4: score FLOPs equal
         (dict(value_residual=True), 0, 0),  # one layer: the first, whose values are not mixed
+        (  # a (3, 5) kernel a head, 2 x 2 mixing a group: 6 L n H (c_q c_k + g) more
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2)),
+            4 * 15 + 2 * 4,
+            6 * (4 * 15 + 2 * 4) + 6 * 9 * 4 * (15 + 2),
+        ),
     ],
 )
 def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
@@ -300,10 +334,30 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
         (dict(position="rope", scoring="additive"), "scoring='additive' is invalid: expected dot with position=rope"),
         (dict(position="rope", d_k=3), "d_k=3 is invalid: expected an even number with position=rope"),
         (dict(position="relative"), "position='relative' is invalid: expected one of none, rope, alibi"),
+        (
+            dict(mta=dict(query_kernel=2, key_kernel=5, head_group=2)),
+            "mta.query_kernel=2 is invalid: expected an odd int >= 1 (a kernel centred on the logit)",
+        ),
+        (
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=3)),
+            "mta.head_group=3 is invalid: expected a divisor of n_heads=4",
+        ),
+        (
+            dict(mta=dict(query_kernel=3)),
+            "mta={'query_kernel': 3} is invalid: expected null or {query_kernel, key_kernel, head_group}",
+        ),
+        (
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2), talking_heads="post"),
+            "talking_heads='post' is invalid: expected none with mta (it mixes heads itself)",
+        ),
+        (
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2), differential=True),
+            "is invalid: expected null while differential=true",
+        ),
     ],
 )
 def test_impossible_designs_fail_at_construction_naming_both_keys(design, message):
-    with pytest.raises(InvalidSetting, match=message.replace("(", r"\(")):
+    with pytest.raises(InvalidSetting, match=re.escape(message)):
         MultiHeadAttention(16, **{"n_heads": 4, **design})
 
 
@@ -555,6 +609,8 @@ def test_the_memory_estimate_counts_each_designs_tensors():
     assert alibi - plain == 4 * 64 * 33 * 4 * 33
     mixed = training_bytes(**sizes, value_residual=True)  # the mixed values
     assert mixed - plain == 4 * 64 * 33 * 64
+    mta = training_bytes(**sizes, mta=True)  # convolved logits and mixed weights: two rows a head (parameters aside)
+    assert mta - plain == 4 * 64 * 33 * 2 * 4 * 33
 
 
 def test_alibi_slopes_are_press_et_al_s_for_any_head_count_and_rope_scores_depend_on_distance_only():

@@ -9,10 +9,12 @@ forward() is the definition, one stage after another:
                   later layers' values mixed with the first layer's (value_residual); q and k rotated (rope)
     score         a scoring function (headlab.model.scoring: dot, additive, or a package's) gives the logits,
                   plus each head's distance penalty (alibi)
-    logit mixing  talking heads before the normaliser (talking_heads: pre, both)
+    logit mixing  talking heads before the normaliser (talking_heads: pre, both); multi-token attention's
+                  convolution of each head's logits over queries and keys (mta)
     normaliser    softmax, sigmoid, softmax1, sink, softpick, ssmax (headlab.model.normalizers), padded keys exactly 0
     differential  two maps a head, the second subtracted with weight lambda (differential)
-    weight mixing talking heads after the normaliser (talking_heads: post, both)
+    weight mixing talking heads after the normaliser (talking_heads: post, both); mta's mixing within groups of
+                  heads
     values        weights @ v, then a differential head's own normalisation
     output gate   none, headwise, elementwise (headlab.model.gates)
     merge         head mask, concatenation, output projection
@@ -42,7 +44,8 @@ class MultiHeadAttention(nn.Module):
       out (B, n, d_model); weights (B, H, n, n) after the normaliser (and mixing), exactly 0 on padded keys, or
       None. Rows sum to 1 with softmax only; a differential head's weights are signed.
     Without weights asked for, fused paths that never store the (B, H, n, n) weights may run (dispatch).
-    The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv, value_residual;
+    The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv, value_residual,
+    mta;
     position inside the heads: rope (rope_base) or alibi (headlab.model.positions; the encoder's `positional`).
     `layer`, the block's index from 0, sets a differential head's lambda_init and whether values are mixed.
     """
@@ -64,6 +67,7 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool = False,
         latent_kv: int | None = None,
         value_residual: bool = False,
+        mta: dict | None = None,
         position: str = "none",
         rope_base: float = 10000.0,
         layer: int = 0,
@@ -75,6 +79,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k, self.d_v, self.n_kv_heads = sizes
         rules.designs(differential, talking_heads, normalizer, gate, latent_kv)
         rules.position_in_heads(position, scoring, self.d_k)
+        rules.multi_token(mta, n_heads, differential, talking_heads)
         self.d_model, self.n_heads, self.scoring, self.dropout = d_model, n_heads, scoring, dropout
         self.normalizer, self.gate, self.talking_heads = normalizer, gate, talking_heads
         self.maps = 2 if differential else 1
@@ -100,6 +105,13 @@ class MultiHeadAttention(nn.Module):
         # value residual (Zhou et al. 2024): v_l <- lambda_1 v_l + lambda_2 v_1 in layers after the first, from 0.5 each
         self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if value_residual and layer > 0 else None
         self.position, self.rope_base = position, rope_base
+        self.mta_kernel = self.mta_mix = None
+        if mta:  # multi-token attention (Golovneva et al. 2025), both parts starting as the identity (plain heads)
+            cq, ck, g = mta["query_kernel"], mta["key_kernel"], mta["head_group"]
+            kernel = torch.zeros(n_heads, 1, cq, ck)  # a (c_q, c_k) kernel a head, its centre 1
+            kernel[:, :, cq // 2, ck // 2] = 1.0
+            self.mta_kernel = nn.Parameter(kernel)
+            self.mta_mix = nn.Parameter(torch.eye(g).repeat(n_heads // g, 1, 1))  # (H / g, g, g): head s to head t
         if position == "alibi":
             self.register_buffer("alibi_slopes", positions.alibi_slopes(n_heads), persistent=False)  # (H,)
         self.scoring_fn = rules.load_stage("scoring", scoring)  # a class of headlab.model.scoring (or a package's)
@@ -110,7 +122,7 @@ class MultiHeadAttention(nn.Module):
         for point in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "gate", "result"):
             setattr(self, f"hook_{point}", HookPoint())
         # maps that the fused paths compute: no mixing, one map a head, no bias beside the padding mask
-        self.fusable = talking_heads == "none" and not differential and position != "alibi"
+        self.fusable = talking_heads == "none" and not differential and position != "alibi" and not mta
 
     def forward(
         self,
@@ -181,10 +193,26 @@ class MultiHeadAttention(nn.Module):
         scores = self.score(q, k)  # (B, H, n, m)
         if self.logit_mix is not None:
             scores = torch.einsum("bhnm,hg->bgnm", scores, self.logit_mix)
+        if self.mta_kernel is not None:
+            scores = self.convolved(scores, key_padding_mask)
         weights = self.normalizer_fn.weights(self, self.hook_attn_scores(scores), key_padding_mask)  # (B, H, n, m)
         if self.weight_mix is not None:
             weights = torch.einsum("bhnm,hg->bgnm", weights, self.weight_mix)
+        if self.mta_mix is not None:  # within each group of g heads: W_t <- sum_s M[s, t] W_s
+            B, H, n, m = weights.shape
+            grouped = weights.view(B, H // self.mta_mix.shape[-1], -1, n, m)  # (B, H / g, g, n, m)
+            weights = torch.einsum("bgsnm,gst->bgtnm", grouped, self.mta_mix).reshape(B, H, n, m)
         return weights
+
+    def convolved(self, scores: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """Multi-token attention's key-query convolution: each head's logits, those of padded queries and keys set
+        to 0 first, convolved with the head's own (c_q, c_k) kernel centred on (i, j): (B, H, n, m) -> (B, H, n, m).
+        Self-attention: queries and keys are the same positions (n = m), padded alike."""
+        if key_padding_mask is not None:
+            padded = key_padding_mask[:, None, :, None] | key_padding_mask[:, None, None, :]  # (B, 1, n, m)
+            scores = scores.masked_fill(padded, 0.0)
+        cq, ck = self.mta_kernel.shape[-2:]
+        return nn.functional.conv2d(scores, self.mta_kernel, padding=(cq // 2, ck // 2), groups=self.n_heads)
 
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """The logits: the scoring function's, plus ALiBi's -m_h |i - j|: q (B, H, n, d_k), k (B, H, m, d_k) ->

@@ -147,16 +147,27 @@ def count_parameters(model: Encoder) -> dict[str, int]:
 
 
 def training_flops_per_token(
-    non_embedding: int, n_layers: int, n: int, n_heads: int, d_k: int, d_v: int, maps: int = 1, mixes: int = 0
+    non_embedding: int,
+    n_layers: int,
+    n: int,
+    n_heads: int,
+    d_k: int,
+    d_v: int,
+    maps: int = 1,
+    mixes: int = 0,
+    per_logit: int = 0,
 ) -> int:
-    """Training FLOPs per token (forward + backward): 6 N + 6 L n (H (c d_k + d_v) + m H^2) (Kaplan et al. 2020).
+    """Training FLOPs per token (forward + backward): 6 N + 6 L n (H (c d_k + d_v) + m H^2 + H e) (Kaplan et al.
+    2020).
 
     N counts non-embedding parameters (a design's own among them); the second term is the attention score and
     value matmuls over n positions, which is 12 L n d for d_k = d_v = d / H, with c score maps a head (2:
-    differential) and m talking-heads mixings of H x H over every query and key. Additive scoring's tanh, the
-    normalisers and the gates' elementwise products are not counted.
+    differential), m talking-heads mixings of H x H over every query and key, and e more multiply-adds a head and
+    logit (multi-token attention: c_q c_k for its convolution, g for its head mixing). Additive scoring's tanh,
+    the normalisers, rotary positions and the gates' elementwise products are not counted.
     """
-    return 6 * non_embedding + 6 * n_layers * n * (n_heads * (maps * d_k + d_v) + mixes * n_heads**2)
+    mixing = mixes * n_heads**2 + n_heads * per_logit
+    return 6 * non_embedding + 6 * n_layers * n * (n_heads * (maps * d_k + d_v) + mixing)
 
 
 def flops_per_token(model: Encoder, seq_len: int) -> int:
@@ -164,9 +175,10 @@ def flops_per_token(model: Encoder, seq_len: int) -> int:
     attn = model.blocks[0].attn
     n = seq_len + model.attention_offset
     mixes = (attn.logit_mix is not None) + (attn.weight_mix is not None)
+    per_logit = 0 if attn.mta_kernel is None else attn.mta_kernel[0, 0].numel() + attn.mta_mix.shape[-1]
     non_embedding = count_parameters(model)["non_embedding"]
     return training_flops_per_token(
-        non_embedding, model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v, attn.maps, mixes
+        non_embedding, model.n_layers, n, attn.n_heads, attn.d_k, attn.d_v, attn.maps, mixes, per_logit
     )
 
 

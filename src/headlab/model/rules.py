@@ -115,6 +115,32 @@ def position_in_heads(position: str, scoring: str, d_k: int, name: Callable[[str
         raise InvalidSetting(n("d_k"), d_k, f"an even number with {n('position')}=rope (rotary turns pairs)")
 
 
+MTA_KEYS = ("query_kernel", "key_kernel", "head_group")  # model.attention.mta's keys
+
+
+def multi_token(mta, n_heads: int, differential: bool, talking_heads: str, name: Callable[[str], str] = same) -> None:
+    """Multi-token attention (null, or a dict of MTA_KEYS): kernels of odd sizes, centred on the logit they
+    replace (an encoder's convolution looks both ways); head groups that divide the heads. Its head mixing and
+    talking heads' are two mixings of one thing, and a differential head's two signed maps are not in the paper:
+    both refused."""
+    n = name
+    if mta is None:
+        return
+    if not isinstance(mta, dict) or set(mta) != set(MTA_KEYS):
+        raise InvalidSetting(n("mta"), mta, "null or {query_kernel, key_kernel, head_group}, e.g. +design=mta")
+    for key in ("query_kernel", "key_kernel"):
+        size = mta[key]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1 or size % 2 == 0:
+            raise InvalidSetting(n(f"mta.{key}"), size, "an odd int >= 1 (a kernel centred on the logit)")
+    group = mta["head_group"]
+    if not isinstance(group, int) or isinstance(group, bool) or group < 1 or n_heads % group:
+        raise InvalidSetting(n("mta.head_group"), group, f"a divisor of {n('n_heads')}={n_heads}")
+    if differential:
+        raise InvalidSetting(n("mta"), mta, f"null while {n('differential')}=true")
+    if talking_heads != "none":
+        raise InvalidSetting(n("talking_heads"), talking_heads, f"none with {n('mta')} (it mixes heads itself)")
+
+
 @cache
 def _entry_points(stage: str) -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=STAGES[stage])}
@@ -164,6 +190,7 @@ def training_bytes(
     rotary: bool = False,
     alibi: bool = False,
     value_residual: bool = False,
+    mta: bool = False,
 ) -> int:
     """An estimate of the memory training one model takes, in bytes: 20 a parameter (weights, gradients, AdamW's
     two moments and a scratch tensor; 24 when a sharpness-aware ascent is kept, `ascent`), and per layer and
@@ -172,8 +199,9 @@ def training_bytes(
     per head and map; activations twice over when two passes are kept for one backward (R-Drop, `two_passes`).
     Designs: `maps` attention maps a head (2: differential), keys and values from a latent of rank `latent_kv`, an
     output gate `gate_width` wide; rotated copies of queries and keys (`rotary`), a distance bias row per head
-    (`alibi`), the values mixed with the first layer's (`value_residual`). Measured against the peak memory of real
-    runs in docs/runs.md."""
+    (`alibi`), the values mixed with the first layer's (`value_residual`), two more rows per head for multi-token
+    attention's convolved logits and mixed weights (`mta`). Measured against the peak memory of real runs in
+    docs/runs.md."""
     qk = maps * d_k  # query/key width of a head
     kv = n_kv_heads * (qk + d_v)
     kv_params = d_model * kv if latent_kv is None else (d_model + kv) * latent_kv
@@ -182,6 +210,6 @@ def training_bytes(
     params = vocab_size * d_model + positions * d_model + n_layers * per_layer + d_model * (n_classes + 1)
     projections = 3 * (n_heads * qk + kv + (latent_kv or 0) + gate_width)
     projections += 2 * (n_heads + n_kv_heads) * qk * rotary + n_kv_heads * d_v * value_residual
-    per_position = projections + 20 * d_model + 2 * d_ff + (3 + alibi) * n_heads * maps * positions
+    per_position = projections + 20 * d_model + 2 * d_ff + (3 + alibi + 2 * mta) * n_heads * maps * positions
     activations = 4 * batch_size * positions * n_layers * per_position * (2 if two_passes else 1)
     return (24 if ascent else 20) * params + activations

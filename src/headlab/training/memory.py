@@ -43,6 +43,7 @@ def model_bytes(cfg: DictConfig, datamodule) -> int:
         rotary=model.get("positional") == "rope",
         alibi=model.get("positional") == "alibi",
         value_residual=bool(att.get("value_residual")),
+        mta=bool(att.get("mta")),
     )
 
 
