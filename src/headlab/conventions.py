@@ -32,6 +32,7 @@ ADDED_KEYS = {
     "model.attention.latent_kv": None,
     "model.attention.value_residual": False,
     "model.attention.mta": None,
+    "model.attention.moh": None,
 }
 PROGRESS = "progress.json"  # in a run directory while it trains: where it stands (training.progress_record)
 

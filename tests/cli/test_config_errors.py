@@ -199,6 +199,12 @@ CASES = [
         "on the logit)",
     ),
     Case(
+        "moh routing every head",
+        ["+design=moh", "model.attention.moh.k=3"],
+        "invalid config: model.attention.moh.k=3 is invalid: expected an int in [1, 3) (routed heads on a token, of "
+        "the 3 not shared)",
+    ),
+    Case(
         "mta with talking heads",
         ["+design=mta", "model.attention.talking_heads=both"],
         "invalid config: model.attention.talking_heads='both' is invalid: expected none with model.attention.mta "

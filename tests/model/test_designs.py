@@ -49,6 +49,9 @@ DESIGNS = {  # each design alone, and together with the head split's other keys
     "value residual, grouped, rope, gate": dict(
         value_residual=True, layer=1, n_kv_heads=2, position="rope", gate="headwise"
     ),
+    "moh": dict(moh=dict(k=2, shared=1)),
+    "moh, 2 shared 1 routed, gate, grouped": dict(moh=dict(k=1, shared=2), gate="elementwise", n_kv_heads=2),
+    "moh, differential": dict(moh=dict(k=1, shared=1), differential=True),
     "mta": dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2)),
     "mta 1x1, groups of 4, alibi, additive": dict(
         mta=dict(query_kernel=1, key_kernel=1, head_group=4), position="alibi", scoring="additive"
@@ -76,6 +79,19 @@ def rotated(x: torch.Tensor, base: float) -> torch.Tensor:
             out[i, ..., 2 * p] = a * torch.cos(angle) - b * torch.sin(angle)
             out[i, ..., 2 * p + 1] = a * torch.sin(angle) + b * torch.cos(angle)
     return out
+
+
+def moh_weights(attn: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """MoH's g for one position x (d,): alpha_1 softmax(W_s x)_i on the shared heads; alpha_2 softmax(W_r x)_i on a
+    routed head among the k of largest (W_r x)_i, else 0; [alpha_1, alpha_2] = softmax(W_h x): (H,)."""
+    alpha = torch.softmax(attn.route_split.weight @ x, 0)
+    shared = alpha[0] * (
+        torch.ones(1, dtype=x.dtype) if attn.route_shared is None else torch.softmax(attn.route_shared.weight @ x, 0)
+    )
+    logits = attn.route_routed.weight @ x
+    ranked = sorted(range(len(logits)), key=lambda i: -float(logits[i].detach()))[: attn.moh_k]
+    routed = alpha[1] * torch.softmax(logits, 0) * torch.tensor([i in ranked for i in range(len(logits))])
+    return torch.cat([shared, routed])
 
 
 def press_slopes(H: int) -> list[float]:
@@ -195,6 +211,8 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int], sto
                 o = o * torch.sigmoid(xb @ attn.gate_proj.weight[h])[:, None]
             elif attn.gate == "elementwise":
                 o = o * torch.sigmoid(xb @ attn.gate_proj.weight[h * d_v : (h + 1) * d_v].T)
+            if attn.moh_k is not None:  # Jin et al. 2024: g_h of each position
+                o = o * torch.stack([moh_weights(attn, token)[h] for token in xb])[:, None]
             heads.append(o)
         outs.append(torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias)
         maps.append(A)
@@ -298,6 +316,8 @@ def test_a_parameter_matched_differential_head_halves_the_heads():
         (dict(latent_kv=4), -(2 * 16 * 16) + 16 * 4 + 4 * 32, 6 * (-(2 * 16 * 16) + 16 * 4 + 4 * 32)),
         (dict(differential=True), 4 * 2 + 4, 6 * (4 * 2 + 4)),  # d_k 2 a component, d_v 4: score FLOPs equal
         (dict(value_residual=True), 0, 0),  # one layer: the first, whose values are not mixed
+        (dict(moh=dict(k=1, shared=2)), 16 * (4 + 2), 6 * 16 * (4 + 2)),  # routers W_s, W_r, W_h: d (H + 2)
+        (dict(moh=dict(k=1, shared=1)), 16 * (3 + 2), 6 * 16 * (3 + 2)),  # one shared head: softmax 1, no W_s
         (  # a (3, 5) kernel a head, 2 x 2 mixing a group: 6 L n H (c_q c_k + g) more
             dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2)),
             4 * 15 + 2 * 4,
@@ -334,6 +354,9 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
         (dict(position="rope", scoring="additive"), "scoring='additive' is invalid: expected dot with position=rope"),
         (dict(position="rope", d_k=3), "d_k=3 is invalid: expected an even number with position=rope"),
         (dict(position="relative"), "position='relative' is invalid: expected one of none, rope, alibi"),
+        (dict(moh=dict(k=3, shared=1)), "moh.k=3 is invalid: expected an int in [1, 3) (routed heads on a token"),
+        (dict(moh=dict(k=1, shared=0)), "moh.shared=0 is invalid: expected an int in [1, n_heads=4)"),
+        (dict(moh=dict(k=1)), "moh={'k': 1} is invalid: expected null or {k, shared}"),
         (
             dict(mta=dict(query_kernel=2, key_kernel=5, head_group=2)),
             "mta.query_kernel=2 is invalid: expected an odd int >= 1 (a kernel centred on the logit)",

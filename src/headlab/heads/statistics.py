@@ -28,13 +28,14 @@ STATISTICS = (
     "mass",
 )
 GATE = "gate"  # an output gate's mean value, a statistic of the heads of a gated attention (beside STATISTICS)
+ROUTE, LOAD = "route", "load"  # a mixture of heads' mean routing weight a head, and the share of positions it is on
 RELEVANT = "relevant"  # the share of attention on the keys a query needs, where a task knows them (role_shares)
 
 
 def measured(rows: list[dict]) -> list[str]:
-    """The statistics a report's rows hold, in order: STATISTICS, then GATE (a gated attention) and RELEVANT (a
-    task that knows which keys a query needs)."""
-    return [s for s in (*STATISTICS, GATE, RELEVANT) if rows and s in rows[0]]
+    """The statistics a report's rows hold, in order: STATISTICS, then GATE (a gated attention), ROUTE and LOAD
+    (a mixture of heads) and RELEVANT (a task that knows which keys a query needs)."""
+    return [s for s in (*STATISTICS, GATE, ROUTE, LOAD, RELEVANT) if rows and s in rows[0]]
 
 
 def _real(padding_mask: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
@@ -132,14 +133,19 @@ def head_report(
     padding_mask: torch.Tensor | None = None,
     scores: list[torch.Tensor] | None = None,
     gates: list[torch.Tensor] | None = None,
+    routes: list[torch.Tensor] | None = None,
 ) -> dict:
     """Statistics of every head of every layer: {"rows": [{"layer", "head", stat: value}], "similarity"}; scores:
-    each layer's logits (head_statistics); gates: each layer's output gates (B, H, n, g), which add GATE."""
+    each layer's logits (head_statistics); gates: each layer's output gates (B, H, n, g), which add GATE; routes:
+    each layer's mixture-of-heads weights (B, H, n, 1), which add ROUTE and LOAD."""
     rows = []
     for layer, w in enumerate(weights):
         stats = head_statistics(w, padding_mask, None if scores is None else scores[layer])
         if gates is not None:
             stats[GATE] = gate_means(gates[layer], padding_mask)
+        if routes is not None:
+            stats[ROUTE] = gate_means(routes[layer], padding_mask)
+            stats[LOAD] = gate_means((routes[layer] > 0).float(), padding_mask)
         for h in range(w.shape[1]):
             rows.append({"layer": layer, "head": h, **{s: float(v[h]) for s, v in stats.items()}})
     return {"rows": rows, "similarity": head_similarity(weights, padding_mask)}

@@ -16,7 +16,7 @@ forward() is the definition, one stage after another:
     weight mixing talking heads after the normaliser (talking_heads: post, both); mta's mixing within groups of
                   heads
     values        weights @ v, then a differential head's own normalisation
-    output gate   none, headwise, elementwise (headlab.model.gates)
+    output gate   none, headwise, elementwise (headlab.model.gates); mixture of heads' routing weights (moh)
     merge         head mask, concatenation, output projection
 Where a stage has a faster equivalent path (fused SDPA, fused additive attention), it takes it. Each stage's
 tensors pass a hook point (headlab.model.hooks) named as TransformerLens names them.
@@ -45,7 +45,7 @@ class MultiHeadAttention(nn.Module):
       None. Rows sum to 1 with softmax only; a differential head's weights are signed.
     Without weights asked for, fused paths that never store the (B, H, n, n) weights may run (dispatch).
     The designs (docs/heads.md): gate, talking_heads, differential, normalizer, qk_norm, latent_kv, value_residual,
-    mta;
+    mta, moh;
     position inside the heads: rope (rope_base) or alibi (headlab.model.positions; the encoder's `positional`).
     `layer`, the block's index from 0, sets a differential head's lambda_init and whether values are mixed.
     """
@@ -68,6 +68,7 @@ class MultiHeadAttention(nn.Module):
         latent_kv: int | None = None,
         value_residual: bool = False,
         mta: dict | None = None,
+        moh: dict | None = None,
         position: str = "none",
         rope_base: float = 10000.0,
         layer: int = 0,
@@ -80,6 +81,7 @@ class MultiHeadAttention(nn.Module):
         rules.designs(differential, talking_heads, normalizer, gate, latent_kv)
         rules.position_in_heads(position, scoring, self.d_k)
         rules.multi_token(mta, n_heads, differential, talking_heads)
+        rules.mixture_of_heads(moh, n_heads)
         self.d_model, self.n_heads, self.scoring, self.dropout = d_model, n_heads, scoring, dropout
         self.normalizer, self.gate, self.talking_heads = normalizer, gate, talking_heads
         self.maps = 2 if differential else 1
@@ -105,6 +107,12 @@ class MultiHeadAttention(nn.Module):
         # value residual (Zhou et al. 2024): v_l <- lambda_1 v_l + lambda_2 v_1 in layers after the first, from 0.5 each
         self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if value_residual and layer > 0 else None
         self.position, self.rope_base = position, rope_base
+        self.moh_k = moh["k"] if moh else None
+        if moh:  # mixture of heads (Jin et al. 2024): routers W_s (shared heads), W_r (routed heads), W_h (their split)
+            shared = moh["shared"]
+            self.route_shared = nn.Linear(d_model, shared, bias=False) if shared > 1 else None  # one: softmax 1
+            self.route_routed = nn.Linear(d_model, n_heads - shared, bias=False)
+            self.route_split = nn.Linear(d_model, 2, bias=False)
         self.mta_kernel = self.mta_mix = None
         if mta:  # multi-token attention (Golovneva et al. 2025), both parts starting as the identity (plain heads)
             cq, ck, g = mta["query_kernel"], mta["key_kernel"], mta["head_group"]
@@ -119,7 +127,7 @@ class MultiHeadAttention(nn.Module):
         self.gate_fn = rules.load_stage("gate", gate)
         for stage in (self.scoring_fn, self.normalizer_fn, self.gate_fn):
             stage.add_parameters(self)
-        for point in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "gate", "result"):
+        for point in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "gate", "route", "result"):
             setattr(self, f"hook_{point}", HookPoint())
         # maps that the fused paths compute: no mixing, one map a head, no bias beside the padding mask
         self.fusable = talking_heads == "none" and not differential and position != "alibi" and not mta
@@ -236,9 +244,23 @@ class MultiHeadAttention(nn.Module):
         return torch.exp(first) - torch.exp(second) + self.lambda_init
 
     def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The output gate on each head's output: y (B, H, n, d_v), x (B, n, d_model) -> (B, H, n, d_v)."""
+        """The output gate and the mixture of heads' routing weights on each head's output: y (B, H, n, d_v),
+        x (B, n, d_model) -> (B, H, n, d_v)."""
         gate = self.gate_fn.values(self, x)
-        return y if gate is None else y * self.hook_gate(gate)
+        y = y if gate is None else y * self.hook_gate(gate)
+        return y if self.moh_k is None else y * self.hook_route(self.routes(x))
+
+    def routes(self, x: torch.Tensor) -> torch.Tensor:
+        """Mixture of heads' weight g_h of every head at every position: x (B, n, d_model) -> (B, H, n, 1);
+        g = alpha_1 softmax(W_s x) on the shared heads, alpha_2 softmax(W_r x) on the k routed heads of largest
+        W_r x and 0 on the other routed heads, [alpha_1, alpha_2] = softmax(W_h x)."""
+        alpha = torch.softmax(self.route_split(x), dim=-1)  # (B, n, 2)
+        shared = alpha[..., :1]  # (B, n, h_s)
+        if self.route_shared is not None:
+            shared = shared * torch.softmax(self.route_shared(x), dim=-1)
+        routed = torch.softmax(self.route_routed(x), dim=-1)  # (B, n, H - h_s)
+        chosen = torch.zeros_like(routed).scatter(-1, routed.topk(self.moh_k, dim=-1).indices, 1.0)
+        return torch.cat([shared, alpha[..., 1:] * routed * chosen], dim=-1).transpose(1, 2).unsqueeze(-1)
 
     def merge(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
         """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model). With a hook on

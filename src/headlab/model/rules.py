@@ -141,6 +141,22 @@ def multi_token(mta, n_heads: int, differential: bool, talking_heads: str, name:
         raise InvalidSetting(n("talking_heads"), talking_heads, f"none with {n('mta')} (it mixes heads itself)")
 
 
+def mixture_of_heads(moh, n_heads: int, name: Callable[[str], str] = same) -> None:
+    """Mixture of heads (null, or {k, shared}): at least one shared head (always on, as in the paper) and k routed
+    heads on at each position, with at least one routed head left out (else every head is always on)."""
+    n = name
+    if moh is None:
+        return
+    if not isinstance(moh, dict) or set(moh) != {"k", "shared"}:
+        raise InvalidSetting(n("moh"), moh, "null or {k, shared}, e.g. +design=moh")
+    shared, k = moh["shared"], moh["k"]
+    if not isinstance(shared, int) or isinstance(shared, bool) or not 1 <= shared < n_heads:
+        raise InvalidSetting(n("moh.shared"), shared, f"an int in [1, {n('n_heads')}={n_heads}) (heads always on)")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < n_heads - shared:
+        rule = f"an int in [1, {n_heads - shared}) (routed heads on a token, of the {n_heads - shared} not shared)"
+        raise InvalidSetting(n("moh.k"), k, rule)
+
+
 @cache
 def _entry_points(stage: str) -> dict[str, EntryPoint]:
     return {point.name: point for point in entry_points(group=STAGES[stage])}

@@ -181,6 +181,8 @@ def check_config(cfg: DictConfig) -> None:
     mta = design["mta"]
     mta = OmegaConf.to_container(mta) if isinstance(mta, DictConfig) else mta
     rules.multi_token(mta, att.n_heads, design["differential"], design["talking_heads"], model_key)
+    moh = design["moh"]
+    rules.mixture_of_heads(OmegaConf.to_container(moh) if isinstance(moh, DictConfig) else moh, att.n_heads, model_key)
     positional = cfg.model.get("positional")
     rules.position_in_heads(positional if positional in rules.IN_HEADS else "none", att.scoring, d_k, model_key)
     if design["value_residual"] and cfg.model.n_layers == 1:

@@ -18,9 +18,9 @@ from headlab.model.hooks import recorded
 
 def attention(model, datamodule, batch: dict) -> dict:
     """{"weights": per layer (B, H, n', n'), "logits", "report": statistics.head_report (from the weights, the
-    logits each normaliser was given and any output gates, recorded at the attention's hook points), "roles":
-    {"names", "share" (L, H, R)}, "mixing": talking heads' matrices} of the model on a probe batch, in
-    evaluation mode."""
+    logits each normaliser was given, any output gates and mixture-of-heads routes, recorded at the attention's
+    hook points), "roles": {"names", "share" (L, H, R)}, "mixing": talking heads' matrices} of the model on a probe
+    batch, in evaluation mode."""
     was_training = model.training
     model.eval()
     q_point, k_point = model.blocks[0].attn.dot_product_points() or ("hook_q", "hook_k")
@@ -28,13 +28,14 @@ def attention(model, datamodule, batch: dict) -> dict:
         torch.no_grad(),
         recorded(model, "hook_attn_scores") as scores,
         recorded(model, "hook_gate") as gates,
+        recorded(model, "hook_route") as routes,
         recorded(model, q_point) as queries,
         recorded(model, k_point) as keys,
     ):
         logits, weights = model(batch["tokens"], batch["padding_mask"], need_weights=True)
     model.train(was_training)
     padding = model.attention_padding_mask(batch["padding_mask"])  # (B, n')
-    report = statistics.head_report(weights, padding, scores, gates or None)
+    report = statistics.head_report(weights, padding, scores, gates or None, routes or None)
     seen_roles = roles(model, datamodule, batch, weights)
     relevant = [i for i, name in enumerate(seen_roles["names"]) if name in datamodule.relevant_roles]
     if relevant:  # the share of attention on the keys each query needs, per head
