@@ -241,8 +241,8 @@ CASES = [
     unknown("callbacks", "default"),
     unknown(
         "experiment",
-        "differential_confound, fixed_head_size, head_designs, head_pruning, head_roles, heads_fixed_width, "
-        "heads_vs_depth, key_size, scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
+        "differential_confound, fixed_head_size, head_designs, head_designs_2, head_pruning, head_roles, "
+        "heads_fixed_width, heads_vs_depth, key_size, scoring, sst2_heads_fixed_width, sst2_recipe, sst2_scoring",
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, grid, search"),
