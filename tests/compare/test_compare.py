@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -629,6 +630,17 @@ def test_pruning_curves_are_averaged_over_seeds_beside_their_baselines(tmp_path)
     p = stats.ttest_rel([0.8, 0.6, 0.75], [0.5, 0.4, 0.3]).pvalue
     expected = f"| 1 | 0.50 | 0.7167 [{low:.4f}, {high:.4f}] | 0.4000 [{r_low:.4f}, {r_high:.4f}] | +0.3167 p={p:.3g} |"
     assert expected in text and "val accuracy" in text
+    # compare_pruning.csv (what the findings table reads): the paired difference with its t interval, written out
+    d = [0.8 - 0.5, 0.6 - 0.4, 0.75 - 0.3]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
+    with open(tmp_path / "compare_pruning.csv", newline="") as f:
+        rows = {(r["heads_pruned"], r["metric"]): r for r in csv.DictReader(f)}
+    step = rows[("1", "importance - random")]
+    assert float(step["effect"]) == pytest.approx(statistics.mean(d))
+    assert float(step["low"]) == pytest.approx(statistics.mean(d) - half)
+    assert float(step["high"]) == pytest.approx(statistics.mean(d) + half)
+    assert float(step["p_value"]) == pytest.approx(p) and step["verdict"] in ("significant", "not significant")
+    assert rows[("0", "importance - random")]["verdict"] == ""  # the same accuracy: no test made
 
 
 def test_head_statistics_become_metrics_averaged_over_heads(tmp_path):

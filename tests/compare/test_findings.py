@@ -174,3 +174,37 @@ def test_a_received_table_whose_cells_compare_would_not_write_is_refused_and_not
         findings.refresh(results)
     assert said in str(refused.value)
     assert results.read_text() == before and "<script>" not in results.read_text()
+
+
+def test_a_pruning_claim_reads_its_step_and_a_claim_stated_after_the_runs_says_so(tmp_path, monkeypatch):
+    """A claim on a pruning curve (pruning: true, its arm a step) reads compare_pruning.csv: the paired difference
+    of the two orders at that step, its t interval and Holm p; a claim marked stated_after_runs is shown as such."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    Path("demo.yaml").write_text(
+        "compare:\n  pruning: true\nclaims:\n"
+        "  - {claim: importance beats random, arm: heads_pruned=1, metric: importance - random, expect: higher, "
+        "pruning: true, stated_after_runs: true}\n"
+    )
+    importance, random = [0.8, 0.6, 0.75], [0.5, 0.4, 0.3]
+    for seed in range(3):
+        write_run(Path("sweep") / str(seed), 4, "dot", seed, 0.9, experiment="demo")
+        curves = {
+            "pruning_curve": [{"heads_pruned": 1, "fraction_pruned": 0.25, "metric": importance[seed]}],
+            "pruning_baselines": {"random": [{"heads_pruned": 1, "fraction_pruned": 0.25, "metric": random[seed]}]},
+        }
+        Path("sweep", str(seed), "heads.json").write_text(json.dumps(curves))
+    Path("RESULTS.md").write_text(
+        f"# Results\n{findings.START}\n{findings.END}\n<!-- headlab-compare: demo -->\n<!-- /headlab-compare: demo -->\n"
+    )
+    main(["sweep", "--pruning", "--out", "results/demo", "--into", "RESULTS.md"])
+    d = [a - b for a, b in zip(importance, random, strict=True)]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
+    row = _row(Path("RESULTS.md").read_text(), "importance beats random *(stated after its runs)*")
+    mean = statistics.mean(d)
+    assert row[2] == "heads_pruned=1; importance - random"
+    assert row[3] == f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+    assert row[4] == f"{stats.ttest_rel(importance, random).pvalue:.2g}"  # one step, one order: Holm leaves it
+    assert row[5] == "**supported**"
+    assert "stated after its runs* was written down after its table was read" in Path("RESULTS.md").read_text()

@@ -1,8 +1,9 @@
 """The findings table of a results file (experiments/RESULTS.md): each claim an experiment states (the `claims` key of
 its file in experiments/) read from the table its analysis wrote (results/<block>/compare.csv; a claim pooled over
-datasets, compare_meta.csv) and from its confirmation's (results/<block>/confirm), between the lines
-<!-- headlab-findings --> and <!-- /headlab-findings -->. Generated, never typed: headlab-compare --into refreshes
-it with each table, and --check says whether it is what the tables give."""
+datasets, compare_meta.csv; a claim on a pruning curve, compare_pruning.csv, its arm a step: heads_pruned=8) and from
+its confirmation's (results/<block>/confirm), between the lines <!-- headlab-findings --> and
+<!-- /headlab-findings -->. Generated, never typed: headlab-compare --into refreshes it with each table, and --check
+says whether it is what the tables give."""
 
 import csv
 import io
@@ -29,7 +30,9 @@ LEGEND = (
     "the arm "
     "minus its baseline, each at its own selected learning rate, with the test's 95% interval (tables whose runs "
     "were not kept: Welch's, from their summaries). Seeds 10-19: the same claim read from the confirmation stated "
-    "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it."
+    "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it. A claim "
+    "marked *stated after its runs* was written down after its table was read: it records what the table says, and "
+    "is no test of a prediction."
 )
 
 
@@ -45,6 +48,15 @@ class Claim:
     expect: str
     block: str
     pooled: bool = False  # read from the meta-analysis over datasets (compare_meta.csv)
+    after_runs: bool = False  # stated after the runs were read (`stated_after_runs: true`), and shown as such
+    pruning: bool = (
+        False  # a difference of orders on the pruning curve (compare_pruning.csv): metric "importance - random"
+    )
+
+    @property
+    def table(self) -> str:
+        """The CSV of the block's table that holds this claim's row."""
+        return "compare_meta.csv" if self.pooled else "compare_pruning.csv" if self.pruning else "compare.csv"
 
 
 def claims(experiments: Path) -> list[Claim]:
@@ -62,7 +74,9 @@ def claims(experiments: Path) -> list[Claim]:
                 raise CompareError(f"{where}: expect {c['expect']!r} is not one of {', '.join(EXPECTED)}")
             arm = [c["arm"]] if isinstance(c["arm"], str) else list(c["arm"])
             block = c.get("block", path.stem)
-            found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, c.get("pooled", False)))
+            pooled, after = bool(c.get("pooled", False)), bool(c.get("stated_after_runs", False))
+            pruning = bool(c.get("pruning", False))
+            found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, pooled, after, pruning))
     return found
 
 
@@ -75,18 +89,19 @@ def table(experiments: Path) -> str:
     for c in claims(experiments):
         first = read(c, experiments / "results" / c.block)
         confirm = experiments / "results" / c.block / "confirm"
-        again = read(c, confirm) if (confirm / "compare.csv").is_file() else None
+        again = read(c, confirm) if (confirm / c.table).is_file() else None
         shown = f"[{c.experiment}](results/{c.block}/compare.md)"
+        claim = c.claim + (" *(stated after its runs)*" if c.after_runs else "")
         if first is None:  # no table yet to link to
-            lines.append(f"| {c.experiment} | {c.claim} | {_arm(c)} | not run | | | |")
+            lines.append(f"| {c.experiment} | {claim} | {_arm(c)} | not run | | | |")
             continue
         if again is None:
-            confirmed = "not run" if not (confirm / "compare.csv").is_file() else "not stated"
+            confirmed = "not run" if not (confirm / c.table).is_file() else "not stated"
         else:
             confirmed = reading(c, again)
         interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
         lines.append(
-            f"| {shown} | {c.claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
+            f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
             f"{reading(c, first)} | {confirmed} |"
         )
     return "\n\n".join(["\n".join(lines), LEGEND, *legend()])
@@ -116,7 +131,7 @@ def read(c: Claim, folder: Path) -> dict | None:
     """{effect, low, high, p_holm, verdict} of the claim in the table of folder; None where the folder has no table
     or no row of the arm (a confirmation that did not state the metric). A table may come from anyone: a cell that
     is not what compare writes is a CompareError naming the file (_checked)."""
-    name = "compare_meta.csv" if c.pooled else "compare.csv"
+    name = c.table
     try:
         found = _read(c, folder, name)
     except (ValueError, KeyError, TypeError) as error:
@@ -146,7 +161,7 @@ def _read(c: Claim, folder: Path, name: str) -> dict | None:
         rows = list(csv.DictReader(io.StringIO(read_received(folder / name), newline="")))
     except (OSError, UnicodeDecodeError) as error:  # a link, a pipe, over a record's size: never read
         raise CompareError(f"{folder / name} cannot be read: {error}") from None
-    if c.pooled:
+    if name != "compare.csv":  # a row a contrast and metric
         arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
         if not arm:
             return None

@@ -1,10 +1,16 @@
 """headlab-compare's tables of what heads do over runs: pruning curves by order with what they say, and head roles."""
 
+import csv
+import io
 import math
+from pathlib import Path
 
 from headlab.compare.tables import mean_interval
-from headlab.escape import markdown_cell
+from headlab.escape import csv_cell, markdown_cell
+from headlab.files import write_text_atomic
 from headlab.heads.causal import ROLES_BEYOND_FETCHING
+
+PRUNING_CSV = "compare_pruning.csv"  # one row a group, step and baseline order (the findings table reads it)
 
 
 def pruning_table(summary: list[dict]) -> list[str]:
@@ -36,6 +42,26 @@ def pruning_table(summary: list[dict]) -> list[str]:
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", pruning_reading(group), ""]
     return lines
+
+
+def write_pruning(out: Path, summary: list[dict]) -> Path:
+    """compare_pruning.csv: per group, step and baseline order, the paired difference importance - baseline with its
+    95% t interval, p and Holm p (over the group's steps and baselines), and its verdict at Holm p < 0.05."""
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    keys = list(summary[0]["group"])
+    fields = ("effect", "low", "high", "p_value", "p_holm")
+    writer.writerow([*keys, "heads_pruned", "fraction", "metric", *fields, "verdict"])
+    for group in summary:
+        for step in group["steps"]:
+            for b, d in step["differences"].items():
+                tested = not math.isnan(d["p"])
+                verdict = ("significant" if d["p_holm"] < 0.05 else "not significant") if tested else ""
+                values = (d["delta"], *d["interval"], d["p"], d["p_holm"])
+                cells = [*(csv_cell(group["group"][k]) for k in keys), step["heads_pruned"], step["fraction"]]
+                writer.writerow([*cells, f"importance - {b}", *values, verdict])
+    write_text_atomic(out / PRUNING_CSV, table.getvalue())
+    return out / PRUNING_CSV
 
 
 def pruning_reading(group: dict) -> str:

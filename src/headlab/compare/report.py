@@ -8,7 +8,7 @@ from pathlib import Path
 
 from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
-from headlab.compare.head_tables import pruning_table, roles_table
+from headlab.compare.head_tables import pruning_table, roles_table, write_pruning
 from headlab.compare.over_datasets import write_across, write_meta
 from headlab.compare.tables import write_outputs
 from headlab.files import append_text_atomic, write_atomic
@@ -73,7 +73,10 @@ def report(
     chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
     more = []
     if analysis.pruning:
-        more += [""] + pruning_table(pruning_summary(chosen, keys))
+        curves = pruning_summary(chosen, keys)
+        more += [""] + pruning_table(curves)
+        if curves:
+            done.written.append(write_pruning(out, curves))
     if analysis.roles:
         done.roles = roles_table(role_counts(chosen, keys, design.solved), design.solved)
         more += [""] + (done.roles or ["Head roles: no run recorded any (heads.json rows without `role`)."])

@@ -352,10 +352,12 @@ def pruning_summary(records: list[dict], keys: list[str]) -> list[dict]:
         for step in range(min(len(c[o]) for c in curves for o in orders)):
             at = {o: [c[o][step]["metric"] for c in curves] for o in orders}
             point = curves[0]["importance"][step]
+            importance = dict(enumerate(at["importance"]))
             differences = {
                 b: {
                     "delta": (sum(at["importance"]) - sum(at[b])) / len(curves),
-                    "p": inference.paired_p(dict(enumerate(at["importance"])), dict(enumerate(at[b]))),
+                    "p": inference.paired_p(importance, dict(enumerate(at[b]))),
+                    "interval": inference.paired_interval(importance, dict(enumerate(at[b]))),
                 }
                 for b in orders[1:]
             }

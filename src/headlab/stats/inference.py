@@ -49,6 +49,16 @@ def paired_p(a: dict, b: dict) -> float:
     return float(stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
 
 
+def paired_interval(a: dict, b: dict, level: float = 0.95) -> tuple[float, float]:
+    """The t interval of the mean paired difference a - b over the seeds two arms share ({seed: value} each)."""
+    shared = sorted(set(a) & set(b))
+    if len(shared) < 2:
+        return math.nan, math.nan
+    d = np.array([a[s] - b[s] for s in shared], dtype=float)
+    half = stats.t.ppf(0.5 + level / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return float(d.mean() - half), float(d.mean() + half)
+
+
 def fisher_p(a: dict, b: dict) -> float:
     """Two-sided Fisher exact test between two solve rates (solve_rate's dicts)."""
     table = [[a["k"], a["n"] - a["k"]], [b["k"], b["n"] - b["k"]]]
