@@ -833,3 +833,29 @@ def test_runs_that_differ_only_in_how_often_heads_are_logged_train_alike_and_are
     assert one["config"]["callbacks.attention.every_n_val_epochs"] == 1
     header, rows = compare(load_dirs([tmp_path / "every1", tmp_path / "every5"]).completed, Design(["test/acc"]))
     assert len(rows) == 1 and rows[0]["runs"] == 2
+
+
+def test_a_contrast_with_a_run_still_improving_in_either_arm_reads_at_this_budget(tmp_path):
+    """The budget's reading: where a run of the arm or of its baseline improved val/acc at its last validation, the
+    contrast's verdict (of every metric and the solve rate) says "at this budget", in compare.md and compare.csv;
+    an arm whose runs and baseline's all converged reads without it."""
+    plateau, rising = [0.5, 0.9, 0.9], [0.5, 0.7, 0.9]
+    arms = {1: [plateau] * 3, 2: [plateau, plateau, rising], 4: [plateau] * 3}  # 4: the baseline, converged
+    accs = {1: [0.60, 0.62, 0.64], 2: [0.80, 0.81, 0.83], 4: [0.90, 0.91, 0.92]}
+    for heads, curves in arms.items():
+        for seed, values in enumerate(curves):
+            path = tmp_path / f"{heads}-{seed}"
+            write_run(path, heads, "dot", seed, accs[heads][seed])
+            record = json.loads((path / "results.json").read_text())
+            record["curve"] = [{"epoch": e, "step": 10 * (e + 1), "val/acc": v} for e, v in enumerate(values)]
+            (path / "results.json").write_text(json.dumps(record))
+    main([str(tmp_path), "--baseline", "model.attention.n_heads=4", "--solved", "test/acc>=0.7", "--no-plots"])
+    with (tmp_path / "compare.csv").open() as f:
+        rows = {r["model.attention.n_heads"]: r for r in csv.DictReader(f)}
+    assert rows["2"]["test/acc_budget"] == rows["2"]["solved_budget"] == "at this budget"
+    assert rows["1"]["test/acc_budget"] == rows["4"]["test/acc_budget"] == ""
+    table = (tmp_path / "compare.md").read_text()
+    two = next(line for line in table.splitlines() if line.startswith("| 2 |"))
+    one = next(line for line in table.splitlines() if line.startswith("| 1 |"))
+    assert "significant at this budget" in two and "at this budget" not in one
+    assert '"at this budget": a run of either arm was still improving at its last validation' in table

@@ -22,6 +22,9 @@ claims:
   - {claim: one head matches, arm: model.attention.n_heads=1, metric: test/acc, expect: same}
 """
 ACC = {1: [0.625, 0.635, 0.645], 4: [0.70, 0.71, 0.72]}  # test/acc of each seed
+EMPTY_RESULTS = (
+    f"# Results\n{findings.START}\n{findings.END}\n<!-- headlab-compare: demo -->\n<!-- /headlab-compare: demo -->\n"
+)
 
 
 def welch_by_hand(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -195,9 +198,7 @@ def test_a_pruning_claim_reads_its_step_and_a_claim_stated_after_the_runs_says_s
             "pruning_baselines": {"random": [{"heads_pruned": 1, "fraction_pruned": 0.25, "metric": random[seed]}]},
         }
         Path("sweep", str(seed), "heads.json").write_text(json.dumps(curves))
-    Path("RESULTS.md").write_text(
-        f"# Results\n{findings.START}\n{findings.END}\n<!-- headlab-compare: demo -->\n<!-- /headlab-compare: demo -->\n"
-    )
+    Path("RESULTS.md").write_text(EMPTY_RESULTS)
     main(["sweep", "--pruning", "--out", "results/demo", "--into", "RESULTS.md"])
     d = [a - b for a, b in zip(importance, random, strict=True)]
     half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
@@ -208,3 +209,22 @@ def test_a_pruning_claim_reads_its_step_and_a_claim_stated_after_the_runs_says_s
     assert row[4] == f"{stats.ttest_rel(importance, random).pvalue:.2g}"  # one step, one order: Holm leaves it
     assert row[5] == "**supported**"
     assert "stated after its runs* was written down after its table was read" in Path("RESULTS.md").read_text()
+
+
+def test_a_claim_whose_arm_had_a_run_still_improving_reads_at_this_budget(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    Path("demo.yaml").write_text(CLAIMS)
+    for i, (heads, seed) in enumerate((h, s) for h in (1, 4) for s in range(3)):
+        path = Path("sweep") / str(i)
+        write_run(path, heads, "dot", seed, ACC[heads][seed], experiment="demo")
+        record = json.loads((path / "results.json").read_text())
+        rising = heads == 1 and seed == 0  # one run of the arm still improving at its last validation
+        values = [0.5, 0.6, 0.7] if rising else [0.5, 0.7, 0.7]
+        record["curve"] = [{"epoch": e, "step": 10 * (e + 1), "val/acc": v} for e, v in enumerate(values)]
+        (path / "results.json").write_text(json.dumps(record))
+    Path("RESULTS.md").write_text(EMPTY_RESULTS)
+    main(["sweep", "--baseline", "model.attention.n_heads=4", "--metric", "test/acc", "--out", "results/demo",
+          "--into", "RESULTS.md"])  # fmt: skip
+    assert _row(Path("RESULTS.md").read_text(), "one head is worse")[5] == "**supported** at this budget"

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from headlab.compare import blocks
-from headlab.compare.tables import legend
+from headlab.compare.tables import AT_BUDGET, legend
 from headlab.files import read_received
 from headlab.stats.contrasts import CompareError, t_interval, welch
 from headlab.stats.power import ALPHA
@@ -32,7 +32,8 @@ LEGEND = (
     "were not kept: Welch's, from their summaries). Seeds 10-19: the same claim read from the confirmation stated "
     "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it. A claim "
     "marked *stated after its runs* was written down after its table was read: it records what the table says, and "
-    "is no test of a prediction."
+    "is no test of a prediction. A reading *at this budget*: a run of either arm was still improving when training "
+    "ended, so it says what these epochs bought, not what the arms reach."
 )
 
 
@@ -102,7 +103,7 @@ def table(experiments: Path) -> str:
         interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
         lines.append(
             f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
-            f"{reading(c, first)} | {confirmed} |"
+            f"{reading(c, first)}{_budget(first)} | {confirmed}{_budget(again)} |"
         )
     return "\n\n".join(["\n".join(lines), LEGEND, *legend()])
 
@@ -180,6 +181,7 @@ def _read(c: Claim, folder: Path, name: str) -> dict | None:
             "high": float(r["effect_high"] or "nan"),
             "p_holm": float(r["p_holm"]),
             "verdict": r["verdict"],
+            "budget": r.get("budget") == AT_BUDGET,
         }
     base = _baseline(rows, arm[0], c)  # a table whose runs were not kept: Welch from the two arms' summaries
     effect, se, df = welch(*(float(x[f"{c.metric}_{s}"]) for x in (arm[0], base) for s in ("mean", "std", "n")))
@@ -229,6 +231,11 @@ def _same(cell: str, value: str) -> bool:
         return float(cell) == float(value)
     except ValueError:
         return cell.lower() == value.lower()
+
+
+def _budget(found: dict | None) -> str:
+    """' at this budget' where a run of either arm was still improving when training ended (compare.csv's budget)."""
+    return f" {AT_BUDGET}" if found and found.get("budget") else ""
 
 
 def _arm(c: Claim) -> str:

@@ -26,13 +26,20 @@ def _p(summary: dict) -> str:
         return ""
     text = f" p={summary['p_value']:.3g}" + (f" (Holm {summary['p_holm']:.3g})" if "p_holm" in summary else "")
     if summary.get("verdict"):
-        text += f" {summary['verdict']}"
+        text += f" {summary['verdict']}" + (f" {AT_BUDGET}" if summary.get("at_budget") else "")
         said = _could_detect(summary)
         if "seeds_for_power" in summary:
             needed = summary["seeds_for_power"]
             said.append(f"80% needs {needed if needed else 'more than 10,000'} seeds an arm")
         text += f" ({'; '.join(said)})" if said else ""
     return text
+
+
+AT_BUDGET = "at this budget"  # beside a verdict whose contrast has a run still improving when training ended
+BUDGET_LEGEND = (
+    f'"{AT_BUDGET}": a run of either arm was still improving at its last validation (its arm reads "not '
+    'converged"), so the contrast says what these epochs bought, not what the arms reach.'
+)
 
 
 def _could_detect(summary: dict) -> list[str]:
@@ -203,11 +210,12 @@ def _verdicts(design: Design) -> str:
     if x is None:
         return (
             "Verdicts: significant (Holm p < 0.05); not significant (not: without a margin, --effect, no difference "
-            f"can be shown absent), beside it the smallest difference the test had 80% power to detect. {_POWER}"
+            f"can be shown absent), beside it the smallest difference the test had 80% power to detect; "
+            f"{BUDGET_LEGEND} {_POWER}"
         )
     return (
         f"Verdicts: significant (Holm p < 0.05); no difference found (not, the difference's 95% interval within ±{x} "
-        f"and the test's power at ±{x} 0.5 or more); inconclusive (neither). {_POWER}"
+        f"and the test's power at ±{x} 0.5 or more); inconclusive (neither); {BUDGET_LEGEND} {_POWER}"
     )
 
 
@@ -318,9 +326,9 @@ def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
     """compare.csv's text: a row per group, every statistic of every metric in its own column."""
     fields = (
         "mean", "std", "low", "high", "n", "p_value", "p_holm", "effect", "effect_low", "effect_high", "verdict",
-        "power", "detectable",
+        "power", "detectable", "budget",
     )  # fmt: skip
-    rate_fields = ("k", "n", "low", "high", "p_value", "p_holm", "verdict")
+    rate_fields = ("k", "n", "low", "high", "p_value", "p_holm", "verdict", "budget")
     with io.StringIO(newline="") as f:
         writer = csv.writer(f)
         solved = [f"solved_{s}" for s in rate_fields] if design.solved else []
@@ -329,8 +337,8 @@ def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
             + ["improving_k", "improving_n", "params", "flops_per_token", "train_flops", "tokens_per_s"]
         )
         for row in rows:
-            stats_ = [_with_interval(row.get(m, {})).get(s, "") for m in design.metrics for s in fields]
-            rate = [(row.get("solved") or {}).get(s, "") for s in rate_fields] if design.solved else []
+            stats_ = [_as_csv(row.get(m, {})).get(s, "") for m in design.metrics for s in fields]
+            rate = [_as_csv(row.get("solved") or {}).get(s, "") for s in rate_fields] if design.solved else []
             improving = list(row["improving"] or ("", ""))
             writer.writerow(
                 [*(csv_cell(row[k]) for k in keys), row["runs"], *stats_, *rate, *improving, row["params"]]
@@ -339,10 +347,11 @@ def _csv(keys: list[str], rows: list[dict], design: Design) -> str:
         return f.getvalue()
 
 
-def _with_interval(summary: dict) -> dict:
-    """A metric's summary with its difference to the baseline's 95% interval (effect_low, effect_high: on the
-    test's scale, logs with --log), as compare.csv gives it."""
+def _as_csv(summary: dict) -> dict:
+    """A metric's summary as compare.csv gives it: with its difference to the baseline's 95% interval (effect_low,
+    effect_high: on the test's scale, logs with --log), and `budget` (AT_BUDGET or empty)."""
+    budget = {"budget": AT_BUDGET if summary.get("at_budget") else ""}
     if "se" not in summary:
-        return summary
+        return {**summary, **budget}
     low, high = difference_interval(summary)
-    return {**summary, "effect_low": low, "effect_high": high}
+    return {**summary, "effect_low": low, "effect_high": high, **budget}

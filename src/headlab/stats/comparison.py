@@ -304,6 +304,8 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
                 "one baseline per group with --within"
             )
         base = bases[0] if bases else None
+        # a contrast where a run of either arm was still improving when training ended holds at this budget only
+        budget = base is not None and any(r.get("improving") and r["improving"][0] for r in (row, base))
         for metric in design.metrics:
             if base is None or metric not in row or metric not in base:
                 continue
@@ -314,12 +316,12 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
                 a["ratio"] = a["mean"] / b["mean"]
             if row is not base:
                 a["effect"], a["se"], a["df"] = contrast_effect(a, b, design)  # what a meta-analysis weighs it by
-                a.update(contrast_power(a, b, design))
+                a.update(contrast_power(a, b, design), at_budget=budget)
         if base is not None and row.get("solved") and base.get("solved"):
             if row is base:
                 row["solved"]["p_value"] = math.nan
             else:
-                row["solved"].update(solve_rate_contrast(row["solved"], base["solved"], design))
+                row["solved"].update(solve_rate_contrast(row["solved"], base["solved"], design), at_budget=budget)
         if base is not None and row.get("reach") and base.get("reach"):
             times = [(s["times"], s["reached"]) for s in (row["reach"], base["reach"])]
             row["reach"]["p_value"] = math.nan if row is base else survival.logrank_p(*times)
