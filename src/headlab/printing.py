@@ -6,6 +6,7 @@ statistics.csv hold them. Every cell is received text: shown as written (no mark
 break).
 """
 
+import re
 import sys
 from dataclasses import dataclass
 
@@ -21,6 +22,21 @@ def duration(seconds: float) -> str:
         return f"{seconds / 60:.0f} min"
     minutes = round(seconds / 60)  # 7,199 s: 2 h 0 min, not 1 h 60 min
     return f"{minutes // 60} h {minutes % 60} min"
+
+
+DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def seconds_of(text) -> float | None:
+    """A duration as a person writes it, '30m', '2h', '1h30m', '90s' (or a number of seconds), in seconds; None
+    for anything else (or no time at all)."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text) if text > 0 else None
+    found = DURATION.fullmatch(str(text).strip())
+    if not found or not any(found.groups()):
+        return None
+    hours, minutes, seconds = (int(g or 0) for g in found.groups())
+    return float(3600 * hours + 60 * minutes + seconds) or None
 
 
 def _cell(text) -> str:

@@ -119,6 +119,63 @@ def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cl
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_dry_run_plans_from_a_prior_sweep_what_its_seeds_detect_and_what_a_budget_buys(run_cli, tmp_path):
+    """--prior DIR --baseline KEY=VALUE --effect X --budget T: per arm the difference the planned seeds detect at
+    80% power (Welch's noncentral t from the prior's sds, written out here), the seeds the margin needs, the share
+    of the prior's runs still improving at the planned epoch; the budget's seeds; in the JSON as `plan`."""
+    import math
+    import statistics
+
+    from scipy import optimize, stats
+
+    acc = {1: [0.60, 0.70, 0.65, 0.72], 2: [0.80, 0.82, 0.79, 0.84]}
+    for heads, values in acc.items():
+        for seed, value in enumerate(values):
+            run = tmp_path / "prior" / f"{heads}-{seed}"
+            run.mkdir(parents=True)
+            curve = [
+                {"epoch": e, "step": e + 1, "val/acc": v} for e, v in enumerate([0.3, 0.5, 0.5 + 0.1 * (heads == 1)])
+            ]
+            record = {"status": "completed", "metrics": {"test/acc": value, "val/acc_best": value}, "curve": curve,
+                      "config": {"model.attention.n_heads": heads, "seed": seed}}  # fmt: skip
+            (run / "results.json").write_text(json.dumps(record))
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=range(3)", "trainer.max_epochs=3"]
+    plan_args = ["--prior", str(tmp_path / "prior"), "--baseline", "model.attention.n_heads=2", "--effect", "0.05"]
+    result = run_cli(*args, "--dry-run", "--json", *plan_args, "--budget", "10h")
+    assert result.returncode == 0, result.stderr[-2000:]
+    planned = json.loads(result.stdout)
+    (row,) = planned["plan"]
+    n = planned["budget"]["replicates"]
+    assert planned["replicates"] == 3 and n > 3 and planned["budget"]["seconds"] == 36000
+    va, vb = statistics.variance(acc[1]) / n, statistics.variance(acc[2]) / n
+    df = (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (n - 1))
+    crit = stats.t.ppf(0.975, df)
+
+    def power(d):  # the far tail underflows to nan in scipy: 0 to many digits
+        nc = d / math.sqrt(va + vb)
+        return stats.nct.sf(crit, df, nc) + (0 if math.isnan(far := stats.nct.cdf(-crit, df, nc)) else far)
+
+    by_hand = optimize.brentq(lambda d: power(d) - 0.8, 1e-9, 40 * math.sqrt(va + vb))
+    assert row["arm"] == "model.attention.n_heads=1" and row["from"] == "prior"
+    assert row["detectable"] == pytest.approx(by_hand, abs=1e-5)
+    assert row["still_improving"] == 1.0  # every one-head run of the prior rose at its third validation
+    assert row["needed_for_effect"] >= 2
+    said = run_cli(*args, "--dry-run", *plan_args)
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert "plan against model.attention.n_heads=2 on test/acc (Welch's t over seeds), 3 seeds an arm" in said.stdout
+    assert (
+        "model.attention.n_heads=1: detects ±" in said.stdout
+        and "100% of the prior's runs still improving" in said.stdout
+    )
+    refused = run_cli(*QUICK, "--prior", str(tmp_path / "prior"))
+    assert refused.returncode == 2 and "give them with --dry-run" in refused.stderr
+    wrong = run_cli(*args, "--dry-run", "--prior", str(tmp_path / "prior"), "--baseline", "optim.lr=1e-3")
+    assert (
+        wrong.returncode == 2
+        and "expected KEY=VALUE of a key the sweep varies (model.attention.n_heads)" in wrong.stderr
+    )
+
+
 @pytest.mark.parametrize(
     "args, said",
     [

@@ -36,11 +36,11 @@ def welch_detectable_by_hand(sd_a: float, sd_b: float, n: int) -> float:
 
 def test_detectable_differences_and_seeds_needed_follow_the_noncentral_t_from_the_prior_s_variances():
     prior = [record("plain", s, a) for s, a in enumerate(PLAIN)] + [record("gate", s, a) for s, a in enumerate(GATE)]
-    arms = [{"design": "plain"}, {"design": "gate"}, {"design": "sink"}]
-    rows = plan.plan_arms(prior, arms, ("design", "plain"), "test/acc", replicates=10, epochs=5, effect=0.02)
-    gate, sink = rows  # the baseline itself is not planned against itself
+    plain = plan.runs_of(prior, {"design": "plain"})
+    gate = plan.plan_arm(plan.runs_of(prior, {"design": "gate"}), plain, "test/acc", 10, 5, effect=0.02)
+    sink = plan.plan_arm(plan.runs_of(prior, {"design": "sink"}), plain, "test/acc", 10, 5)
     expected = welch_detectable_by_hand(statistics.stdev(GATE), statistics.stdev(PLAIN), 10)
-    assert gate["arm"] == "design=gate" and gate["from"] == "prior"
+    assert gate["from"] == "prior"
     assert gate["detectable"] == pytest.approx(expected, abs=1e-5)
     # seeds for 0.02: the fewest n whose power reaches 0.8, by the same formula
     by_hand = next(
@@ -58,7 +58,7 @@ def test_over_folds_the_corrected_paired_t_of_the_prior_s_fold_differences_is_pl
     k = 10
     plain = [record("plain", 0, a, fold=f) for f, a in enumerate(PLAIN)]
     gate = [record("gate", 0, a, fold=f) for f, a in enumerate(GATE)]
-    (row,) = plan.plan_arms(plain + gate, [{"design": "gate"}], ("design", "plain"), "test/acc", 10, 5, folds=k)
+    row = plan.plan_arm(gate, plain, "test/acc", 10, 5, folds=k)
     sd = statistics.stdev([g - p for g, p in zip(GATE, PLAIN, strict=True)])
     factor = 1 / 10 + 1 / (k - 1)  # Nadeau & Bengio: the variance of the mean of 10 folds of 10-fold CV, over sd^2
     crit = stats.t.ppf(0.975, 9)

@@ -59,14 +59,39 @@ def resume_argv(argv: list[str]) -> list[str]:
     return ["--config-dir", str(saved.parent), "--config-name", "config", f"hydra.run.dir={run_dir}", *argv]
 
 
+PLAN_FLAGS = ("--prior", "--baseline", "--effect", "--budget")  # the dry run's plan: sweep.plan.<name>
+
+
 def dry_run_argv(argv: list[str]) -> list[str]:
     """`--dry-run`: sweep.dry_run=true, as a sweep (a single run is a sweep of one job): what would run, nothing run;
-    `--dry-run --json`: sweep.dry_run=json, the same as one JSON object on stdout."""
-    if "--dry-run" not in argv:
-        return argv
-    as_json = "--json" in argv
-    argv = [a for a in argv if a not in ("--dry-run", "--json")] + [f"sweep.dry_run={'json' if as_json else 'true'}"]
-    return argv if any(a in ("-m", "--multirun") for a in argv) else ["-m", *argv]
+    `--dry-run --json`: sweep.dry_run=json, the same as one JSON object on stdout; `--prior DIR`, `--baseline
+    KEY=VALUE`, `--effect X`, `--budget 30m` (or --flag=value): sweep.plan's keys, with --dry-run only."""
+    planned, rest, i = [], [], 0
+    while i < len(argv):
+        flag, given, value = argv[i].partition("=")
+        if flag in PLAN_FLAGS:
+            if not given and i + 1 >= len(argv):
+                _refuse(f"{flag} needs a value")
+            value = value if given else argv[i + 1]
+            quote = ("'" if "'" not in value else '"') if flag in ("--prior", "--baseline") else ""  # paths, KEY=VALUE
+            planned.append(f"sweep.plan.{flag[2:]}={quote}{value}{quote}")
+            i += 1 if given else 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    if "--dry-run" not in rest:
+        if planned:
+            _refuse(f"{', '.join(PLAN_FLAGS)} plan a sweep before it runs: give them with --dry-run")
+        return rest
+    as_json = "--json" in rest
+    rest = [a for a in rest if a not in ("--dry-run", "--json")] + [f"sweep.dry_run={'json' if as_json else 'true'}"]
+    rest += planned
+    return rest if any(a in ("-m", "--multirun") for a in rest) else ["-m", *rest]
+
+
+def _refuse(message: str) -> None:
+    print(f"headlab-train: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def cli() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.launch import planning
 from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
 
@@ -44,6 +45,7 @@ class Cost:
     """What one run of a config costs here, in seconds (a pack of E members: about E times as much on a CPU)."""
 
     steps: int  # optimizer steps
+    epochs: int  # validations, one an epoch
     step_s: float  # one training step
     evaluation_s: float  # every validation (one an epoch, and Lightning's sanity check) and the test
     analysis_s: float  # the head analysis after training
@@ -130,7 +132,7 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     analysis_s = 0.0
     if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
         analysis_s = _median_seconds(lambda: analyst.analyse(model, datamodule, torch.device("cpu")), repeats=1)
-    return Cost(run_steps(cfg, datamodule), step_s, evaluation_s, analysis_s, prepare_s)
+    return Cost(run_steps(cfg, datamodule), epochs_of(cfg, datamodule), step_s, evaluation_s, analysis_s, prepare_s)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
@@ -213,12 +215,14 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
         check_config(cfg)
     n_jobs = int(launcher.get("n_jobs") or 1)
     measured = costs(configs, _threads(n_jobs))
+    total = startup + _total([len(g) for g in groups], measured, n_jobs)
+    planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
     if str(OmegaConf.select(config, "sweep.dry_run")) == "json":
-        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup)))
+        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup) | planned.as_json()))
         return []
     runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
     print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}; nothing is started")
-    print("\n".join(report(groups, measured, n_jobs, startup)))
+    print("\n".join(report(groups, measured, n_jobs, startup) + planned.lines()))
     return []
 
 
@@ -227,7 +231,7 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
     expected wall time of the whole sweep), and what it was measured with."""
     jobs = [
         {
-            "overrides": [o for o in job if not o.startswith("sweep.dry_run=")],
+            "overrides": [o for o in job if not o.startswith(("sweep.dry_run=", "sweep.plan."))],
             "pack": k if packed else None,
             "steps": cost.steps,
             "seconds": round(cost.seconds, 1),

@@ -19,7 +19,8 @@ def config_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _runs(records: list[dict], conditions: dict[str, str]) -> list[dict]:
+def runs_of(records: list[dict], conditions: dict[str, str]) -> list[dict]:
+    """The records whose config has each key at the value a command line writes."""
     return [r for r in records if all(same_value(r["config"].get(k), v) for k, v in conditions.items())]
 
 
@@ -69,38 +70,30 @@ def needed(spread: dict, effect: float, folds: int | None) -> int | None:
     return power.seeds_needed(lambda n: power_at(spread, effect, n, folds), limit=folds or power.MAX_SEEDS)
 
 
-def plan_arms(
-    prior: list[dict],
-    arms: list[dict[str, str]],
-    baseline: tuple[str, str],
+def plan_arm(
+    arm: list[dict],
+    base: list[dict],
     metric: str,
     replicates: int,
     epochs: int,
     effect: float | None = None,
     folds: int | None = None,
-) -> list[dict]:
-    """Per planned arm other than the baseline ({config key: value as written}): {arm, detectable,
-    needed_for_effect, still_improving, from}; `from` says whose spread it rests on ("prior": the arm's and its
-    baseline's runs; "baseline": the baseline's alone, the prior not having the arm; "none": neither)."""
-    key, value = baseline
-    out = []
-    for arm in arms:
-        if same_value(arm.get(key), value) if key in arm else False:
-            continue
-        base_conditions = {**arm, key: value}
-        arm_runs, base_runs = _runs(prior, arm), _runs(prior, base_conditions)
-        spread, source = contrast(arm_runs, base_runs, metric, folds), "prior"
-        if spread is None:
-            spread, source = contrast(base_runs, base_runs, metric, None), "baseline"
-            if spread is not None and folds:  # two independent folds' spread, as if unpaired
-                spread = {"sd_difference": math.sqrt(2) * spread["sd_a"]}
-        row = {"arm": " ".join(f"{k}={v}" for k, v in arm.items()), "from": source if spread else "none"}
-        row["detectable"] = None if spread is None else round(detectable(spread, replicates, folds), 6)
-        row["needed_for_effect"] = None if spread is None or effect is None else needed(spread, effect, folds)
-        share = still_improving(arm_runs or base_runs, epochs)
-        row["still_improving"] = None if share is None else round(share, 3)
-        out.append(row)
-    return out
+) -> dict:
+    """An arm's plan from the prior's runs of it and of its baseline: {detectable, needed_for_effect,
+    still_improving, from}; `from` says whose spread it rests on ("prior": both sides' runs; "baseline": the
+    baseline's alone, the prior not having the arm; "none": neither, and nothing is said)."""
+    spread, source = contrast(arm, base, metric, folds), "prior"
+    if spread is None:
+        spread, source = contrast(base, base, metric, None), "baseline"
+        if spread is not None and folds:  # two independent folds' spread, as if unpaired
+            spread = {"sd_difference": math.sqrt(2) * spread["sd_a"]}
+    share = still_improving(arm or base, epochs)
+    return {
+        "from": source if spread else "none",
+        "detectable": None if spread is None else round(detectable(spread, replicates, folds), 6),
+        "needed_for_effect": None if spread is None or effect is None else needed(spread, effect, folds),
+        "still_improving": None if share is None else round(share, 3),
+    }
 
 
 def largest_within(seconds_at, budget_s: float, most: int) -> int | None:

@@ -9,12 +9,14 @@ import difflib
 import importlib
 from collections.abc import Callable
 from importlib.resources import files
+from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from headlab.conventions import ADDED_KEYS, SPLITS, as_now
 from headlab.errors import ConfigError, as_written
 from headlab.model import rules
+from headlab.printing import seconds_of
 from headlab.record import OBJECTIVES
 
 
@@ -88,6 +90,20 @@ RULES: dict[str, tuple[Callable, str]] = {
     "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
     "sweep.objective": METRIC,
     "sweep.dry_run": (lambda v: v in (True, False, "json"), "true, false or json (--dry-run, --dry-run --json)"),
+    "sweep.plan.prior": (
+        lambda v: v is None or Path(str(v)).exists(),
+        "an earlier sweep's directory or archive that exists",
+    ),
+    "sweep.plan.baseline": (
+        lambda v: v is None or (isinstance(v, str) and all(v.partition("=")[::2]) and "=" in v),
+        "KEY=VALUE, e.g. --baseline design=plain",
+    ),
+    "sweep.plan.metric": METRIC,
+    "sweep.plan.effect": (
+        lambda v: v is None or (_is_number(v) and v > 0),
+        "a number > 0 (the difference that matters)",
+    ),
+    "sweep.plan.budget": (lambda v: v is None or seconds_of(v) is not None, "a duration: 30m, 2h, 1h30m, 90s"),
     "sweep.extend.select_on": METRIC,
     "sweep.extend.factor": (lambda v: _is_number(v) and v > 1, "a number > 1 (past the top: x factor; the bottom: /)"),
     "sweep.extend.limit": POSITIVE,
