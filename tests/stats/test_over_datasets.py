@@ -313,3 +313,39 @@ def test_a_pooled_match_needs_three_datasets_or_each_alone_and_the_power_every_m
     result = {"p_holm": 0.6, "low": low_high[0], "high": low_high[1], "se": se, "k": k, "verdicts": verdicts}
     assert meta_verdict(result, 0.01) == said
     assert meta_verdict(result, None) == "not significant"
+
+
+def test_leave_one_dataset_out_chooses_on_the_others_and_reads_the_choice_on_the_one_held_out(tmp_path):
+    """Each dataset held out of the choice: the setting with the smallest worst validation gap over the other
+    datasets (worked out here by hand), its test accuracy on the held-out one, beside the choice made with every
+    dataset and the held-out dataset's own best."""
+    val = {("a", 1): 0.80, ("a", 2): 0.78, ("a", 3): 0.70,  # a prefers 1; b and c prefer 2
+           ("b", 1): 0.60, ("b", 2): 0.66, ("b", 3): 0.65,
+           ("c", 1): 0.50, ("c", 2): 0.55, ("c", 3): 0.54}  # fmt: skip
+    root, i = tmp_path / "search", 0
+    for (name, setting), mean in val.items():
+        for seed, wiggle in enumerate((-0.001, 0.001)):
+            run = root / str(i)
+            run.mkdir(parents=True)
+            metrics = {"val/acc_best": mean + wiggle, "test/acc": mean - 0.05 + wiggle}
+            config = {"data": name, EPOCHS: setting, "seed": seed}
+            (run / "results.json").write_text(json.dumps({"status": "completed", "config": config, "metrics": metrics}))
+            i += 1
+    main([str(root), "--across", "data", "--metric", "val/acc_best", "--metric", "test/acc", "--no-plots"])
+    best = {d: max(m for (n, _), m in val.items() if n == d) for d in "abc"}
+    gap = {(d, s): best[d] - val[(d, s)] for (d, s) in val}
+
+    def choose(datasets):
+        return min((1, 2, 3), key=lambda s: max(gap[(d, s)] for d in datasets))
+
+    rows = {(r["held_out"], r["metric"]): r for r in csv.DictReader((root / "compare_loo.csv").open())}
+    assert choose("abc") == 2
+    for d in "abc":
+        chosen = choose([o for o in "abc" if o != d])
+        row = rows[(d, "test/acc")]
+        assert int(row[EPOCHS]) == chosen
+        assert float(row["mean"]) == pytest.approx(val[(d, chosen)] - 0.05)
+        assert float(row["in_sample"]) == pytest.approx(val[(d, 2)] - 0.05)
+        assert float(row["best"]) == pytest.approx(best[d] - 0.05)
+    assert int(rows[("b", "test/acc")][EPOCHS]) == 2 and int(rows[("a", "test/acc")][EPOCHS]) == 2
+    assert "Leave one data value out" in (root / "compare.md").read_text()

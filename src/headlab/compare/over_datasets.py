@@ -7,9 +7,11 @@ import io
 import math
 from pathlib import Path
 
+from headlab.escape import csv_cell, markdown_cell
 from headlab.files import append_text_atomic, write_text_atomic
 from headlab.stats import power
 from headlab.stats.contrasts import Design
+from headlab.stats.datasets import leave_one_out
 from headlab.stats.power import ALPHA
 
 FEWEST_TO_SHOW_NONE = 3  # datasets a pooled "no difference found" needs unless each alone shows none
@@ -194,8 +196,13 @@ def _targets(targets: dict, k: int) -> str:
 
 
 def write_across(out: Path, ranked: dict, design: Design) -> Path:
-    """The ranking appended to compare.md, and compare_across.csv (one row per setting, metric and dataset)."""
-    append_text_atomic(out / "compare.md", "\n" + "\n".join(across_table(ranked, design)) + "\n")
+    """The ranking appended to compare.md, and compare_across.csv (one row per setting, metric and dataset); with
+    three datasets or more, each held out of the choice (loo_table, compare_loo.csv)."""
+    held_out = leave_one_out(ranked)
+    tables = across_table(ranked, design) + (["", *loo_table(ranked, held_out, design)] if held_out else [])
+    append_text_atomic(out / "compare.md", "\n" + "\n".join(tables) + "\n")
+    if held_out:
+        write_loo(out, ranked, held_out, design)
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     names = list(ranked["settings"][0]["setting"]) if ranked["settings"] else []
@@ -211,6 +218,51 @@ def write_across(out: Path, ranked: dict, design: Design) -> Path:
                 writer.writerow([*s["setting"].values(), metric, d, *row])
     write_text_atomic(out / "compare_across.csv", table.getvalue())
     return out / "compare_across.csv"
+
+
+def loo_table(ranked: dict, held_out: list[dict], design: Design) -> list[str]:
+    """Markdown: each dataset held out of the choice, the setting chosen on the others, and per metric its mean on
+    the held-out dataset against the choice made with every dataset (in sample) and the dataset's own best."""
+    key, first = design.across, ranked["metric"]
+    lines = [
+        f"Leave one {key} value out: the choice above made without it (the smallest worst gap on {first} over the "
+        f"other values), read on it; beside it the choice made with every value (in sample) and that value's own "
+        "best. Defaults that transfer read as well held out as in sample.",
+        "",
+        "| held out | chosen without it | "
+        + " | ".join(f"{m}: held out (gap) / in sample / its best" for m in design.metrics)
+        + " |",
+        "|" + "---|" * (2 + len(design.metrics)),
+    ]
+    for row in held_out:
+        cells = [
+            markdown_cell(row["dataset"]),
+            markdown_cell(_setting_name(ranked["settings"][row["chosen"]]["setting"])),
+        ]
+        for metric in design.metrics:
+            m = row.get(metric, {})
+            cells.append(
+                f"{_number(m.get('held_out', math.nan))} ({_number(m.get('gap', math.nan))}) / "
+                f"{_number(m.get('in_sample', math.nan))} / {_number(m.get('best', math.nan))}"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_loo(out: Path, ranked: dict, held_out: list[dict], design: Design) -> Path:
+    """compare_loo.csv: one row per held-out dataset and metric."""
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    names = list(ranked["settings"][0]["setting"])
+    writer.writerow(["held_out", *names, "metric", "mean", "gap", "in_sample", "best"])
+    for row in held_out:
+        setting = ranked["settings"][row["chosen"]]["setting"]
+        for metric in design.metrics:
+            m = row.get(metric, {})
+            values = [m.get(k, math.nan) for k in ("held_out", "gap", "in_sample", "best")]
+            writer.writerow([csv_cell(row["dataset"]), *(csv_cell(setting[k]) for k in names), metric, *values])
+    write_text_atomic(out / "compare_loo.csv", table.getvalue())
+    return out / "compare_loo.csv"
 
 
 def _setting_name(setting: dict) -> str:

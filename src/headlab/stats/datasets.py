@@ -115,4 +115,37 @@ def across(rows: list[dict], keys: list[str], design: Design) -> dict:
             entry["rank"] = sum(entry["ranks"].values()) / len(datasets) if complete else math.nan
     ranked = [i for i, s in enumerate(settings) if not math.isnan(s.get(first, {}).get("worst", math.nan))]
     chosen = min(ranked, key=lambda i: (settings[i][first]["worst"], settings[i][first]["rank"]), default=None)
-    return {"datasets": datasets, "settings": settings, "chosen": chosen, "metric": first}
+    return {"datasets": datasets, "settings": settings, "chosen": chosen, "metric": first, "metrics": design.metrics}
+
+
+def leave_one_out(ranked: dict) -> list[dict]:
+    """Each dataset held out of the choice (across's, on its first metric: the smallest worst gap over the other
+    datasets, ties by their mean rank), and what that choice gives on it: [{"dataset", "chosen" (a setting's index),
+    metric: {"held_out": its mean on the dataset, "gap": its gap there, "in_sample": the mean there of the setting
+    chosen with every dataset, "best": the mean there of the dataset's own best}}]. Defaults that transfer do as
+    well held out as in sample. Empty with fewer than three datasets (a choice from one dataset is that one's best)."""
+    datasets, settings, first = ranked["datasets"], ranked["settings"], ranked["metric"]
+    if len(datasets) < 3:
+        return []
+    complete = [i for i, s in enumerate(settings) if len(s.get(first, {}).get("gaps", {})) == len(datasets)]
+    out = []
+    for d in datasets:
+        others = [o for o in datasets if o != d]
+        scores = {i: _score_without(settings[i][first], others) for i in complete}
+        chosen = min(complete, key=scores.__getitem__, default=None)
+        if chosen is None:
+            continue
+        best = min(complete, key=lambda i: settings[i][first]["gaps"][d])  # noqa: B023  (a gap of 0: its own best)
+        row = {"dataset": d, "chosen": chosen}
+        for metric in ranked.get("metrics", [first]):
+            means = {i: settings[i].get(metric, {}).get("means", {}).get(d, math.nan) for i in complete}
+            in_sample = means.get(ranked["chosen"], math.nan)
+            gap = settings[chosen].get(metric, {}).get("gaps", {}).get(d, math.nan)
+            row[metric] = {"held_out": means[chosen], "gap": gap, "in_sample": in_sample, "best": means[best]}
+        out.append(row)
+    return out
+
+
+def _score_without(entry: dict, datasets: list) -> tuple[float, float]:
+    """A setting's worst gap and mean rank over these datasets: what the choice minimises."""
+    return max(entry["gaps"][d] for d in datasets), sum(entry["ranks"][d] for d in datasets) / len(datasets)
