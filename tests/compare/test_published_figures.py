@@ -67,5 +67,14 @@ def test_the_speed_docs_quote_no_measurement_of_their_own():
     """Speeds, step times and ratios live in BENCHMARKS.md, which `make bench` rewrites with the machine that measured
     them; a figure typed into the docs would go stale unseen."""
     measured = re.compile(r"\d[\d,.]*\s?(?:tokens/s|ms)\b|\d(?:\.\d+)?x\b")
-    for doc in ("README.md", "docs/speed.md", "docs/sweeps.md", "docs/data.md", "docs/runs.md", "docs/heads.md"):
+    for doc in (
+        "README.md",
+        "docs/speed.md",
+        "docs/sweeps.md",
+        "docs/statistics.md",
+        "docs/data.md",
+        "docs/runs.md",
+        "docs/heads.md",
+        "docs/plan.md",
+    ):
         assert measured.findall((ROOT / doc).read_text()) == [], doc
