@@ -80,7 +80,10 @@ def compare_command(argv: list[str]) -> None:
         args.metric = [m for m in args.metric if m not in taken] or None
         args.dirs = [*args.dirs, *map(Path, taken)]
     if args.check or args.update:
-        if not args.check or [a for a in argv if a.startswith("-") and a not in ("--check", "--update")]:
+        others = [
+            k for k, v in vars(args).items() if k not in ("check", "update", "dirs") and v != parser.get_default(k)
+        ]
+        if not args.check or others:
             parser.error("--check [--update] takes folders or compare.md files only (it replays each table)")
         raise SystemExit(check(args.dirs or [Path("experiments/results")], args.update))
     if not args.dirs and not args.wandb:
@@ -102,7 +105,7 @@ def compare_command(argv: list[str]) -> None:
         raise SystemExit("headlab-compare: no completed runs to compare")
     for line in mixed_data(runs.completed):
         print(f"headlab-compare: mixed data: {line}", file=sys.stderr)
-    own = any(a.split("=", 1)[0] in analysis.FLAGS for a in argv)  # the command line's analysis, not the file's
+    own = any(v != analysis.DEFAULTS[k] for k, v in given.items())  # the command line's analysis, not the file's
     stated, notes = (None, []) if own else experiment.stated(runs.completed, args.confirm)
     for note in notes:
         print(f"headlab-compare: {note}", file=sys.stderr)

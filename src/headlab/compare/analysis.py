@@ -27,7 +27,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--paired", action="store_true", help="with --baseline: pair the test over shared seeds")
     parser.add_argument(
-        "--test", choices=list(TESTS), default="welch", help="with --baseline: the test (docs/statistics.md: which when)"
+        "--test",
+        choices=list(TESTS),
+        default="welch",
+        help="with --baseline: the test (docs/statistics.md: which when)",
     )
     parser.add_argument("--log", metavar="METRIC", action="append", help="analyse METRIC on the log scale")
     parser.add_argument(
