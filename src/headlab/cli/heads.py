@@ -111,11 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     pngs = figures.render_heads(snapshot)  # attention/layer_0, heads/similarity
     measured = _measured(args.run_dir / "heads.json", checkpoint, model.n_layers, model.n_heads)
     if measured:  # importance and pruning curves, as the run measured them on this checkpoint
+        probe.with_measured(report["rows"], measured)
         importance = {(r["layer"], r["head"]): r.get("importance") for r in measured.get("rows", [])}
-        causal = {(r["layer"], r["head"]): {k: r[k] for k in causal_report.measured([r])} for r in measured["rows"]}
-        for row in report["rows"]:
-            row["importance"] = importance.get((row["layer"], row["head"]))
-            row.update(causal.get((row["layer"], row["head"]), {}))
         scores = np.array([[importance[(layer, h)] for h in range(model.n_heads)] for layer in range(model.n_layers)])
         curves = {"importance": measured["pruning_curve"], **measured.get("pruning_baselines", {})}
         plain = {o: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for o, c in curves.items()}

@@ -14,6 +14,7 @@ from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
 from headlab.heads import head_view, statistics
 from headlab.model.hooks import recorded
+from headlab.training import causal_report
 
 
 def attention(model, datamodule, batch: dict) -> dict:
@@ -63,6 +64,16 @@ def vectors(model, queries: list[torch.Tensor], keys: list[torch.Tensor]) -> dic
         "k": [k.repeat_interleave(repeat, dim=1) for k in keys],  # (B, H, n', d_k)
         "scale": attn.scale,
     }
+
+
+def with_measured(rows: list[dict], measured: dict) -> None:
+    """Add to the probe report's rows what the run measured of each head on its checkpoint (heads.json rows:
+    importance and the causal columns), by (layer, head)."""
+    by_head = {(r["layer"], r["head"]): r for r in measured.get("rows", [])}
+    for row in rows:
+        found = by_head.get((row["layer"], row["head"]), {})
+        row["importance"] = found.get("importance")
+        row.update({k: found[k] for k in causal_report.measured([found])} if found else {})
 
 
 def mixing(model) -> dict[str, list]:
