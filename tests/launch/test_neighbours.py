@@ -91,3 +91,13 @@ def test_headlab_train_says_it_starts_beside_another_run(fake_trainer, said, tmp
 
 def test_taskset_ranges():
     assert neighbours._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_a_dry_run_beside_another_run_says_its_times_are_measured_beside_it(fake_trainer, said, tmp_path):
+    """A busy machine slows the dry run's measured steps as it slows the runs: the estimate is said to hold while
+    the other run goes on (on stderr: --dry-run --json keeps stdout one JSON object)."""
+    other = fake_trainer()
+    result = headlab_train("model.attention.n_heads=0", "--dry-run", "--json", cwd=tmp_path)
+    first = result.stderr.splitlines()[0]
+    assert str(other.pid) in first and first.endswith("this dry run's times are measured beside it"), first
+    assert result.stdout == ""

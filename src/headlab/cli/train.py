@@ -100,9 +100,10 @@ def cli() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     register()
     sys.argv[1:] = resume_argv(dry_run_argv(sys.argv[1:]))
-    elsewhere = "hydra/launcher=slurm" in sys.argv or any(a.startswith("sweep.dry_run=") for a in sys.argv)
-    if not elsewhere and (line := neighbours.warning()):  # slurm: it trains elsewhere
-        print(f"headlab-train: {line}", file=sys.stderr)
+    dry_run = any(a.startswith("sweep.dry_run=") for a in sys.argv)
+    if "hydra/launcher=slurm" not in sys.argv and (line := neighbours.warning()):  # slurm: it trains elsewhere
+        busy = f"{line.split(' too:', 1)[0]}: this dry run's times are measured beside it" if dry_run else line
+        print(f"headlab-train: {busy}", file=sys.stderr)
     try:
         main()
     except Exception as error:
