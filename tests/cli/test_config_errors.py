@@ -81,6 +81,7 @@ CASES = [
     value("model.attention.latent_kv=0", "an int >= 1 (the latent's rank) or null"),
     value("model.positional=relative", "one of sinusoidal, learned, rope, alibi"),
     value("sweep.plan.budget=soon", "a duration: 30m, 2h, 1h30m, 90s"),
+    value("sweep.sequential.looks=1", "an int >= 2 (rounds) or null"),
     value("sweep.plan.effect=-1", "a number > 0 (the difference that matters)"),
     value("sweep.plan.baseline=plain", "KEY=VALUE, e.g. --baseline design=plain"),
     value("model.rope_base=1", "a number > 1 (rotary angles base^(-2i/d_k))"),

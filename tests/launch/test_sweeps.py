@@ -356,3 +356,29 @@ def test_fixed_head_size_control_arms_match_the_fixed_size_arms_in_parameters():
         fixed = params[h, 32, None]
         (matched,) = [n for (heads, d_k, d_ff), n in params.items() if heads == h and d_k is None and d_ff]
         assert abs(matched - fixed) / fixed < 1e-3 and params[h, None, None] < 0.85 * fixed
+
+
+@pytest.mark.e2e
+def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm_without_a_difference_to_the_end(
+    run_cli, tmp_path
+):
+    """sweep.sequential.looks=2 over 8 seeds: at 4 seeds a learning rate of 1e-6 is decided (its test loss far above
+    the baseline's beyond the first look's O'Brien-Fleming boundary) and stops; 1.01e-2, no real difference from
+    1e-2 and no margin stated, goes on to 8. sequential.json says each arm's look, reading and runs."""
+    args = [*QUICK, "trainer.max_epochs=2", "hydra/launcher=packed", "optim.lr=1e-2,1e-6,1.01e-2", "seed=range(8)"]
+    sequential = [
+        "sweep.sequential.looks=2",
+        "sweep.sequential.baseline='optim.lr=1e-2'",
+        "sweep.sequential.metric=test/loss",
+    ]
+    result = run_cli("-m", *args, *sequential, "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads((tmp_path / "sweep" / "sequential.json").read_text())
+    arms = {a["arm"]: a for a in said["arms"]}
+    assert said["looks"] == [4, 8] and arms["optim.lr=0.01"]["reading"] == "baseline"
+    broken, same = arms["optim.lr=1e-06"], arms["optim.lr=0.0101"]
+    assert broken["look"] == 1 and broken["reading"] == "significant" and len(broken["runs"]) == 4
+    assert broken["p"] < broken["level"] < 0.01 and broken["difference"] > 0  # the higher test loss
+    assert same["look"] == 2 and same["reading"] is None and len(same["runs"]) == 8
+    assert len(list((tmp_path / "sweep").glob("*/results.json"))) == 20  # 4 seeds of the broken arm never ran
+    assert "sweep.sequential look 1: optim.lr=1e-06: significant" in result.stderr + result.stdout

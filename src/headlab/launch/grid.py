@@ -91,3 +91,65 @@ def extension_jobs(sweep_dir: Path, key: str, factor: float, on: str, before: in
             kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in (key, "sweep.resume")]
             jobs.append([*kept, f"{key}={new}"])
     return jobs, said
+
+
+def replicate_key(jobs: list[list[str]]) -> str:
+    """The key whose values repeat each arm in a sequential sweep: the seed (folds are not read in rounds yet)."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for job in jobs for o in job if "=" in o}
+    if "data.cv.fold" in keys:
+        fail("sweep.sequential.looks", "set", "null with cross-validation (rounds read seeds, not folds, for now)")
+    return "seed"
+
+
+def look_sizes(replicates: int, looks: int) -> list[int]:
+    """The replicates an arm has at each of `looks` rounds: evenly spread, the last all of them."""
+    return sorted({max(2, -(-replicates * k // looks)) for k in range(1, looks + 1)})
+
+
+def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str, str]], list[int], list[int]]:
+    """Each job's arm (headlab.launch.planning.arms_of), its replicate's rank within its arm (0 first), and the
+    replicates an arm has at each look."""
+    from headlab.launch.planning import arms_of
+
+    replicate_key(jobs)
+    arms = arms_of(jobs)
+    ranks, seen = [], {}
+    for arm in arms:
+        key = tuple(sorted(arm.items()))
+        ranks.append(seen.get(key, 0))
+        seen[key] = ranks[-1] + 1
+    return arms, ranks, look_sizes(max(seen.values()), looks)
+
+
+def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple[str, str], metric: str,
+              margin: float | None, fractions: tuple, k: int) -> dict[tuple, dict]:  # fmt: skip
+    """Every open arm's contrast with its baseline at look k, from the completed runs of the sweep directory:
+    {arm key: sequential.welch_look's reading at the look's boundary (reading None: it goes on)}."""
+    from headlab.stats import sequential
+    from headlab.stats.plan import runs_of
+
+    runs = load_dirs([sweep_dir]).completed
+    c = sequential.boundaries(fractions)[k]
+    key, value = baseline
+    found = {}
+    for arm in arms:
+        name = tuple(sorted(arm.items()))
+        if name not in open_arms or same_written(arm.get(key), value):
+            continue
+        values = lambda conditions: [r["metrics"][metric] for r in runs_of(runs, conditions) if metric in r["metrics"]]  # noqa: E731
+        mine, theirs = values(arm), values({**arm, key: value})
+        if len(mine) < 2 or len(theirs) < 2:
+            continue
+        p, difference, interval = sequential.welch_look(mine, theirs, c)
+        reading = sequential.look(p, interval, c, margin)
+        found[name] = {"look": k + 1, "replicates": len(mine), "reading": reading, "p": p,
+                       "level": sequential.level(c), "difference": difference, "interval": list(interval)}  # fmt: skip
+    return found
+
+
+def same_written(a: str | None, b: str) -> bool:
+    """Two values as command lines write them: numbers by value (1e-2 is 0.01), anything else as text."""
+    try:
+        return a is not None and float(a) == float(b)
+    except ValueError:
+        return a == b

@@ -90,6 +90,13 @@ RULES: dict[str, tuple[Callable, str]] = {
     "trainer.max_epochs": (lambda v: v == "auto" or positive_int(v), "an int >= 1, or auto (auto_epochs)"),
     "sweep.objective": METRIC,
     "sweep.dry_run": (lambda v: v in (True, False, "json"), "true, false or json (--dry-run, --dry-run --json)"),
+    "sweep.sequential.looks": (lambda v: v is None or (_is_int(v) and v >= 2), "an int >= 2 (rounds) or null"),
+    "sweep.sequential.baseline": (
+        lambda v: v is None or (isinstance(v, str) and "=" in v and all(v.partition("=")[::2])),
+        "KEY=VALUE, the arm every other is read against",
+    ),
+    "sweep.sequential.metric": METRIC,
+    "sweep.sequential.effect": (lambda v: v is None or (_is_number(v) and v > 0), "a number > 0 or null"),
     "sweep.plan.prior": (
         lambda v: v is None or Path(str(v)).exists(),
         "an earlier sweep's directory or archive that exists",
