@@ -7,15 +7,22 @@ of rounds is reached. An arm is a group of the other varying keys (headlab.stats
 the highest mean of sweep.extend.select_on over seeds, as `headlab-compare --select` chooses it. Each round decides
 from the jobs numbered before it (the grid's and the earlier rounds'), so a resumed sweep replays the same rounds
 into the same job directories, and finds their jobs done.
+sweep.sequential: the grid's seeds in rounds instead, an arm stopping once its contrast with the baseline is decided
+at a look (headlab.stats.sequential), the same numbering rule making a resumed sweep replay its rounds.
 """
 
+import json
+import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.files import write_text_atomic
 from headlab.stats.comparison import group_runs, select_best, varying_keys
 from headlab.stats.runs import load_dirs
 from headlab.training.config_check import fail
+
+log = logging.getLogger("headlab")
 
 
 def fold_sweep(config: DictConfig, arguments: list[str]) -> list[str]:
@@ -153,3 +160,62 @@ def same_written(a: str | None, b: str) -> bool:
         return a is not None and float(a) == float(b)
     except ValueError:
         return a == b
+
+
+def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, resume: bool) -> list:
+    """sweep.sequential: the jobs in rounds, each launched by `launch` (the sweep's launcher's): at look k each
+    open arm's next seeds run, then every arm's contrast with its baseline is read at the look's boundary; a decided
+    arm stops (its baseline goes on while any arm reads against it). Each round's jobs are numbered after the
+    earlier rounds', so a resumed sweep replays the same rounds. sequential.json in the sweep directory gives each
+    arm's look, reading and runs."""
+    arms, ranks, sizes = sequential_rounds(jobs, int(settings.looks))
+    key, _, value = str(settings.baseline).partition("=")
+    if not any(same_written(arm.get(key), value) for arm in arms):
+        named = sorted({f"{k}={v}" for arm in arms for k, v in arm.items()})
+        fail("sweep.sequential.baseline", settings.baseline, f"an arm of the sweep: one of {', '.join(named)}")
+    fractions = tuple(n / sizes[-1] for n in sizes)
+    names = [tuple(sorted(arm.items())) for arm in arms]
+    open_arms, readings, numbers = set(names), {}, {}
+    returns, done = [], 0
+    for k, size in enumerate(sizes):
+        start = sizes[k - 1] if k else 0
+        todo = [
+            i
+            for i, (name, rank) in enumerate(zip(names, ranks, strict=True))
+            if name in open_arms and start <= rank < size
+        ]
+        batch = [[*jobs[i], "sweep.resume=true"] if resume else jobs[i] for i in todo]
+        if batch:
+            returns.append(launch(batch, initial_job_idx=done))
+            numbers |= {i: done + n for n, i in enumerate(todo)}
+            done += len(batch)
+        found = read_look(
+            sweep_dir, arms, open_arms, (key, value), settings.metric, settings.get("effect"), fractions, k
+        )
+        for name, reading in found.items():
+            readings[name] = reading
+            if reading["reading"]:
+                open_arms.discard(name)
+                said = f"{reading['reading']} (p {reading['p']:.3g}, the look's level {reading['level']:.3g})"
+                log.info("sweep.sequential look %d: %s: %s; it stops at %d seeds", k + 1, _name(name), said, size)
+        if not {n for n in open_arms if not same_written(dict(n).get(key), value)}:
+            break
+    arms_json = [
+        {
+            "arm": _name(name),
+            **readings.get(
+                name, {"look": None, "reading": "baseline" if same_written(dict(name).get(key), value) else None}
+            ),
+            "runs": sorted(numbers[i] for i, n in enumerate(names) if n == name and i in numbers),
+        }
+        for name in dict.fromkeys(names)
+    ]
+    text = json.dumps(
+        {"looks": sizes, "baseline": str(settings.baseline), "metric": settings.metric, "arms": arms_json}, indent=2
+    )
+    write_text_atomic(sweep_dir / "sequential.json", text + "\n")
+    return returns
+
+
+def _name(arm: tuple) -> str:
+    return " ".join(f"{k}={v}" for k, v in arm) or "the only arm"

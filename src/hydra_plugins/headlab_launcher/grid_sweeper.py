@@ -7,7 +7,6 @@ and an arm stops once its contrast with the baseline is decided (headlab.stats.s
 It holds a BasicSweeper rather than subclassing it: Hydra's plugin scan loads its core plugins' modules again, and
 BasicSweeper's own super() call then refuses a subclass of the class as first imported."""
 
-import json
 import logging
 from pathlib import Path
 
@@ -31,7 +30,7 @@ class GridSweeper(Sweeper):
             self.grid.validate_batch_is_legal = lambda batch: None  # job twice cost ~0.3 s a job (a resume too)
 
     def sweep(self, arguments: list[str]):
-        from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep
+        from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep, sequential_sweep
 
         extend = OmegaConf.select(self.config, "sweep.extend")
         if extend and extend.get("key"):  # before any job: a misspelt key costs nothing
@@ -44,7 +43,9 @@ class GridSweeper(Sweeper):
         if OmegaConf.select(self.config, "sweep.dry_run"):
             return self.dry_run(self.jobs(arguments))
         if OmegaConf.select(self.config, "sweep.sequential.looks"):
-            return self.sequential(self.jobs(arguments), self.config.sweep.sequential)
+            sweep_dir, resume = Path(str(self.config.hydra.sweep.dir)), bool(self.config.sweep.get("resume"))
+            return sequential_sweep(self.grid.launcher.launch, self.jobs(arguments), self.config.sweep.sequential,
+                                    sweep_dir, resume)  # fmt: skip
         returns = self.grid.sweep(arguments)
         if not extend or not extend.get("key"):
             return returns
@@ -66,63 +67,6 @@ class GridSweeper(Sweeper):
             done += len(jobs)
         return returns
 
-    def sequential(self, jobs: list[list[str]], settings) -> list:
-        """The jobs in rounds: at look k each open arm's next seeds run, then every arm's contrast with its baseline
-        is read at the look's boundary; a decided arm stops (its baseline goes on while any arm reads against it).
-        Each round's jobs are numbered after the earlier rounds', so a resumed sweep replays the same rounds.
-        sequential.json in the sweep directory gives each arm's look, reading and runs."""
-        from headlab.files import write_text_atomic
-        from headlab.launch.grid import read_look, same_written, sequential_rounds
-        from headlab.training.config_check import fail
-
-        arms, ranks, sizes = sequential_rounds(jobs, int(settings.looks))
-        key, _, value = str(settings.baseline).partition("=")
-        if not any(same_written(arm.get(key), value) for arm in arms):
-            named = sorted({f"{k}={v}" for arm in arms for k, v in arm.items()})
-            fail("sweep.sequential.baseline", settings.baseline, f"an arm of the sweep: one of {', '.join(named)}")
-        sweep_dir, fractions = Path(str(self.config.hydra.sweep.dir)), tuple(n / sizes[-1] for n in sizes)
-        names = [tuple(sorted(arm.items())) for arm in arms]
-        open_arms, readings, numbers = set(names), {}, {}
-        returns, done = [], 0
-        for k, size in enumerate(sizes):
-            start = sizes[k - 1] if k else 0
-            todo = [
-                i
-                for i, (name, rank) in enumerate(zip(names, ranks, strict=True))
-                if name in open_arms and start <= rank < size
-            ]
-            batch = [[*jobs[i], "sweep.resume=true"] if self.config.sweep.get("resume") else jobs[i] for i in todo]
-            if batch:
-                returns.append(self.grid.launcher.launch(batch, initial_job_idx=done))
-                numbers |= {i: done + n for n, i in enumerate(todo)}
-                done += len(batch)
-            found = read_look(
-                sweep_dir, arms, open_arms, (key, value), settings.metric, settings.get("effect"), fractions, k
-            )
-            for name, reading in found.items():
-                readings[name] = reading
-                if reading["reading"]:
-                    open_arms.discard(name)
-                    said = f"{reading['reading']} (p {reading['p']:.3g}, the look's level {reading['level']:.3g})"
-                    log.info("sweep.sequential look %d: %s: %s; it stops at %d seeds", k + 1, _name(name), said, size)
-            if not {n for n in open_arms if not same_written(dict(n).get(key), value)}:
-                break
-        arms_json = [
-            {
-                "arm": _name(name),
-                **readings.get(
-                    name, {"look": None, "reading": "baseline" if same_written(dict(name).get(key), value) else None}
-                ),
-                "runs": sorted(numbers[i] for i, n in enumerate(names) if n == name and i in numbers),
-            }
-            for name in dict.fromkeys(names)
-        ]
-        text = json.dumps(
-            {"looks": sizes, "baseline": str(settings.baseline), "metric": settings.metric, "arms": arms_json}, indent=2
-        )
-        write_text_atomic(sweep_dir / "sequential.json", text + "\n")
-        return returns
-
     def jobs(self, arguments: list[str]) -> list[list[str]]:
         """Each job's overrides, as the basic sweeper makes them from the sweeper's params and the arguments."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -137,7 +81,3 @@ class GridSweeper(Sweeper):
 
         packed = getattr(self.grid.launcher, "composes_every_job_first", False)
         return dry_run.say(jobs, self.config, self.grid.hydra_context.config_loader, packed)
-
-
-def _name(arm: tuple) -> str:
-    return " ".join(f"{k}={v}" for k, v in arm) or "the only arm"
