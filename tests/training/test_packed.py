@@ -425,7 +425,8 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
     epoch's last.ckpt, its training row written with it. Resumed with sweep.resume=true, each member's metrics.csv
     holds the rows logged before the stop, none twice, and equals its twin left alone, and so does its learning
     curve."""
-    after = ["callbacks.attention.analysis_batches=64"]  # stopped in the head analysis: seconds of it on a busy CPU
+    # stopped in the head analysis: seconds of it even on an idle CPU (32 batches of activation patching too)
+    after = ["callbacks.attention.analysis_batches=64", "callbacks.attention.causal_batches=32"]
     analysis = after if moment == "after_training" else ["callbacks.attention=null"]
     slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
     command = ["-m", "hydra/launcher=packed", *slow]
