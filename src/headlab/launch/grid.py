@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.files import write_text_atomic
+from headlab.launch.planning import arms_of, same_written
 from headlab.stats.comparison import group_runs, select_best, varying_keys
 from headlab.stats.runs import load_dirs
 from headlab.training.config_check import fail
@@ -116,7 +117,6 @@ def look_sizes(replicates: int, looks: int) -> list[int]:
 def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str, str]], list[int], list[int]]:
     """Each job's arm (headlab.launch.planning.arms_of), its replicate's rank within its arm (0 first), and the
     replicates an arm has at each look."""
-    from headlab.launch.planning import arms_of
 
     replicate_key(jobs)
     arms = arms_of(jobs)
@@ -152,14 +152,6 @@ def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple
         found[name] = {"look": k + 1, "replicates": len(mine), "reading": reading, "p": p,
                        "level": sequential.level(c), "difference": difference, "interval": list(interval)}  # fmt: skip
     return found
-
-
-def same_written(a: str | None, b: str) -> bool:
-    """Two values as command lines write them: numbers by value (1e-2 is 0.01), anything else as text."""
-    try:
-        return a is not None and float(a) == float(b)
-    except ValueError:
-        return a == b
 
 
 def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, resume: bool) -> list:

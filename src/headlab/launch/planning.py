@@ -36,6 +36,14 @@ class Plan:
         return {k: v for k, v in found.items() if v is not None}
 
 
+def same_written(a: str | None, b: str) -> bool:
+    """Two values as command lines write them: numbers by value (1e-2 is 0.01), anything else as text."""
+    try:
+        return a is not None and float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
 def arms_of(jobs: list[list[str]]) -> list[dict[str, str]]:
     """Each job's arm: its overrides of the keys that differ between jobs, but replicates (seed, fold)."""
     settings = [{stats_plan.config_key(o): o.split("=", 1)[1] for o in job if "=" in o} for job in jobs]
@@ -104,10 +112,10 @@ def plan(settings: DictConfig, groups: list, configs: list, measured: list, tota
     arm_keys = {k for a in arms.values() for k in a["arm"]}
     rows = []
     for a in arms.values():
-        if key in a["arm"] and same_value(a["arm"][key], value):
+        if same_written(a["arm"].get(key), value):
             continue  # the baseline itself
         base_arm = {**a["arm"], key: value}
-        base = next((b for b in arms.values() if b["arm"] == base_arm), a)  # its planned config, where it is planned
+        base = next((b for b in arms.values() if _same_arm(b["arm"], base_arm)), a)  # its config, where planned
         arm_runs = as_planned(stats_plan.runs_of(records, a["arm"]), a["config"], arm_keys)
         base_runs = as_planned(stats_plan.runs_of(records, base_arm), base["config"], arm_keys)
         planned = stats_plan.plan_arm(arm_runs, base_runs, metric, replicates, a["epochs"], effect, folds)
@@ -128,3 +136,7 @@ def plan(settings: DictConfig, groups: list, configs: list, measured: list, tota
         said += "" if row["from"] == "prior" else " (the prior has no runs of it: its baseline's spread on both sides)"
         done.said.append(said)
     return done
+
+
+def _same_arm(arm: dict[str, str], other: dict[str, str]) -> bool:
+    return arm.keys() == other.keys() and all(same_written(arm[k], v) for k, v in other.items())
