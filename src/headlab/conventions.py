@@ -10,8 +10,14 @@ PAD_ID = 0  # token id of padding everywhere (its embedding is zero and adds not
 IGNORE_INDEX = -100  # label of positions that are not scored (token-level tasks)
 SPLITS = ("train", "val", "test")  # a dataset's splits, in this order
 
-# config keys that say how a run is started, not what it is: they may differ between attempts of one run
-RESUME_KEYS = ("resume", "sweep.resume")
+
+def is_launch_key(key: str) -> bool:
+    """Whether a flat config key says how a run or its sweep is started, not what the run computes: resume= and the
+    whole sweep group (sweep.resume, .dry_run, .plan, .sequential, and any key it gains later). Such keys may differ
+    between attempts of one run, the jobs of one pack and the runs of one arm."""
+    return key == "resume" or key.startswith("sweep.")
+
+
 # suffixes of config keys that say where a run writes (they differ between runs without defining them)
 PATH_SUFFIXES = ("save_dir", "dirpath", "out_dir", "default_root_dir", "resume_from")
 # config groups that say where a run reports (csv, W&B, TensorBoard), not what it computes: a run recorded with one

@@ -12,7 +12,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, REPORTING_GROUPS, RESUME_KEYS, as_now
+from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, REPORTING_GROUPS, as_now, is_launch_key
 from headlab.files import read_received, write_json_atomic
 
 RESULTS = "results.json"  # in every run directory, from the moment its job claims it
@@ -75,14 +75,14 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def defining_keys(before: dict, now: dict) -> list[str]:
-    """The keys on which two flat configs of one run must agree: not how the run is started (RESUME_KEYS), not
+    """The keys on which two flat configs of one run must agree: not how the run is started (is_launch_key), not
     where it writes (PATH_SUFFIXES: a run directory may move), reports (REPORTING_GROUPS) or is read
     (ANALYSIS_KEYS), and the choices of config groups only where both record them."""
-    keys = sorted((set(before) | set(now)) - set(RESUME_KEYS))
     return [
         k
-        for k in keys
-        if not k.endswith(PATH_SUFFIXES)
+        for k in sorted(set(before) | set(now))
+        if not is_launch_key(k)
+        and not k.endswith(PATH_SUFFIXES)
         and k.split(".")[0] not in (*REPORTING_GROUPS, *ANALYSIS_KEYS)
         and ("." in k or (k in before and k in now))
     ]

@@ -18,6 +18,9 @@ import pytest
 from conftest import TESTS, as_interrupted, cli_env, cli_here, train_here
 from headlab.data import subwords
 from headlab.heads import head_view
+from headlab.launch.plan import pack_key
+from headlab.record import same_run
+from headlab.stats.comparison import varying_keys
 
 FAULTS_ENV = cli_env() | {"PYTHONPATH": str(TESTS)}
 WORDS = ["film", "plot", "cast", "scene", "story", "score", "music", "actor", "script", "ending"]
@@ -184,6 +187,16 @@ def test_a_new_run_refuses_a_directory_holding_another_run_which_it_leaves_as_it
 
 
 @pytest.mark.e2e
+def test_how_a_run_or_its_sweep_is_launched_makes_no_other_run_pack_or_arm():
+    """resume= and the whole sweep group (keys it gains later too) say how runs start: a sweep recorded before
+    sweep.plan existed resumes its completed jobs, packs them with new ones and compares them as one arm."""
+    run = {"model.attention.n_heads": 4, "optim.lr": 0.01, "seed": 0, "sweep.resume": False}
+    later = {**run, "resume": "x", "sweep.resume": True, "sweep.plan.metric": "test/acc", "sweep.sequential.looks": 3}
+    assert same_run(run, later) and pack_key(run) == pack_key(later)
+    assert varying_keys([{"config": run}, {"config": later}]) == []
+    assert not same_run(run, {**later, "optim.lr": 0.02}) and pack_key(run) != pack_key({**run, "model.d_model": 8})
+
+
 def test_a_second_process_cannot_write_a_run_directory_that_another_is_writing(tmp_path):
     slow = ["data.n_train=20000", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null", "hydra.run.dir=run"]
     first = subprocess.Popen(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hydra.core.utils import JobReturn
 
-from headlab.conventions import PATH_SUFFIXES, RESUME_KEYS
+from headlab.conventions import PATH_SUFFIXES, is_launch_key
 from headlab.launch.job import Job
 from headlab.training import optim
 
@@ -19,9 +19,13 @@ PROCESS_GB = 2  # what a pack's process takes beside its members (torch, Lightni
 
 def pack_key(flat_config: dict) -> tuple:
     """Everything that must be equal within a pack: the configuration without its per-member keys and paths."""
-    skip = set(PER_MEMBER) | set(RESUME_KEYS) | set(PER_JOB)
+    skip = set(PER_MEMBER) | set(PER_JOB)
     return tuple(
-        sorted((k, repr(v)) for k, v in flat_config.items() if k not in skip and not k.endswith(PATH_SUFFIXES))
+        sorted(
+            (k, repr(v))
+            for k, v in flat_config.items()
+            if k not in skip and not is_launch_key(k) and not k.endswith(PATH_SUFFIXES)
+        )
     )
 
 

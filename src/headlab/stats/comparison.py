@@ -7,7 +7,7 @@ import itertools
 import json
 import math
 
-from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, RESUME_KEYS
+from headlab.conventions import ANALYSIS_KEYS, PATH_SUFFIXES, is_launch_key
 from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST
 from headlab.stats import budget, inference, power, survival
 from headlab.stats.contrasts import (
@@ -26,7 +26,7 @@ from headlab.stats.contrasts import (
 # cross-validation fold (folds x seeds are the replicates of an arm)
 FOLD = "data.cv.fold"
 LOGGING_CADENCE = ("callbacks.attention.every_n_val_epochs", "callbacks.attention.figures_every_n_val_epochs")
-IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, *RESUME_KEYS, *LOGGING_CADENCE)  # not arms
+IGNORED_KEYS = ("seed", "data.seed", "callbacks.attention.seed", FOLD, *LOGGING_CADENCE)  # not arms
 METRICS = (TEST_ACC, VAL_ACC_BEST, "val/acc", TEST_LOSS, "val/loss")
 IMPROVING_MARGIN = 0.005  # val/acc gained at the last validation (10 of 2,000 examples) that counts as improving
 
@@ -60,7 +60,12 @@ def varying_keys(records: list[dict]) -> list[str]:
     keys = sorted({k for r in records for k in r["config"]})
     varying = []
     for key in keys:
-        if key in IGNORED_KEYS or key.split(".")[0] in ANALYSIS_KEYS or key.endswith(PATH_SUFFIXES):
+        if (
+            key in IGNORED_KEYS
+            or is_launch_key(key)
+            or key.split(".")[0] in ANALYSIS_KEYS
+            or key.endswith(PATH_SUFFIXES)
+        ):
             continue
         if len({hashable(r["config"].get(key)) for r in records}) > 1:
             varying.append(key)
