@@ -13,9 +13,9 @@ from hydra import compose, initialize_config_module
 from conftest import cli_env, headlab_train, train_here
 from headlab.errors import ConfigError, as_written
 from headlab.model.encoder import Encoder
-from headlab.training import run
 from headlab.training.config_check import check_config, check_launch
-from headlab.training.run import train as run_train
+from headlab.training.pack import train as pack_train
+from headlab.training.pack.train import train_run
 
 
 @dataclass
@@ -428,7 +428,7 @@ def test_bad_input_exits_with_one_line_and_no_success(tmp_path, monkeypatch, cas
     args = [a.format(tmp=tmp_path) for a in case.args]
     run_dir = ["hydra.run.dir=run"] if case.run_dir == "run" and "hydra.run.dir" not in " ".join(args) else []
     trained = []
-    monkeypatch.setattr(run, "train", lambda *a, **k: trained.append(1) or run_train(*a, **k))
+    monkeypatch.setattr(pack_train, "train_run", lambda *a, **k: trained.append(1) or train_run(*a, **k))
     result = train_here("trainer.max_epochs=1", "logger=csv", *run_dir, *args, cwd=tmp_path)
     _check_refused(result, case, tmp_path)
     assert not trained if case.fast else trained  # fast: refused before training (and its imports) started
@@ -487,6 +487,13 @@ def test_every_shipped_data_config_composes_and_validates(data):
             "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
             "headlab's own callbacks only: train it with the default launcher)",
         ),
+        (
+            "model.compile=true",
+            "model.compile=true is invalid: expected false with hydra/launcher=packed (a pack computes its members "
+            "from stacked weights, never compiled)",
+        ),
+        ("debug=fast", "trainer.fast_dev_run=true is invalid: expected false with hydra/launcher=packed (debug runs"),
+        ("debug=overfit", "trainer.overfit_batches=1 is invalid: expected 0 with hydra/launcher=packed (debug runs"),
     ],
 )
 def test_a_pack_refuses_callbacks_it_would_never_call(override, message):

@@ -39,7 +39,7 @@ def test_debug_profile_writes_the_profilers_report(run_cli, tmp_path):
     result = run_cli(*[o for o in TINY if "max_epochs" not in o], "debug=profile", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "run" / "fit-profile.txt").read_text()
-    assert "run_training_batch" in report and "[LightningModule]HeadLabModule.optimizer_step" in report
+    assert "run_training_batch" in report and "[LightningModule]PackedModule.optimizer_step" in report
     assert results(tmp_path / "run")["epochs"] == 1
 
 

@@ -42,15 +42,21 @@ def test_pack_key_ignores_what_members_may_differ_in():
 
 def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path):
     """float64 on the CPU, dropout 0.1: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job run
-    alone (it draws its single run's dropout masks from its own stream). The losses agree to rounding (1e-15 at
-    the first step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size)."""
+    alone on Lightning's single path (a callback of its own keeps it there; it draws its single run's dropout masks
+    from its own stream), and so does headlab-train's pack of one. The losses agree to rounding (1e-15 at the first
+    step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size)."""
     sweep = tmp_path / "sweep"
     packed = run_cli(
         "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, *DROPOUT, f"hydra.sweep.dir={sweep}"
     )
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, "hydra.run.dir=alone")
+    lightning_path = "+callbacks.single_path._target_=lightning.pytorch.callbacks.Callback"
+    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, lightning_path, "hydra.run.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
+    one = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, "hydra.run.dir=one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    solo, lightning = step_losses(tmp_path / "one"), step_losses(tmp_path / "alone")
+    assert len(solo) == 16 and max(abs(a - b) for a, b in zip(solo, lightning, strict=True)) < 1e-7
 
     runs = records(sweep)
     assert [r["status"] for r in runs] == ["completed"] * 4
@@ -473,3 +479,44 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
         assert [(p["epoch"], p["step"], p["tokens"]) for p in curve] == [
             (p["epoch"], p["step"], p["tokens"]) for p in curve_alone
         ]
+
+
+@pytest.mark.e2e
+def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tmp_path):
+    """headlab-train's run is a pack of one: SIGKILL in its second epoch leaves the first epoch's last.ckpt, its
+    training row written with it; resumed with resume=, its metrics.csv holds every row once, as its twin left alone,
+    and so do its learning curve and its numbers."""
+    command = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null"]
+    alone = train_here(*command, "hydra.run.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    run = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headlab.cli.train", *command, f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and process.poll() is None:
+            progress = run / "progress.json"
+            if progress.is_file() and json.loads(progress.read_text())["step"] > 80:  # in its second epoch
+                break
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read().decode()[-2000:]
+    before = csv_rows(run)
+    assert len(before) >= 2  # the first epoch's validation and training rows
+    resumed = train_here(f"resume={run}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows, twin = csv_rows(run), csv_rows(tmp_path / "alone")
+    assert rows[: len(before)] == before and [(r.get("epoch"), r["step"], sorted(r)) for r in rows] == [
+        (r.get("epoch"), r["step"], sorted(r)) for r in twin
+    ]
+    numbers = lambda rows: [float(v) for r in rows for k, v in r.items() if v and k not in ("epoch", "step")]  # noqa: E731
+    assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8)
+    got, expected = (json.loads((d / "results.json").read_text()) for d in (run, tmp_path / "alone"))
+    assert "pack" not in got and got["metrics"] == pytest.approx(expected["metrics"], rel=1e-8)
+    assert [(p["step"], p["tokens"]) for p in got["curve"]] == [(p["step"], p["tokens"]) for p in expected["curve"]]

@@ -33,9 +33,9 @@ def main(cfg: DictConfig) -> float | None:
     signal.signal(signal.SIGINT, job_.stop_on_ctrl_c)
     try:
         job.check()
-        from headlab.training.run import train  # the heavy imports, only once the config is known to be valid
+        from headlab.training.pack.train import train_run  # the heavy imports, once the config is known valid
 
-        fields = train(cfg, job.record["config"], threads=cores.cpu_threads(), run_dir=job.run_dir)
+        fields = train_run(cfg, job.record["config"], threads=cores.cpu_threads(), run_dir=job.run_dir)
     except BaseException as error:
         return job.close(error=error)
     return job.close(fields)

@@ -98,6 +98,7 @@ class AttentionLogger(pl.Callback):
         batch = {k: v.to(device) for k, v in self.probe.items()}
         return batch, probe.attention(model, datamodule, batch)
 
+    @run_eagerly
     def log_heads(
         self, model, datamodule, loggers: list, step: int, device, figures_due: bool = True, media: bool = True
     ) -> dict | None:
@@ -162,6 +163,7 @@ class AttentionLogger(pl.Callback):
         )
         return causal_report.measure(model, datamodule, measured_on, reference, rows, roles, self.seed, scores)
 
+    @run_eagerly
     def analyse(self, model, datamodule, device, stop=None) -> HeadAnalysis:
         """Head importance (L, H) and the pruning curves of the model as given, for publish."""
         ranked_on, scored_on = self.analysis_batches(datamodule, device)
@@ -186,6 +188,7 @@ class AttentionLogger(pl.Callback):
         counts = {split: sum(len(b["labels"]) for b in batches) for split, batches in examples.items()}
         return HeadAnalysis(scores, curves, self.importance_split, self.pruning_split, seconds, counts)
 
+    @run_eagerly
     def publish(self, model, datamodule, loggers, device, step: int, checkpoint, analysis, media=True) -> dict | None:
         """heads.json and heads/view.html of the model as given, with what analyse() measured (None: statistics
         only); importance to every logger, and its figures to W&B and TensorBoard: rendered here, or (media=False)
@@ -281,7 +284,6 @@ class AttentionLogger(pl.Callback):
         return last or self.val_epochs % self.every == 0, last or self.val_epochs % self.figures_every == 0
 
     # the hooks of a single run
-    @run_eagerly
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
@@ -290,7 +292,6 @@ class AttentionLogger(pl.Callback):
             step = trainer.global_step - 1  # steps never go back
             self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, step, pl_module.device, figures_due)
 
-    @run_eagerly
     def on_fit_end(self, trainer, pl_module):
         if not trainer.is_global_zero:
             return

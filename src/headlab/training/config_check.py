@@ -312,26 +312,39 @@ PACKED_REFUSALS = {  # why a pack refuses a callback, where there is more to say
 }
 
 
+def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
+    """Why a pack cannot train this run, as (key, value, the value a pack takes, why); None where it can: one
+    device, no strategy that starts ranks, an eager model, none of Lightning's debug runs (their loops skip
+    checkpoints or replace the sampler), and headlab's own callbacks only (a pack would build any other and never
+    call it)."""
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
+        return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
+    if cfg.model.get("compile"):
+        return "model.compile", True, "false", "a pack computes its members from stacked weights, never compiled"
+    for flag, off in (("fast_dev_run", "false"), ("overfit_batches", "0")):
+        if cfg.trainer.get(flag):
+            return f"trainer.{flag}", cfg.trainer.get(flag), off, "debug runs train one run: headlab-train debug=..."
+    callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
+    for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
+        target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
+        why = PACKED_REFUSALS.get(name, "a pack runs headlab's own callbacks only: train it with the default launcher")
+        return f"callbacks.{name}", target, "null", why
+    return None
+
+
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None, user_resume: bool = False) -> None:
     """Strategies that re-launch the command line in every rank cannot run inside a local multirun; a pack trains
     on one device, and continues its members only where headlab does (sweep.resume, a requeue), not resume=."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if in_sweep and launcher in PACKED_LAUNCHERS:
-        if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
-            fail(
-                "trainer.devices", cfg.trainer.get("devices"), f"1 with hydra/launcher={launcher} (one device per pack)"
-            )
+        if (refused := pack_refusal(cfg)) is not None:
+            key, value, allowed, why = refused
+            fail(key, value, f"{allowed} with hydra/launcher={launcher} ({why})")
         if user_resume:
             fail(
                 "resume", cfg.resume, f"null with hydra/launcher={launcher} (resume one run with the default launcher)"
             )
-        callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
-        for name in sorted(callbacks.keys() - PACKED_CALLBACKS):  # a pack would build it and never call it
-            target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
-            why = PACKED_REFUSALS.get(
-                name, "a pack runs headlab's own callbacks only: train it with the default launcher"
-            )
-            fail(f"callbacks.{name}", target, f"null with hydra/launcher={launcher} ({why})")
     if in_sweep and strategy == "ddp" and launcher != "slurm":
         fail(
             "trainer.strategy",

@@ -78,6 +78,11 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx):
         self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        """Every member frozen: training stops (read at the logging cadence: no host-device wait at every step)."""
+        if self.global_step % self.trainer.log_every_n_steps == 0 and not self.alive.any():
+            self.trainer.should_stop = True
+
     def training_step(self, batch, batch_idx):
         if self.ascended:  # sharpness-aware minimisation's second pass: its losses are not the members'
             return torch.where(self.alive, self._training_step(batch).objective, 0).sum()

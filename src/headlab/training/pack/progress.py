@@ -23,6 +23,8 @@ class PackProgress(PlainProgress):
             members = [m for m, a in zip(self.members, alive, strict=True) if a]
             keys = sorted({k for m in members for k in m.metrics if k.startswith(prefix)})
             values = {k: [m.metrics[k] for m in members if k in m.metrics] for k in keys}
+        if not self.name:  # the one run of headlab-train: its numbers, as a run's
+            return ", ".join(f"{k} {v[0]:.4f}" for k, v in values.items() if v)
         return ", ".join(_spread(k, v) for k, v in values.items() if v)
 
 

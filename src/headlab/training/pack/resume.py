@@ -6,6 +6,7 @@ step (train.py groups them so).
 Shapes: E members, P parameters a member.
 """
 
+import os
 from pathlib import Path
 
 import torch
@@ -24,8 +25,9 @@ def load(member: Member) -> None:
     from headlab.training.run import check_fits
 
     path = member.run_dir / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        return  # killed before its first checkpoint: it starts again from its first step
+    if not os.path.lexists(path):
+        return  # killed before its first checkpoint: it starts again from its first step (anything else by that
+        # name, a pipe, a link, a folder, is for check_fits to refuse)
     member.start_step = check_fits(str(path), member.module)
     member.checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     stream = member.checkpoint.get("random_state", {}).get("torch")

@@ -15,15 +15,16 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from headlab.errors import TrainingError
 from headlab.record import VAL_ACC_BEST
-from headlab.training import epochs, memory, objective, records
+from headlab.training import cores, epochs, memory, objective, records, run
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
+from headlab.training.config_check import pack_refusal
 from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
@@ -55,16 +56,18 @@ def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | No
 
 
 def pack_fields(
-    member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str, predictions: dict | None
+    member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str | None, predictions
 ) -> dict:
     """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
-    (rate: the pack's training tokens/s; predictions: the member's test predictions)."""
+    (rate: the pack's training tokens/s; predictions: the member's test predictions); a run of headlab-train (no
+    pack_id) is a run, not a member."""
+    packed = pack_id is not None
     return records.run_fields(
         metrics=member.metrics,
         model_facts=records.model_fields(member.module.model, member.datamodule),
         throughput={
             "train_tokens_per_s": rate / size if rate else None,  # the member's share of the pack's rate
-            "pack_train_tokens_per_s": rate,
+            **({"pack_train_tokens_per_s": rate} if packed else {}),
             "fit_s": round(fit_seconds, 3),
         },
         resources={"threads": torch.get_num_threads(), "devices": 1, "accelerator": member.cfg.trainer.accelerator},
@@ -79,14 +82,15 @@ def pack_fields(
         },
         wandb=member.wandb,
         predictions=predictions,
-        pack={"id": pack_id, "size": size, "index": member.index},
+        pack={"id": pack_id, "size": size, "index": member.index} if packed else None,
     )
 
 
-def member_config(member: Member, pack_id: str, size: int) -> dict:
-    """What the member's loggers get as its config: its single run's, and the pack it trained in."""
+def member_config(member: Member, pack_id: str | None, size: int) -> dict:
+    """What the member's loggers get as its config: its single run's, and the pack it trained in (if any)."""
     facts = loggers_.run_facts(records.model_fields(member.module.model, member.datamodule), member.flat_config)
-    return {**member.flat_config, **facts, "pack.id": pack_id, "pack.size": size}
+    packed = {"pack.id": pack_id, "pack.size": size} if pack_id is not None else {}
+    return {**member.flat_config, **facts, **packed}
 
 
 def members_that_fit(members: list[Member]) -> int:
@@ -98,31 +102,32 @@ def members_that_fit(members: list[Member]) -> int:
     return max(1, int(memory.SHARE * free // per_member))
 
 
-def pack_progress(members: list[Member], pack_id: str, alone: bool) -> list[pl.callbacks.ProgressBar]:
+def pack_progress(members: list[Member], pack_id: str | None, alone: bool) -> list[pl.callbacks.ProgressBar]:
     """The pack's progress: the configured bar on a terminal when the pack trains alone; plain lines named by the
-    pack where output is a file or packs train side by side (alone=False); none with callbacks.progress_bar=null."""
+    pack (by nothing: the run of headlab-train) where output is a file or packs train side by side (alone=False);
+    none with callbacks.progress_bar=null."""
     configured = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)]
     if not configured or (alone and not isinstance(configured[0], progress_.PlainProgress)):
         return configured
     every_s = getattr(configured[0], "every_s", None) or OmegaConf.select(
         members[0].cfg, "callbacks.progress_bar.every_s", default=30.0
     )  # a rich bar's (on a terminal, with packs side by side): the config's
-    return [PackProgress(members, float(every_s), f"pack {pack_id}")]
+    return [PackProgress(members, float(every_s), "" if pack_id is None else f"pack {pack_id}")]
 
 
-def progress_record(members: list[Member], pack_id: str) -> ProgressRecord:
+def progress_record(members: list[Member], pack_id: str | None) -> ProgressRecord:
     """Each member's progress.json: the pack's step, the member's own curve, and whether it still trains."""
     runs = [(m.run_dir, m.callback(LearningCurve)) for m in members]
     return ProgressRecord(runs, pack=pack_id, alive=lambda module: module.alive.tolist())
 
 
-def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> list[dict | BaseException]:
+def train_pack(members: list[Member], pack_id: str | None, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
-    or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress)."""
+    or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress).
+    pack_id None: the one run of headlab-train."""
     configure_torch(members[0].cfg, torch.get_num_threads())
-    log.info(
-        "pack %s: %s", pack_id, records.model_line(records.model_fields(members[0].module.model, members[0].datamodule))
-    )
+    line = records.model_line(records.model_fields(members[0].module.model, members[0].datamodule))
+    log.info(line if pack_id is None else f"pack {pack_id}: {line}")
     for index, member in enumerate(members):
         member.index = index
     size = len(members)
@@ -184,13 +189,12 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
                 in_loss = bool(module.diverged_in_loss[member.index])
                 saved = last if last.is_file() else None
                 message = objective.non_finite_loss(diverged[member.index], saved, in_loss, settings)
-                results.append(TrainingError(f"{message} (the other members of its pack went on)"))
+                went_on = " (the other members of its pack went on)" if size > 1 else ""
+                results.append(TrainingError(message + went_on))
                 continue
             if member.best["score"] is not None:
                 member.metrics[VAL_ACC_BEST] = member.best["score"]
             member.metrics.update({k: v[member.index] for k, v in test.items()})
-            for logger in member.loggers:
-                logger.log_metrics({k: v[member.index] for k, v in test.items()}, step=trainer.global_step)
             attention = member.callback(AttentionLogger)
             if attention:  # on the weights its test evaluated, as a single run's
                 model = outputs.member_model(member, module)
@@ -201,6 +205,9 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
                 )  # fmt: skip
                 if job:
                     jobs.append((member, job))
+            for logger in member.loggers:  # after the head analysis, as a single run's test comes after its fit
+                tested = {k: v[member.index] for k, v in test.items()}
+                logger.log_metrics({**tested, "epoch": trainer.current_epoch}, step=trainer.global_step)
             results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id, kept[member.index]))
         outputs.render_importance(jobs)
         failed = False
@@ -221,10 +228,28 @@ def train_pack(members: list[Member], pack_id: str, progress: bool = True) -> li
     return results
 
 
-def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> list:
+def train_run(cfg, flat_config: dict, threads: int, run_dir: Path) -> dict:
+    """The run of headlab-train: a pack of one wherever a pack can train it (config_check.pack_refusal), else
+    (several devices, callbacks of its own) Lightning's single path (headlab.training.run); its results.json fields.
+
+    threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep)."""
+    if pack_refusal(cfg) is not None:
+        return run.train(cfg, flat_config, threads, run_dir)
+    if cfg.trainer.get("accelerator") == "gpu" and cores.parallel_jobs() > 1:  # one GPU per job of a local sweep
+        with open_dict(cfg):
+            cfg.trainer.devices = [cores.gpu_for_job(torch.cuda.device_count())]
+    configure_torch(cfg, threads)  # before the data and model are built, as the single path does
+    (result,) = train_members([(cfg, run_dir, flat_config)], None)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def train_members(specs: list[tuple], pack_id: str | None, progress: bool = True) -> list:
     """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
     and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
-    trains: in the launcher's process, or in a worker of its own (headlab.launch.workers)."""
+    trains: in the launcher's process, or in a worker of its own (headlab.launch.workers); pack_id None: the one
+    run of headlab-train (train_run)."""
     results: list = [None] * len(specs)
     members = {}
     for i, (cfg, run_dir, flat_config) in enumerate(specs):
@@ -245,8 +270,9 @@ def train_members(specs: list[tuple], pack_id: str, progress: bool = True) -> li
         step = members_that_fit([members[i] for i in indices])
         parts += [indices[i : i + step] for i in range(0, len(indices), step)]
     for p, part in enumerate(parts):
-        part_id = pack_id if len(parts) == 1 else f"{pack_id}.{p}"
-        log.info("pack %s: %d members", part_id, len(part))
+        part_id = pack_id if len(parts) == 1 or pack_id is None else f"{pack_id}.{p}"
+        if part_id is not None:
+            log.info("pack %s: %d members", part_id, len(part))
         try:
             trained = train_pack([members[i] for i in part], part_id, progress)
         except Exception as error:  # the pack itself failed: each member records it; the sweep goes on

@@ -53,6 +53,7 @@ class MemberWriter(pl.Callback):
             if alive:
                 values = {k: v[member.index] for k, v in metrics.items()}
                 member.metrics.update({k: v for k, v in values.items() if k in TRAIN_METRICS})
+                values["data/global_batch_size"] = float(member.datamodule.batch_size * trainer.accumulate_grad_batches)
                 if rate:
                     values["perf/train_tokens_per_s"] = rate / len(self.members)  # this member's share
                 for logger in member.loggers:
@@ -92,8 +93,6 @@ class MemberWriter(pl.Callback):
             if trainer.state.fn != "fit":  # a pack continued after its training ended: its last epoch's numbers
                 continue  # again, which its curve, its loggers and its head analysis already hold
             self._count_tokens(member).add(trainer.current_epoch, trainer.global_step, values)
-            for logger in member.loggers:
-                logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
             attention = member.callback(AttentionLogger)
             statistics_due, figures_due = (
                 attention.due(trainer.current_epoch, trainer.max_epochs) if attention else (0, 0)
@@ -106,6 +105,8 @@ class MemberWriter(pl.Callback):
                 )
                 if snapshot is not None:
                     snapshots.append((member, snapshot))
+            for logger in member.loggers:  # after the heads' statistics, as a single run's rows come
+                logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
         if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
             started = time.perf_counter()
             for (member, snapshot), pngs in zip(
