@@ -17,7 +17,7 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch, capsys):
     out = tmp_path / "BENCHMARKS.md"
     main(["--quick", "--out", str(out)])
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("headlab-bench: [")]
-    assert said[0].startswith("headlab-bench: [1/17] matmul peak (0 s so far)") and len(said) == 17  # as it goes
+    assert said[0].startswith("headlab-bench: [1/18] matmul peak (0 s so far)") and len(said) == 18  # as it goes
     text = out.read_text()
     for section in ("## Encoder training throughput", "## Additive scoring", "## Attention capture", "## Start-up"):
         assert section in text
