@@ -520,3 +520,23 @@ def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tm
     got, expected = (json.loads((d / "results.json").read_text()) for d in (run, tmp_path / "alone"))
     assert "pack" not in got and got["metrics"] == pytest.approx(expected["metrics"], rel=1e-8)
     assert [(p["step"], p["tokens"]) for p in got["curve"]] == [(p["step"], p["tokens"]) for p in expected["curve"]]
+
+
+def test_a_packs_rich_bar_shows_its_run_or_the_mean_of_the_members_still_training():
+    from types import SimpleNamespace
+
+    from headlab.training.pack.member import Member
+    from headlab.training.pack.progress import PackBar
+
+    members = [Member(cfg=None, run_dir=Path(str(e)), flat_config={}) for e in range(3)]
+    for member, acc in zip(members, (0.5, 0.7, 0.0), strict=True):
+        member.metrics = {"val/acc": acc, "val/loss": 1.0 - acc, "test/acc": 1.0}
+    module = SimpleNamespace(alive=torch.tensor([True, True, False]), last_losses=torch.tensor([0.25, 0.75, 9.0]))
+    shown = PackBar(members, every_n_steps=1).read_metrics(None, module)  # the frozen third member left out
+    assert shown == pytest.approx({"train/loss": 0.5, "val/acc": 0.6, "val/loss": 0.4})
+    one = SimpleNamespace(alive=torch.tensor([True]), last_losses=torch.tensor([0.25]))
+    assert PackBar(members[:1], every_n_steps=1).read_metrics(None, one) == {
+        "train/loss": 0.25,
+        "val/acc": 0.5,
+        "val/loss": 0.5,
+    }

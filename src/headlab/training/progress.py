@@ -40,8 +40,12 @@ class ProgressBar(RichProgressBar):
     def get_metrics(self, trainer, pl_module) -> dict:
         step = trainer.global_step
         if self._read_at is None or step - self._read_at >= self.every_n_steps:
-            self._shown, self._read_at = super().get_metrics(trainer, pl_module), step
+            self._shown, self._read_at = self.read_metrics(trainer, pl_module), step
         return self._shown
+
+    def read_metrics(self, trainer, pl_module) -> dict:
+        """The metrics shown until the next read: the logged ones (a pack's bar shows its members')."""
+        return super().get_metrics(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._read_at = None

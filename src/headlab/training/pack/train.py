@@ -29,7 +29,7 @@ from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
-from headlab.training.pack.progress import PackProgress
+from headlab.training.pack.progress import PackBar, PackProgress
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.progress_record import ProgressRecord
 from headlab.training.run import configure_torch, instantiate_all, instantiate_node
@@ -103,11 +103,15 @@ def members_that_fit(members: list[Member]) -> int:
 
 
 def pack_progress(members: list[Member], pack_id: str | None, alone: bool) -> list[pl.callbacks.ProgressBar]:
-    """The pack's progress: the configured bar on a terminal when the pack trains alone; plain lines named by the
-    pack (by nothing: the run of headlab-train) where output is a file or packs train side by side (alone=False);
-    none with callbacks.progress_bar=null."""
+    """The pack's progress: on a terminal when the pack trains alone, the configured bar (headlab's rich bar showing
+    the members' metrics: PackBar); plain lines named by the pack (by nothing: the run of headlab-train) where output
+    is a file or packs train side by side (alone=False); none with callbacks.progress_bar=null."""
     configured = [c for c in members[0].callbacks if isinstance(c, pl.callbacks.ProgressBar)]
-    if not configured or (alone and not isinstance(configured[0], progress_.PlainProgress)):
+    if not configured:
+        return configured
+    if alone and isinstance(configured[0], progress_.ProgressBar):  # headlab's rich bar, showing the members'
+        return [PackBar(members, configured[0].every_n_steps)]
+    if alone and not isinstance(configured[0], progress_.PlainProgress):  # another bar: as configured
         return configured
     every_s = getattr(configured[0], "every_s", None) or OmegaConf.select(
         members[0].cfg, "callbacks.progress_bar.every_s", default=30.0
