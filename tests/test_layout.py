@@ -159,6 +159,16 @@ def test_no_source_file_is_over_400_lines():
     assert long == {}
 
 
+def test_no_function_of_the_run_and_launch_layers_is_over_80_lines():
+    """A job's and a run's life read a step at a time: no function in launch/ or training/ over 80 lines."""
+    long = {}
+    for path in [*(SRC / "launch").rglob("*.py"), *(SRC / "training").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
+                long[f"{path.relative_to(SRC)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert long == {}
+
+
 def test_an_unknown_scoring_raises_naming_the_ones_there_are():
     from headlab.model import MultiHeadAttention
 

@@ -73,7 +73,7 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
     for run_dir in runs:
         record, last = json.loads((run_dir / "results.json").read_text()), progress(run_dir)
         assert last["step"] == last["steps"] == record["global_step"] == 2 * 256 // 32
-        assert (last["epoch"], last["epochs"], last["phase"]) == (2, 2, "training")
+        assert (last["epoch"], last["epochs"], last["phase"]) == (2, 2, "tested")
         assert last["val"] == record["curve"][-1]
         assert last["val/acc_best"] == pytest.approx(record["metrics"]["val/acc_best"], abs=1e-7)
         assert last["attempt"]["step"] == 0 and last["updated_at"] >= last["attempt"]["started_at"]

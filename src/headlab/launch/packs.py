@@ -44,6 +44,70 @@ def prepare(cfg) -> Job | float:
     return job
 
 
+def open_jobs(hydra_context, config, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    """Every job of the sweep composed first (an override that cannot compose touches nothing), then prepared under
+    Hydra (prepare: its run directory, .hydra files, record and check); each job's JobReturn, whose value is the Job
+    to train or the objective of one that ended there."""
+    composed = []
+    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
+        composed.append((idx, overrides, sweep_config))
+    returns: list[JobReturn] = []
+    for idx, overrides, sweep_config in composed:
+        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+        returns.append(
+            run_job(
+                hydra_context=hydra_context,
+                task_function=prepare,
+                config=sweep_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        )
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    return returns
+
+
+class PackLedger:
+    """Which packs of a sweep began and ended: start(k) opens pack k's jobs, close(k, results) closes each with its
+    result or error and says how many packs ended and how long the rest will take at this pace (at the end: what
+    they took, against the estimate)."""
+
+    def __init__(self, packs: list, ready: list, n_jobs: int):
+        self.packs, self.ready, self.n_jobs = packs, ready, n_jobs
+        self.done: set[int] = set()  # id() of each job closed
+        self.closed = [False] * len(packs)
+        self.began: list[float] = []  # when each pack began (monotonic)
+        self.estimated: list[float] = []  # seconds the packs were said to take, where it could be said
+
+    def start(self, k: int) -> None:
+        self.began.append(time.monotonic())
+        for job in self.packs[k].jobs:
+            job.start(self.packs[k].id)
+
+    def close(self, k: int, results: list) -> None:
+        pack = self.packs[k]
+        for ret, job, result in zip(pack.returns, pack.jobs, results, strict=True):
+            if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
+                ret.return_value = job.close(error=result, stop=self.n_jobs == 1)
+            else:
+                ret.return_value = job.close(result)
+            self.done.add(id(job))
+        self.closed[k] = True
+        completed = sum(job.record.get("status") == "completed" for _, job in self.ready)
+        ended, took = sum(self.closed), time.monotonic() - self.began[0]
+        pace = f"; about {duration(took / ended * (len(self.packs) - ended))} to go at this pace"
+        if ended == len(self.packs):  # what it took against what it was said to take
+            said = f" (estimated {duration(self.estimated[0])})" if self.estimated else ""
+            pace = f"; they took {duration(took)}{said}"
+        log.info(
+            "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed%s",
+            ended, len(self.packs), completed, len(self.ready), pace,
+        )  # fmt: skip
+
+
 def launch(
     hydra_context,
     config,
@@ -69,25 +133,7 @@ def launch(
     signal.signal(signal.SIGINT, stop_on_ctrl_c)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    composed = []  # every job's config before any job is prepared: an override that cannot compose touches nothing
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
-        composed.append((idx, overrides, sweep_config))
-    returns: list[JobReturn] = []
-    for idx, overrides, sweep_config in composed:
-        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-        returns.append(
-            run_job(
-                hydra_context=hydra_context,
-                task_function=prepare,
-                config=sweep_config,
-                job_dir_key="hydra.sweep.dir",
-                job_subdir_key="hydra.sweep.subdir",
-            )
-        )
-        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    returns = open_jobs(hydra_context, config, job_overrides, initial_job_idx)
     ready = [(ret, ret._return_value) for ret in returns if isinstance(ret._return_value, Job)]
     packs = plan(ready, max_pack, sweep_dir.name)
     n_jobs = min(n_jobs, len(packs)) or 1
@@ -96,32 +142,6 @@ def launch(
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         log.info(said)
         return returns
-    done, closed, began = set(), [False] * len(packs), []
-    estimated: list[float] = []  # seconds the packs were said to take, where it could be said
-
-    def start(k: int) -> None:
-        began.append(time.monotonic())
-        for job in packs[k].jobs:
-            job.start(packs[k].id)
-
-    def close(k: int, results: list) -> None:
-        for ret, job, result in zip(packs[k].returns, packs[k].jobs, results, strict=True):
-            if isinstance(result, BaseException):  # a worker's interrupt is its pack's: the others go on
-                ret.return_value = job.close(error=result, stop=n_jobs == 1)
-            else:
-                ret.return_value = job.close(result)
-            done.add(id(job))
-        closed[k] = True
-        completed, ended = sum(job.record.get("status") == "completed" for _, job in ready), sum(closed)
-        took = time.monotonic() - began[0]
-        pace = f"; about {duration(took / ended * (len(packs) - ended))} to go at this pace"
-        if ended == len(packs):  # what it took against what it was said to take
-            pace = f"; they took {duration(took)}" + (f" (estimated {duration(estimated[0])})" if estimated else "")
-        log.info(
-            "packed launcher: %d of %d packs ended; %d of the %d jobs to train completed%s",
-            ended, len(packs), completed, len(ready), pace,
-        )  # fmt: skip
-
     if submit == "slurm":
         from headlab.launch.pack_slurm import run_on_slurm
 
@@ -131,29 +151,32 @@ def launch(
             ret.return_value = objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
     specs = [(pack.id, pack.members()) for pack in packs]
+    ledger = PackLedger(packs, ready, n_jobs)
     try:
-        estimated += _estimate(packs, n_jobs)
-        log.info(said + (f", about {duration(estimated[0])} here" if estimated else ""))
+        ledger.estimated += _estimate(packs, n_jobs)
+        log.info(said + (f", about {duration(ledger.estimated[0])} here" if ledger.estimated else ""))
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
         if n_jobs == 1:
             for k, (pack_id, members) in enumerate(specs):
-                start(k)
-                close(k, train_members(members, pack_id))
+                ledger.start(k)
+                ledger.close(k, train_members(members, pack_id))
         else:
             from headlab.launch.workers import run_parallel
             from headlab.training.cores import usable_cores
 
             accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
             n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
-            run_parallel(specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, start, close)
+            run_parallel(
+                specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, ledger.start, ledger.close
+            )
     except BaseException as error:  # an interrupt: every job started and not closed records it, a queued one
         # too where no pack had begun (the sweep was preparing: the estimate's data), else it stays queued
-        for _, job in ready:
-            if id(job) not in done and job.record.get("status") in ("running", *(() if began else ("queued",))):
-                with contextlib.suppress(BaseException):  # close re-raises interrupts once recorded
-                    job.close(error=error)
+        statuses = ("running", *(() if ledger.began else ("queued",)))
+        for job in [job for _, job in ready if id(job) not in ledger.done and job.record.get("status") in statuses]:
+            with contextlib.suppress(BaseException):  # close re-raises interrupts once recorded
+                job.close(error=error)
         if isinstance(error, SystemExit) and not error.code:  # Lightning's SIGTERMException carries no code
             raise SystemExit(128 + signal.SIGTERM) from error
         raise

@@ -4,7 +4,7 @@ at each validation, and every `every_s` seconds of training, validation and test
 the run ended. Fields:
 
   updated_at     when it was written (UTC): a run whose file stops changing has stopped, whatever results.json says
-  phase          training, validating or testing
+  phase          training, validating, testing or tested (a pack's head analysis follows its test)
   step, steps    optimizer steps taken, and the steps the whole run takes (at most: early stopping may end it sooner)
   epoch, epochs  the epoch under way (from 1) and the last one
   attempt        {started_at, step}: this process's start, from which the pace (and the time left) is read
@@ -72,6 +72,9 @@ class ProgressRecord(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.write(trainer, pl_module, "training")
+
+    def on_test_end(self, trainer, pl_module):
+        self.write(trainer, pl_module, "tested")  # a pack analyses its members' heads next
 
     def _beat(self, trainer, pl_module, phase: str) -> None:
         if time.monotonic() - self._written >= self.every_s and not trainer.sanity_checking:

@@ -125,6 +125,47 @@ def progress_record(members: list[Member], pack_id: str | None) -> ProgressRecor
     return ProgressRecord(runs, pack=pack_id, alive=lambda module: module.alive.tolist())
 
 
+def start_loggers(members: list[Member], pack_id: str | None) -> list[dict]:
+    """Each member's loggers, started with its config (member_config) and, where it continues, from its step (the
+    rows before it are kept); returns the configs. W&B runs start slowly, mostly waiting on its service: in
+    parallel."""
+    for member in members:
+        member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
+    configs = [member_config(m, pack_id, len(members)) for m in members]
+    with ThreadPoolExecutor(8) as pool:
+        resumed = [m.start_step if m.checkpoint is not None else None for m in members]
+        starts = [
+            pool.submit(loggers_.start, m.loggers, c, step)
+            for m, c, step in zip(members, configs, resumed, strict=True)
+        ]
+        for started in starts:
+            started.result()
+    return configs
+
+
+def test_best(module: PackedModule, trainer, members: list[Member]) -> tuple[dict, list]:
+    """Each member's best checkpoint tested, as its single run's: the test metrics ({metric: a value per member})
+    and each member's kept predictions; none without a test split."""
+    for member in members:
+        if member.best["state"] is not None:
+            module.stack.load_member(member.index, member.best["state"])
+    if not all(m.datamodule.splits.get("test") for m in members):
+        return {}, [None] * len(members)
+    trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
+    return {k: v.tolist() for k, v in module.epoch_metrics("test").items()}, module.kept.fields()
+
+
+def diverged(member: Member, module: PackedModule, size: int) -> TrainingError:
+    """The error of a member frozen at a non-finite training objective: its step, the suspect settings, and what
+    its last.ckpt holds (objective.non_finite_loss)."""
+    last = member.run_dir / "checkpoints" / "last.ckpt"
+    settings = {f"optim.{k}": v for k, v in member.cfg.optim.items()}
+    settings["trainer.gradient_clip_val"] = member.cfg.trainer.get("gradient_clip_val")
+    step, in_loss = int(module.diverged_at[member.index]), bool(module.diverged_in_loss[member.index])
+    message = objective.non_finite_loss(step, last if last.is_file() else None, in_loss, settings)
+    return TrainingError(message + (" (the other members of its pack went on)" if size > 1 else ""))
+
+
 def train_pack(members: list[Member], pack_id: str | None, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress).
@@ -139,17 +180,7 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
     module = PackedModule(
         [m.module.model for m in members], [m.module.hparams for m in members], [m.stream for m in members]
     )
-    for member in members:
-        member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
-    with ThreadPoolExecutor(8) as pool:  # W&B runs start slowly, mostly waiting on its service: in parallel
-        configs = [member_config(m, pack_id, size) for m in members]
-        resumed = [m.start_step if m.checkpoint is not None else None for m in members]  # rows before it are kept
-        starts = [
-            pool.submit(loggers_.start, m.loggers, c, step)
-            for m, c, step in zip(members, configs, resumed, strict=True)
-        ]
-        for started in starts:
-            started.result()
+    configs = start_loggers(members, pack_id)
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
     bars = pack_progress(members, pack_id, progress)
@@ -173,28 +204,11 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
         fit_seconds = time.perf_counter() - started
         if ckpt_path and not all("val/acc" in m.metrics for m in members):  # continued after training ended:
             trainer.validate(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
-        for member in members:  # test each member's best checkpoint, as its single run does
-            if member.best["state"] is not None:
-                module.stack.load_member(member.index, member.best["state"])
-        results = []
-        if all(m.datamodule.splits.get("test") for m in members):
-            trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
-            test = {k: v.tolist() for k, v in module.epoch_metrics("test").items()}
-            kept = module.kept.fields()
-        else:
-            test, kept = {}, [None] * len(members)
-        diverged = module.diverged_at.tolist()
-        analysed, jobs = measure_heads(module, members), []
+        test, kept = test_best(module, trainer, members)
+        analysed, jobs, results = measure_heads(module, members), [], []
         for member in members:
-            if diverged[member.index] >= 0:
-                last = member.run_dir / "checkpoints" / "last.ckpt"
-                settings = {f"optim.{k}": v for k, v in member.cfg.optim.items()}
-                settings["trainer.gradient_clip_val"] = member.cfg.trainer.get("gradient_clip_val")
-                in_loss = bool(module.diverged_in_loss[member.index])
-                saved = last if last.is_file() else None
-                message = objective.non_finite_loss(diverged[member.index], saved, in_loss, settings)
-                went_on = " (the other members of its pack went on)" if size > 1 else ""
-                results.append(TrainingError(message + went_on))
+            if module.diverged_at[member.index] >= 0:
+                results.append(diverged(member, module, size))
                 continue
             if member.best["score"] is not None:
                 member.metrics[VAL_ACC_BEST] = member.best["score"]

@@ -78,6 +78,7 @@ class MemberWriter(pl.Callback):
         for member in self.members:
             for logger in member.loggers:
                 values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
+                values["epoch"] = trainer.current_epoch  # as Lightning adds it to every row a run logs
                 logger.log_metrics(values, step=trainer.global_step - 1)
 
     def on_validation_epoch_end(self, trainer, pl_module):
