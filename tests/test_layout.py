@@ -44,7 +44,7 @@ LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.
         "heads": 1,
         "stats": 1,
     },
-    **{"data": 2, "training": 3, "launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
+    **{"data": 2, "config": 2.5, "training": 3, "launch": 4, "compare": 4, "hydra_plugins": 4.5, "cli": 5},
 }
 FRAMEWORKS = ("lightning", "hydra", "wandb", "datasets", "omegaconf", "torchmetrics", "pytorch_lightning")
 

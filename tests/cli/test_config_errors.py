@@ -11,9 +11,9 @@ import torch
 from hydra import compose, initialize_config_module
 
 from conftest import cli_env, headlab_train, train_here
+from headlab.config.check import check_config, check_launch
 from headlab.errors import ConfigError, as_written
 from headlab.model.encoder import Encoder
-from headlab.training.config_check import check_config, check_launch
 from headlab.training.pack import train as pack_train
 from headlab.training.pack.train import train_run
 

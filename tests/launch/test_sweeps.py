@@ -16,9 +16,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, cli_env, train_here
+from headlab.config.check import check_config
 from headlab.launch import runtime
 from headlab.launch.plan import PER_MEMBER
-from headlab.training.config_check import check_config
 
 runtime.configure()  # the resolvers the launcher configs use
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))

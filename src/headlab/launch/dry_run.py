@@ -204,7 +204,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
     """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
     most max_pack, the launcher's by default): lines for a person, or with sweep.dry_run=json one JSON object.
     Hydra's config loader composes each pack's config. Returns the sweep's (empty) list of returns."""
-    from headlab.training.config_check import check_config
+    from headlab.config.check import check_config
 
     startup = startup_seconds()  # before anything is measured here
     launcher = config.hydra.launcher

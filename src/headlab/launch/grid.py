@@ -17,11 +17,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.config.check import fail
 from headlab.files import write_text_atomic
 from headlab.launch.planning import arms_of, same_written
 from headlab.stats.comparison import group_runs, select_best, varying_keys
 from headlab.stats.runs import load_dirs
-from headlab.training.config_check import fail
 
 log = logging.getLogger("headlab")
 

@@ -120,7 +120,7 @@ def launch(
 ):
     """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher; the packs
     train here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
-    from headlab.training.config_check import POSITIVE, fail
+    from headlab.config.check import POSITIVE, fail
 
     for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
         if not POSITIVE[0](value):

@@ -15,11 +15,11 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
+from headlab.config.run_config import recorded_config
 from headlab.conventions import PROGRESS
 from headlab.errors import UsageError
 from headlab.files import read_received
 from headlab.record import read_record, same_run
-from headlab.training.run_config import recorded_config
 
 LOCK = ".lock"
 REFUSED = ".refused"  # in a sweep's folder: "<job dir>\t<reason>" for each job that refused its directory

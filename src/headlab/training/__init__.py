@@ -1,4 +1,4 @@
-"""Training with Lightning and Hydra: the LightningModule, callbacks, loggers, one run, sweeps, results.
-
-Nothing is imported here: the config check (training.config_check) must load without torch or Lightning.
+"""Training with Lightning: runs as packs (a single run is a pack of one), Lightning's single path, the objective,
+AdamW, callbacks, loggers and records. Nothing is imported here: light modules of it (optim, cores) load without
+torch.
 """

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.config.check import fail
 from headlab.errors import ConfigError, UsageError, as_written, first_line
 from headlab.files import check_received
 from headlab.model import Encoder, rules
@@ -21,7 +22,6 @@ from headlab.training import allocator, checkpoints, cores, epochs, memory, reco
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter
-from headlab.training.config_check import fail
 from headlab.training.module import HeadLabModule
 from headlab.training.progress_record import ProgressRecord
 

@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from headlab.config.check import pack_refusal
 from headlab.errors import TrainingError
 from headlab.record import VAL_ACC_BEST
 from headlab.training import cores, epochs, memory, objective, records, run
@@ -24,7 +25,6 @@ from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
-from headlab.training.config_check import pack_refusal
 from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
@@ -247,7 +247,7 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
 
 
 def train_run(cfg, flat_config: dict, threads: int, run_dir: Path) -> dict:
-    """The run of headlab-train: a pack of one wherever a pack can train it (config_check.pack_refusal), else
+    """The run of headlab-train: a pack of one wherever a pack can train it (headlab.config.check.pack_refusal), else
     (several devices, callbacks of its own) Lightning's single path (headlab.training.run); its results.json fields.
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep)."""

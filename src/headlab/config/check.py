@@ -360,8 +360,8 @@ def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     checkpoints/last.ckpt starts again from its first step."""
     from pathlib import Path
 
+    from headlab.config.run_config import recorded_config
     from headlab.record import defining_keys
-    from headlab.training.run_config import recorded_config
 
     marks = (Path(cfg.resume) / ".hydra" / "config.yaml", Path(cfg.resume) / "checkpoints" / "last.ckpt")
     if not any(mark.exists() for mark in marks):
