@@ -692,3 +692,30 @@ def test_softpick_weighs_every_key_zero_where_every_logit_is_below_zero_and_ssma
             float(ScalableSoftmax.weights(attn, row, None)[..., -1]),
         )
     assert peaks[4096][0] < 0.05 < 0.99 < peaks[4096][1]  # softmax fades, ssmax (c = 1) holds
+
+
+def test_a_gate_from_outside_says_its_width_and_the_memory_check_counts_it(monkeypatch):
+    """A gate is one class: registered from outside headlab, its `width` reaches the memory estimate (what the
+    memory check and pack sizing use) with no name tested anywhere; headlab's own gates say theirs."""
+    from hydra import compose, initialize_config_module
+
+    from headlab.model import gates, rules
+    from headlab.training.memory import ConfigSizes, model_bytes
+
+    class EveryChannelTwice(gates.Gate):
+        @staticmethod
+        def width(n_heads, d_v):
+            return 2 * n_heads * d_v
+
+    monkeypatch.setitem(rules._registered["gate"], "twice", EveryChannelTwice)  # rules.register, for this test only
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        configs = {
+            g: compose("train", overrides=[f"model.attention.gate={g}"]) for g in ("none", "elementwise", "twice")
+        }
+    sizes = ConfigSizes(configs["none"].data)
+    need = {g: model_bytes(cfg, sizes) for g, cfg in configs.items()}
+    att = configs["none"].model.attention
+    d_v = configs["none"].model.d_model // att.n_heads
+    assert (gates.Gate.width(4, 16), gates.Headwise.width(4, 16), gates.Elementwise.width(4, 16)) == (0, 4, 64)
+    assert need["twice"] - need["none"] == 2 * (need["elementwise"] - need["none"]) > 0  # linear in the width
+    assert need["elementwise"] - need["none"] > 20 * configs["none"].model.d_model * att.n_heads * d_v  # its weights

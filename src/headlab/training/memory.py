@@ -21,7 +21,7 @@ def model_bytes(cfg: DictConfig, datamodule) -> int:
     d_k, d_v, n_kv_heads = rules.head_sizes(
         model.d_model, att.n_heads, att.d_k, att.d_v, att.n_kv_heads, differential=maps == 2
     )
-    gate_width = {"headwise": att.n_heads, "elementwise": att.n_heads * d_v}.get(att.get("gate"), 0)
+    gate_width = rules.load_stage("gate", att.get("gate") or "none").width(att.n_heads, d_v)  # the gate says
     gate_width += (att.n_heads + 2) * bool(att.get("moh"))  # mixture of heads' routers, as wide as a headwise gate
     readout = rules.readout_for(model.readout, datamodule.level)
     return rules.training_bytes(
