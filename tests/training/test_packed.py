@@ -187,8 +187,8 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     command.append(f"hydra.sweep.dir={sweep}")
     process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
-    while not list(sweep.glob("*/checkpoints/last.ckpt")) and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)  # the first validation wrote the members' checkpoints: training is under way
+    while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < 3 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)  # the first validation wrote every member's checkpoints: training goes on
     time.sleep(1)  # into the second epoch
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=120)
