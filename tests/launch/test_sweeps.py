@@ -106,6 +106,22 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
 
 
+def test_a_dry_run_of_a_resumed_sweep_prices_only_the_jobs_left_to_run(run_cli, tmp_path):
+    """sweep.resume=true: the jobs that completed before with the same config are skipped by the launcher, and by
+    the dry run's price too; a job whose config changed since is not."""
+    first = run_cli("-m", *QUICK, "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep")
+    assert first.returncode == 0, first.stderr[-2000:]
+    grown = ["-m", *QUICK, "model.attention.n_heads=1,2,4", "hydra.sweep.dir=sweep", "--dry-run", "--json"]
+    resumed = run_cli(*grown, "sweep.resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    said = json.loads(resumed.stdout)
+    (job,) = said["jobs"]
+    assert said["skipped"] == 2 and "model.attention.n_heads=4" in job["overrides"]
+    assert json.loads(run_cli(*grown).stdout)["skipped"] == 0  # without sweep.resume every job runs
+    changed = json.loads(run_cli(*grown, "sweep.resume=true", "model.d_ff=64").stdout)  # another config: none done
+    assert changed["skipped"] == 0 and len(changed["jobs"]) == 3
+
+
 def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cli, tmp_path):
     """--dry-run --json: stdout is one JSON object, nothing else (Lightning's lines about the Trainer that times the
     steps are not said): jobs (overrides, pack, steps, seconds), packs, and the sweep's seconds."""

@@ -17,8 +17,9 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headlab.launch import planning
 from headlab.launch.plan import PER_MEMBER
@@ -199,6 +200,33 @@ def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> floa
     return _total(members, costs(configs, _threads(n_jobs)), n_jobs)
 
 
+def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str]]:
+    """The jobs the launcher would run: with sweep.resume=true, those that did not complete before with the same
+    config (Job.skipped's rule, each job composed in its own directory as Hydra would run it); all without it."""
+    if not OmegaConf.select(config, "sweep.resume"):
+        return jobs
+    from hydra.core.hydra_config import HydraConfig
+
+    from headlab.config.run_config import flat_config
+    from headlab.launch.rundir import completed_before
+
+    sweeps, left = HydraConfig.instance().cfg, []
+    try:
+        for idx, overrides in enumerate(jobs):
+            cfg = loader.load_sweep_config(config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.id = cfg.hydra.job.num = idx
+                cfg.hydra.runtime.output_dir = str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
+            HydraConfig.instance().set_config(cfg)  # the job's own ${hydra:...} (its directory) while it resolves
+            task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            flat = flat_config(task, dict(cfg.hydra.runtime.choices))
+            if not completed_before(Path(cfg.hydra.runtime.output_dir), flat):
+                left.append(overrides)
+    finally:
+        HydraConfig.instance().cfg = sweeps
+    return left
+
+
 def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: str = "jobs",
         max_pack: int | None = None) -> list:  # fmt: skip
     """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
@@ -207,6 +235,11 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
     from headlab.config.check import check_config
 
     startup = startup_seconds()  # before anything is measured here
+    done = len(jobs) - len(jobs := not_done(jobs, config, loader))
+    skipped = f"; {done} completed before with the same config, skipped (sweep.resume=true)" if done else ""
+    if not jobs:
+        print(f"headlab-train --dry-run: 0 {what} to run{skipped}; nothing is started")
+        return []
     launcher = config.hydra.launcher
     max_pack = max_pack or int(launcher.get("max_pack") or 1)
     groups = pack_groups(jobs, packed, max_pack)
@@ -218,10 +251,10 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
     total = startup + _total([len(g) for g in groups], measured, n_jobs)
     planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
     if str(OmegaConf.select(config, "sweep.dry_run")) == "json":
-        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup) | planned.as_json()))
+        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup) | planned.as_json() | {"skipped": done}))
         return []
     runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
-    print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}; nothing is started")
+    print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}{skipped}; nothing is started")
     print("\n".join(report(groups, measured, n_jobs, startup) + planned.lines()))
     return []
 
