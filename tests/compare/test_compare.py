@@ -709,7 +709,7 @@ def test_an_experiments_pre_stated_analysis_comes_from_its_file_and_its_table_is
     assert "--select optim.lr --baseline model.attention.n_heads=4 --solved 'test/acc>=0.9'`" in table
     assert "(baseline)" in table and "optim.lr (selected on val/acc_best)" in table
     text = results.read_text()
-    assert "old table" not in text and blocks.shown(table) in text
+    assert "old table" not in text and blocks.brief(table, results, path) in text
     assert text.endswith("heads_fixed_width -->\nReading.\n")
     main([str(path), "--metric", "test/acc"])  # options of its own: the stated analysis is not added
     assert "(baseline)" not in (path / "compare.md").read_text()
@@ -756,7 +756,7 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
     assert "--reach 'val/acc>=0.9' --power" in table and "steps to val/acc>=0.9 (Kaplan-Meier median" in table
     text = results.read_text()  # the confirmation in its own block; the first reading's stays
     assert "heads_fixed_width table" in text and "heads_fixed_width/confirm table" not in text
-    assert text.index(blocks.shown(table)) > text.index("<!-- headlab-compare: heads_fixed_width/confirm -->")
+    assert text.index(blocks.brief(table, results, tmp_path / "sweep")) > text.index("<!-- headlab-compare: heads_fixed_width/confirm -->")
     for record in (tmp_path / "sweep").glob("*/results.json"):
         stored = json.loads(record.read_text())
         stored["config"]["experiment"] = "heads_vs_depth"  # a file that states no confirmation

@@ -134,9 +134,8 @@ def compare_command(argv: list[str]) -> None:
         if not args.block and name is None:
             names = sorted({str(r["config"].get("experiment")) for r in runs.completed})
             raise SystemExit(f"headlab-compare: --into needs the runs of one experiment, not {names}")
-        blocks.splice(
-            args.into, args.block or name + ("/confirm" if args.confirm else ""), (out / "compare.md").read_text()
-        )
+        block = args.block or name + ("/confirm" if args.confirm else "")
+        blocks.splice(args.into, block, (out / "compare.md").read_text(), out)
         if findings.refresh(args.into):
             print(f"refreshed the findings table of {args.into}", file=sys.stderr)
     print_table(done.keys, done.rows, done.design, done.n_runs)

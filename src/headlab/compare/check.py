@@ -155,7 +155,7 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
     except CompareError as error:
         return "failed", str(error)
     written = (table.parent / "compare.csv").read_text() if (table.parent / "compare.csv").is_file() else ""
-    in_block = into is None or blocks.shown(committed) in into.read_text()
+    in_block = into is None or blocks.brief(committed, into, table.parent) in into.read_text()
     if _rows(again) == _rows(committed) and numbers == written and in_block:
         rebuilt = f"; rebuilt {', '.join(repeated)} with a root for each copy" if repeated else ""
         if update and not (table.parent / RECORD).is_file():
@@ -170,13 +170,13 @@ def _check(table: Path, parts: tuple | None, archived: dict, update: bool) -> tu
         return "differs", f"{elsewhere['into']} no longer holds this table"
     if into and not into.resolve().is_relative_to(Path.cwd().resolve()):
         return "failed", f"--into {elsewhere['into']} lies outside the working directory: not written"
-    block = blocks.holding(into, committed) if into else None
+    block = blocks.holding(into, committed, table.parent) if into else None
     if into and block is None:
         return "failed", f"no block of {elsewhere['into']} holds this table: put it back first"
     kept = {k: elsewhere[k] for k in ("into", "block") if k in elsewhere} if block else {}
     again, _ = _replay(inputs, values, table.parent, {**kept, "block": block} if block else {})
     if block:
-        blocks.splice(into, block, again)
+        blocks.splice(into, block, again, table.parent)
     return "updated", f"from {', '.join(map(_shown, inputs))}" + (
         f" and its block {block} of {_shown(into)}" if block else ""
     )
