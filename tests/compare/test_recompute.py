@@ -166,3 +166,11 @@ def test_every_published_table_recomputes_from_its_archive(capsys):
     unarchived = {Path(line.split(": ")[1].split(" (")[0]) for line in said.splitlines() if "not archived" in line}
     made_before = {"heads_fixed_width", "heads_vs_depth", "heads_vs_depth/by_lr", "key_size", "key_size/by_lr"}
     assert unarchived == {ROOT / "experiments" / "results" / name / "compare.md" for name in made_before}
+
+
+def test_results_md_reads_in_brief():
+    """The published results read in minutes: at most 1,200 lines, fewer than 20 over 400 characters (the blocks
+    show their tables in brief; the method is stated once at the top)."""
+    lines = (ROOT / "experiments" / "RESULTS.md").read_text().splitlines()
+    assert len(lines) <= 1200
+    assert sum(len(line) > 400 for line in lines) < 20
