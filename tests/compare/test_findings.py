@@ -228,3 +228,43 @@ def test_a_claim_whose_arm_had_a_run_still_improving_reads_at_this_budget(tmp_pa
     main(["sweep", "--baseline", "model.attention.n_heads=4", "--metric", "test/acc", "--out", "results/demo",
           "--into", "RESULTS.md"])  # fmt: skip
     assert _row(Path("RESULTS.md").read_text(), "one head is worse")[5] == "**supported** at this budget"
+
+
+def test_a_setting_across_datasets_reads_its_worst_gap_and_the_target(tmp_path, monkeypatch):
+    """A claim across datasets (across: true, expect: within) reads compare_across.csv: the setting's largest gap to
+    a dataset's best (chosen on val/acc_best), its paired t interval, and the table's target on each dataset."""
+    monkeypatch.chdir(tmp_path)
+    Path("demo.yaml").write_text(
+        "compare:\n  across: data\nclaims:\n"
+        "  - {claim: lr 3e-3 transfers, arm: optim.lr=0.003, metric: test/acc, expect: within, across: true}\n"
+        "  - {claim: lr 1e-3 transfers, arm: optim.lr=0.001, metric: test/acc, expect: within, across: true}\n"
+    )
+    acc = {  # (dataset, lr): test/acc of seeds 0-2; val/acc_best is 0.01 above, so each dataset's best is its higher
+        ("a", 0.003): [0.80, 0.82, 0.81],
+        ("a", 0.001): [0.70, 0.73, 0.71],
+        ("b", 0.003): [0.599, 0.609, 0.6195],
+        ("b", 0.001): [0.60, 0.61, 0.62],
+    }
+    for i, ((data, lr), seeds) in enumerate(acc.items()):
+        for seed, value in enumerate(seeds):
+            write_run(
+                Path("sweep") / f"{i}-{seed}", 4, "dot", seed, value, experiment="demo", data=data, **{"optim.lr": lr}
+            )
+    Path("RESULTS.md").write_text(EMPTY_RESULTS)
+    options = ["--across", "data", "--paired", "--metric", "val/acc_best", "--metric", "test/acc", "--effect", "0.01"]
+    main(["sweep", *options, "--out", "results/demo", "--into", "RESULTS.md", "--no-plots"])
+    text = Path("RESULTS.md").read_text()
+    d = [best - worse for best, worse in zip(acc["a", 0.003], acc["a", 0.001], strict=True)]  # lr 1e-3's gap on a
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
+    row = _row(text, "lr 1e-3 transfers")
+    assert row[2] == "lr=0.001 (across); test/acc"
+    assert row[3] == f"{statistics.mean(d):+.3f} [{statistics.mean(d) - half:+.3f}, {statistics.mean(d) + half:+.3f}]"
+    assert row[4] == "" and row[5] == "target missed on a"  # a gap of 0.097, above 0.01
+    small = [best - worse for best, worse in zip(acc["b", 0.001], acc["b", 0.003], strict=True)]
+    assert statistics.mean(small) + stats.t.ppf(0.975, 2) * statistics.stdev(small) / math.sqrt(3) <= 0.01
+    assert _row(text, "lr 3e-3 transfers")[5] == "**supported**"  # the best on a, within 0.01 of b's: met on both
+    Path("demo.yaml").write_text(
+        Path("demo.yaml").read_text().replace("expect: within, across: true}\n", "expect: within}\n", 1)
+    )
+    with pytest.raises(CompareError, match="demo.yaml's claims\\[0\\]: expect within goes with across: true"):
+        findings.claims(Path("."))

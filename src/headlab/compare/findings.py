@@ -1,6 +1,7 @@
 """The findings table of a results file (experiments/RESULTS.md): each claim an experiment states (the `claims` key of
 its file in experiments/) read from the table its analysis wrote (results/<block>/compare.csv; a claim pooled over
-datasets, compare_meta.csv; a claim on a pruning curve, compare_pruning.csv, its arm a step: heads_pruned=8) and from
+datasets, compare_meta.csv; a claim on a pruning curve, compare_pruning.csv, its arm a step: heads_pruned=8; a
+setting's target across datasets, compare_across.csv) and from
 its confirmation's (results/<block>/confirm), between the lines <!-- headlab-findings --> and
 <!-- /headlab-findings -->. Generated, never typed: headlab-compare --into refreshes it with each table, and --check
 says whether it is what the tables give."""
@@ -20,7 +21,8 @@ from headlab.stats.contrasts import CompareError, t_interval, welch
 from headlab.stats.power import ALPHA
 
 START, END = "<!-- headlab-findings -->", "<!-- /headlab-findings -->"
-EXPECTED = {"lower": -1, "higher": 1, "same": 0, "not lower": 0}  # a claim's direction: the arm against its baseline
+EXPECTED = {"lower": -1, "higher": 1, "same": 0, "not lower": 0, "within": 0}  # the arm against its baseline
+# (within: a setting across datasets, its gap to each dataset's best within the table's target)
 
 LEGEND = (
     "Reading: **supported** where the contrast is significant (Holm p < 0.05) in the claimed direction (for a "
@@ -33,7 +35,9 @@ LEGEND = (
     "before its runs. A claim stated at several sizes is shown at the largest, where the paper places it. A claim "
     "marked *stated after its runs* was written down after its table was read: it records what the table says, and "
     "is no test of a prediction. A reading *at this budget*: a run of either arm was still improving when training "
-    "ended, so it says what these epochs bought, not what the arms reach."
+    "ended, so it says what these epochs bought, not what the arms reach. A setting across datasets (*across*): Δ "
+    "is its largest gap to a dataset's best setting, with that gap's interval, and the reading is the table's "
+    "target: **supported** where met on every dataset, else on which it was missed or inconclusive."
 )
 
 
@@ -50,14 +54,18 @@ class Claim:
     block: str
     pooled: bool = False  # read from the meta-analysis over datasets (compare_meta.csv)
     after_runs: bool = False  # stated after the runs were read (`stated_after_runs: true`), and shown as such
-    pruning: bool = (
-        False  # a difference of orders on the pruning curve (compare_pruning.csv): metric "importance - random"
-    )
+    pruning: bool = False  # a difference of orders on the pruning curve (compare_pruning.csv)
+    across: bool = False  # a setting's gaps to each dataset's best (compare_across.csv)
 
     @property
     def table(self) -> str:
         """The CSV of the block's table that holds this claim's row."""
-        return "compare_meta.csv" if self.pooled else "compare_pruning.csv" if self.pruning else "compare.csv"
+        kinds = {
+            "compare_meta.csv": self.pooled,
+            "compare_pruning.csv": self.pruning,
+            "compare_across.csv": self.across,
+        }
+        return next((name for name, holds in kinds.items() if holds), "compare.csv")
 
 
 def claims(experiments: Path) -> list[Claim]:
@@ -76,8 +84,10 @@ def claims(experiments: Path) -> list[Claim]:
             arm = [c["arm"]] if isinstance(c["arm"], str) else list(c["arm"])
             block = c.get("block", path.stem)
             pooled, after = bool(c.get("pooled", False)), bool(c.get("stated_after_runs", False))
-            pruning = bool(c.get("pruning", False))
-            found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, pooled, after, pruning))
+            kind = {k: bool(c.get(k, False)) for k in ("pruning", "across")}
+            if kind["across"] != (c["expect"] == "within"):
+                raise CompareError(f"{where}: expect within goes with across: true, and only with it")
+            found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, pooled, after, **kind))
     return found
 
 
@@ -162,6 +172,8 @@ def _read(c: Claim, folder: Path, name: str) -> dict | None:
         rows = list(csv.DictReader(io.StringIO(read_received(folder / name), newline="")))
     except (OSError, UnicodeDecodeError) as error:  # a link, a pipe, over a record's size: never read
         raise CompareError(f"{folder / name} cannot be read: {error}") from None
+    if c.across:
+        return _worst_gap(c, rows)
     if name != "compare.csv":  # a row a contrast and metric
         arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
         if not arm:
@@ -190,8 +202,28 @@ def _read(c: Claim, folder: Path, name: str) -> dict | None:
     return {"effect": effect, "low": low, "high": high, "p_holm": p_holm, "verdict": _verdict(p_holm)}
 
 
+def _worst_gap(c: Claim, rows: list[dict]) -> dict | None:
+    """A setting's largest gap to a dataset's best on the claim's metric, its interval, and its target per dataset
+    (compare_across.csv: a row per setting, metric and dataset)."""
+    gaps = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
+    if not gaps:
+        return None
+    worst = max(gaps, key=lambda r: float(r["gap"]))
+    found = {k: float(worst[f"gap{s}"] or "nan") for k, s in (("effect", ""), ("low", "_low"), ("high", "_high"))}
+    over = list(rows[0])[list(rows[0]).index("metric") + 1]  # the key the settings are read across: data
+    return found | {"p_holm": math.nan, "verdict": "", "targets": {r[over]: r["target"] for r in gaps}}
+
+
 def reading(c: Claim, found: dict) -> str:
     """What the contrast says of the claim (LEGEND)."""
+    if c.across:
+        targets = found["targets"]
+        if all(t == "met" for t in targets.values()):
+            return "**supported**"
+        said = [
+            f"{t} on {', '.join(sorted(d for d, x in targets.items() if x == t))}" for t in ("missed", "inconclusive")
+        ]
+        return "target " + "; ".join(x for x in said if not x.endswith(" on "))
     direction = math.copysign(1, found["effect"])
     if found["verdict"] == "significant":
         wanted = EXPECTED[c.expect]
@@ -244,7 +276,7 @@ def _arm(c: Claim) -> str:
     shown = ", ".join(
         f"{key.rsplit('.', 1)[-1]}={value}" for key, value in (condition.split("=", 1) for condition in c.arm)
     )
-    return f"{shown}{' (pooled)' if c.pooled else ''}; {c.metric}"
+    return f"{shown}{' (pooled)' if c.pooled else ' (across)' if c.across else ''}; {c.metric}"
 
 
 def _p(p: float) -> str:
