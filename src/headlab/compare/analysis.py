@@ -61,6 +61,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--select", metavar="KEY", help="per arm, keep the value of KEY best on --select-on")
     parser.add_argument("--select-on", default=VAL_ACC_BEST, help="validation metric for --select")
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        metavar="K",
+        help="with --baseline: replay each contrast as sweep.sequential's K rounds over the seeds would have read it",
+    )
     parser.add_argument("--pruning", action="store_true", help="add the pruning curves of heads.json per group")
     parser.add_argument("--roles", action="store_true", help="add the runs with a head in each role, per group")
     parser.add_argument(
@@ -122,12 +128,14 @@ def stated(values: dict) -> dict:
 @dataclass(frozen=True)
 class Analysis:
     """A comparison's analysis, checked: the Design the statistics take, and what is read and added to the table
-    (only the runs with each KEY=VALUE of where; the pruning curves; the head roles)."""
+    (only the runs with each KEY=VALUE of where; the pruning curves; the head roles; the contrasts replayed as K
+    sequential rounds)."""
 
     design: Design
     where: tuple[str, ...] = ()
     pruning: bool = False
     roles: bool = False
+    sequential: int | None = None
     options: tuple = ()  # (name, value) of each option stated: what compare.json records
 
 
@@ -154,12 +162,20 @@ def analysis(values: dict) -> Analysis:
     baseline = _pair(v["baseline"], "=", "--baseline")
     needs = {"within": "--within needs --baseline", "power": "--power needs --baseline (power is a contrast's)"}
     needs["meta"] = "--meta needs --baseline (it pools each arm's contrast with its baseline)"
+    needs["sequential"] = "--sequential needs --baseline (it replays each arm's contrast with its baseline)"
     for name, said in needs.items():
         if v[name] and not baseline:
             raise CompareError(said)
     if v["effect"] is not None and not (baseline or v["across"]):
         raise CompareError(
             "--effect needs --baseline (the difference that matters) or --across (the gap that does not)"
+        )
+    if v["sequential"] is not None and v["sequential"] < 2:
+        raise CompareError(f"--sequential takes the number of looks, 2 or more, got {v['sequential']}")
+    if v["sequential"] and (v["select"] or v["meta"] or v["across"]):
+        raise CompareError(
+            "--sequential replays what sweep.sequential runs, every arm at each of its values over seeds: not with "
+            "--select, --meta or --across (read each rate with --within KEY)"
         )
     metrics = list(v["metric"] or METRICS[:2])
     for at in v["at"] or []:
@@ -186,7 +202,8 @@ def analysis(values: dict) -> Analysis:
         across=v["across"],
     )
     chosen = tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in stated(values).items())
-    return Analysis(design, tuple(v["where"] or ()), bool(v["pruning"]), bool(v["roles"]), chosen)
+    read = (tuple(v["where"] or ()), bool(v["pruning"]), bool(v["roles"]), v["sequential"])
+    return Analysis(design, *read, chosen)
 
 
 def _pair(text: str | None, sep: str, flag: str) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
 from headlab.compare.head_tables import pruning_table, roles_table, write_pruning
 from headlab.compare.over_datasets import write_across, write_meta
+from headlab.compare.sequential_replay import replay_table
 from headlab.compare.tables import write_outputs
 from headlab.files import append_text_atomic, write_atomic
 from headlab.stats import datasets
@@ -61,6 +62,7 @@ def report(
     runs.completed = only(runs.completed, analysis.where)
     check_metrics(runs.completed, design, dict(analysis.options).get("metric") or [])
     keys, rows = compare(runs.completed, design)
+    replayed = replay_table(rows, keys, design, analysis.sequential) if analysis.sequential else []
     done = Report(design, keys, rows, len(runs.completed))
     done.pooled = datasets.pool(rows, keys, design) if design.meta else []
     done.ranked = datasets.across(rows, keys, design) if design.across else None
@@ -77,6 +79,8 @@ def report(
         more += [""] + pruning_table(curves)
         if curves:
             done.written.append(write_pruning(out, curves))
+    if replayed:
+        more += [""] + replayed
     if analysis.roles:
         done.roles = roles_table(role_counts(chosen, keys, design.solved), design.solved)
         more += [""] + (done.roles or ["Head roles: no run recorded any (heads.json rows without `role`)."])

@@ -109,14 +109,10 @@ def replicate_key(jobs: list[list[str]]) -> str:
     return "seed"
 
 
-def look_sizes(replicates: int, looks: int) -> list[int]:
-    """The replicates an arm has at each of `looks` rounds: evenly spread, the last all of them."""
-    return sorted({max(2, -(-replicates * k // looks)) for k in range(1, looks + 1)})
-
-
 def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str, str]], list[int], list[int]]:
     """Each job's arm (headlab.launch.planning.arms_of), its replicate's rank within its arm (0 first), and the
     replicates an arm has at each look."""
+    from headlab.stats import sequential  # scipy: imported by a sequential sweep only
 
     replicate_key(jobs)
     arms = arms_of(jobs)
@@ -125,7 +121,7 @@ def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str,
         key = tuple(sorted(arm.items()))
         ranks.append(seen.get(key, 0))
         seen[key] = ranks[-1] + 1
-    return arms, ranks, look_sizes(max(seen.values()), looks)
+    return arms, ranks, sequential.look_sizes(max(seen.values()), looks)
 
 
 def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple[str, str], metric: str,

@@ -281,12 +281,9 @@ def select_best(records: list[dict], key: str, on: str) -> tuple[list[dict], dic
     return chosen, edges
 
 
-def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
-    """Difference of each group to the group with key=value and the other keys equal (a selected key may
-    differ, and so may a key that follows from key's value, one value of it for each value of key): the design's
-    test (contrasts.contrast_p), solve rates by Fisher's test or paired over seeds
-    (contrasts.solve_rate_contrast), and Holm's correction over all the comparisons of a metric (of a metric and
-    dataset with --meta: each dataset read as it would be alone)."""
+def baselines(rows: list[dict], keys: list[str], design: Design) -> list[dict | None]:
+    """Each group's baseline: the group with key=value and the other keys equal (a selected key may differ, and so
+    may a key that follows from key's value, one value of it for each value of key); None where there is none."""
     key, value = design.baseline
     if key not in keys:
         raise CompareError(f"--baseline key {key!r} does not vary; varying keys: {', '.join(keys)}")
@@ -301,6 +298,7 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
     if not any(same_value(r[key], value) for r in rows):
         values = ", ".join(sorted({"null" if r[key] is None else str(r[key]) for r in rows}))
         raise CompareError(f"--baseline {key}={value} matches no group: {key} takes {values}")
+    found = []
     for row in rows:
         bases = [b for b in rows if same_value(b[key], value) and all(b[k] == row[k] for k in others)]
         if len(bases) > 1:
@@ -308,7 +306,15 @@ def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
                 f"{len(bases)} groups have {key}={value} and the same {', '.join(others)}: name the keys that pick "
                 "one baseline per group with --within"
             )
-        base = bases[0] if bases else None
+        found.append(bases[0] if bases else None)
+    return found
+
+
+def add_baseline(rows: list[dict], keys: list[str], design: Design) -> None:
+    """Difference of each group to its baseline (baselines): the design's test (contrasts.contrast_p), solve rates
+    by Fisher's test or paired over seeds (contrasts.solve_rate_contrast), and Holm's correction over all the
+    comparisons of a metric (of a metric and dataset with --meta: each dataset read as it would be alone)."""
+    for row, base in zip(rows, baselines(rows, keys, design), strict=True):
         # a contrast where a run of either arm was still improving when training ended holds at this budget only
         budget = base is not None and any(r.get("improving") and r["improving"][0] for r in (row, base))
         for metric in design.metrics:

@@ -22,6 +22,11 @@ ALPHA = 0.05
 PATHS = 400_000  # simulated Brownian paths the boundaries are read from (seeded: the same boundaries every time)
 
 
+def look_sizes(replicates: int, looks: int) -> list[int]:
+    """The replicates an arm has at each of `looks` rounds: evenly spread, the last all of them."""
+    return sorted({max(2, -(-replicates * k // looks)) for k in range(1, looks + 1)})
+
+
 def spent(t: float, alpha: float = ALPHA) -> float:
     """O'Brien-Fleming-like alpha spent by information fraction t (0 < t <= 1)."""
     return float(2 - 2 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
@@ -93,12 +98,21 @@ def run(arm_values: list[float], base_values: list[float], looks: tuple[int, ...
         alpha: float = ALPHA) -> dict:  # fmt: skip
     """Read one contrast sequentially over looks at these replicate counts (increasing; the last the maximum),
     taking the first n of each arm's values at each look: {"look" (1-based, where it stopped or the last),
-    "replicates", "reading" (significant, within margin, or None: not decided at the maximum), "p", "difference",
-    "interval"}."""
+    "replicates", "reading" (significant, within margin, or None: not decided at the maximum), "p", "level" (the
+    look's nominal level), "difference", "interval"}."""
     fractions = tuple(n / looks[-1] for n in looks)
     for k, (n, c) in enumerate(zip(looks, boundaries(fractions, alpha), strict=True), start=1):
         p, d, interval = welch_look(arm_values[:n], base_values[:n], c)
         reading = look(p, interval, c, margin)
         if reading or k == len(looks):
-            return {"look": k, "replicates": n, "reading": reading, "p": p, "difference": d, "interval": interval}
+            said = {"look": k, "replicates": n, "reading": reading, "p": p, "level": level(c)}
+            return said | {"difference": d, "interval": interval}
     raise AssertionError("unreachable: the last look always returns")
+
+
+def fixed(arm_values: list[float], base_values: list[float], margin: float | None = None, alpha: float = ALPHA) -> dict:
+    """The same contrast read once, on every replicate (the fixed design): {"reading", "p", "difference",
+    "interval"} at level alpha, decided as a look is."""
+    c = float(stats.norm.ppf(1 - alpha / 2))
+    p, d, interval = welch_look(arm_values, base_values, c)
+    return {"reading": look(p, interval, c, margin), "p": p, "difference": d, "interval": interval}
