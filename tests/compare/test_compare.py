@@ -756,7 +756,9 @@ def test_confirm_applies_the_confirmation_the_experiment_file_states_and_every_s
     assert "--reach 'val/acc>=0.9' --power" in table and "steps to val/acc>=0.9 (Kaplan-Meier median" in table
     text = results.read_text()  # the confirmation in its own block; the first reading's stays
     assert "heads_fixed_width table" in text and "heads_fixed_width/confirm table" not in text
-    assert text.index(blocks.brief(table, results, tmp_path / "sweep")) > text.index("<!-- headlab-compare: heads_fixed_width/confirm -->")
+    assert text.index(blocks.brief(table, results, tmp_path / "sweep")) > text.index(
+        "<!-- headlab-compare: heads_fixed_width/confirm -->"
+    )
     for record in (tmp_path / "sweep").glob("*/results.json"):
         stored = json.loads(record.read_text())
         stored["config"]["experiment"] = "heads_vs_depth"  # a file that states no confirmation

@@ -76,7 +76,9 @@ def test_update_rewrites_a_table_and_its_block_from_the_archive(published, capsy
     table = published.read_text()
     assert "(baseline)" in table and "Command: `headlab-compare results/demo/runs.tar.xz --" in table
     assert "--baseline model.attention.n_heads=4" in table
-    assert blocks.brief(table, Path("RESULTS.md"), published.parent) in Path("RESULTS.md").read_text() and Path("RESULTS.md").read_text().endswith("end\n")
+    assert blocks.brief(table, Path("RESULTS.md"), published.parent) in Path("RESULTS.md").read_text() and Path(
+        "RESULTS.md"
+    ).read_text().endswith("end\n")
     with pytest.raises(SystemExit) as done:
         main(["--check", "results"])
     assert done.value.code == 0 and "differs" not in capsys.readouterr().out
@@ -108,7 +110,10 @@ def test_a_table_pasted_outside_a_block_fails_the_check_and_a_named_block_holds_
     ]
     main(["results/demo/runs.tar.xz", *options])
     by_hand = Path("results/demo/by_hand")
-    assert blocks.brief((by_hand / "compare.md").read_text(), Path("RESULTS.md"), by_hand) in Path("RESULTS.md").read_text()
+    assert (
+        blocks.brief((by_hand / "compare.md").read_text(), Path("RESULTS.md"), by_hand)
+        in Path("RESULTS.md").read_text()
+    )
     with pytest.raises(SystemExit) as done:
         main(["--check", "results"])
     said = capsys.readouterr().out

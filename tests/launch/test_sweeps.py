@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, TINY, cli_env, train_here
+from headlab.cli.compare import main as compare_main
 from headlab.config.check import check_config
 from headlab.launch import runtime
 from headlab.launch.plan import PER_MEMBER
@@ -404,3 +405,8 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
     assert same["look"] == 2 and same["reading"] is None and len(same["runs"]) == 8
     assert len(list((tmp_path / "sweep").glob("*/results.json"))) == 20  # 4 seeds of the broken arm never ran
     assert "sweep.sequential look 1: optim.lr=1e-06: significant" in result.stderr + result.stdout
+    compare_main([str(tmp_path / "sweep"), "--no-plots"])  # compare.md says what each arm's round read
+    table = (tmp_path / "sweep" / "compare.md").read_text()
+    assert f"Rounds ({tmp_path / 'sweep'}/sequential.json: looks at 4, 8 seeds, baseline optim.lr=1e-2" in table
+    assert f"| optim.lr=1e-06 | look 1 (4 seeds) | significant | {broken['p']:.3g} ({broken['level']:.3g}) |" in table
+    assert "| optim.lr=0.0101 | look 2 (8 seeds) | undecided |" in table

@@ -1,9 +1,14 @@
-"""A table's contrasts replayed as a group-sequential design (--sequential K): each arm read against its baseline
-at K looks over its seeds in order, as sweep.sequential would have run them (Welch's test at each look's level,
-headlab.stats.sequential), beside the same contrast read once on every seed; and how many runs the rounds would
+"""Sweeps in rounds, in compare.md: what a sweep that ran in rounds read at each look (its sequential.json), and a
+table's contrasts replayed as a group-sequential design (--sequential K): each arm read against its baseline at K
+looks over its seeds in order, as sweep.sequential would have run them (Welch's test at each look's level,
+headlab.stats.sequential), beside the same contrast read once on every seed, and how many runs the rounds would
 have needed for it."""
 
+import json
+from pathlib import Path
+
 from headlab.escape import markdown_cell
+from headlab.files import read_received
 from headlab.stats import sequential
 from headlab.stats.comparison import baselines
 from headlab.stats.contrasts import CompareError, Design
@@ -66,3 +71,44 @@ def _in_order(summary: dict | None) -> list[float]:
 def _sizes(read: list) -> str:
     sizes = sorted({s for _, sizes, _, _ in read for s in [sizes]})
     return "; ".join(", ".join(map(str, s)) for s in sizes)
+
+
+def rounds_table(dirs: list[Path]) -> list[str]:
+    """compare.md's lines for the sweeps that ran in rounds (sweep.sequential): each arm's look, reading and the
+    look's test, from the sequential.json of each directory (a received file: a value that is not what a sweep
+    writes is a CompareError naming it)."""
+    lines = []
+    for folder in dirs:
+        path = folder / "sequential.json"
+        if not path.is_file():
+            continue
+        try:
+            said = json.loads(read_received(path))
+            arms = [_round_row(arm) for arm in said["arms"]]
+            looks = ", ".join(str(int(n)) for n in said["looks"])
+            how = f"baseline {markdown_cell(said['baseline'])}, {markdown_cell(said['metric'])}"
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise CompareError(f"{path}: not a sequential.json a sweep writes ({error})"[:300]) from None
+        lines += [
+            f"Rounds ({markdown_cell(str(folder))}/sequential.json: looks at {looks} seeds, {how}): read each arm by "
+            "its round's reading; the table's test on an arm that stopped early does not hold its level.",
+            "",
+            "| arm | stopped at | reading | p (the look's level) | Δ [repeated CI] |",
+            "|---|---|---|---|---|",
+            *arms,
+            "",
+        ]
+    return lines
+
+
+def _round_row(arm: dict) -> str:
+    name = markdown_cell(arm["arm"])
+    if arm["reading"] == "baseline" or arm["look"] is None:
+        return f"| {name} | | {markdown_cell(arm['reading'] or 'not read')} | | |"
+    low, high = (float(x) for x in arm["interval"])
+    p, level = float(arm["p"]), float(arm["level"])
+    reading = markdown_cell(arm["reading"] or "undecided")
+    return (
+        f"| {name} | look {int(arm['look'])} ({len(arm['runs'])} seeds) | {reading} | {p:.3g} ({level:.3g}) | "
+        f"{float(arm['difference']):+.4f} [{low:+.4f}, {high:+.4f}] |"
+    )
