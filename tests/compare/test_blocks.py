@@ -5,28 +5,70 @@ from pathlib import Path
 from headlab.compare import blocks
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
-TABLE = f"""Command: `headlab-compare runs --select optim.lr --baseline design=plain --effect 0.02 --out results/x`
-headlab commit (compare): {SHA}
-Runs' commits: {SHA} (20 runs)
-Runs' hardware: cpu x1, 2 threads (20 runs)
-Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); p: Welch's t-test.
-Verdicts: significant (Holm p < 0.05); no difference found (...).
-Speed: these runs trained in packs of 10 (20 runs).
-
-Keys that follow data (one value per dataset; compare.csv has them as columns):
-- cr: data.files.train=$HEADLAB_DATA/cr/custrev.all
-
-| design | model.attention.gate | model.attention.n_heads | optim.lr (selected on val/acc_best) | runs | test/acc (mean [95% bootstrap CI]) | val/acc_best (mean [95% bootstrap CI]) | improving at end (last val/acc best by > 0.005) | params | train tokens/s |
-|---|---|---|---|---|---|---|---|---|---|
-| gate\\|x | headwise | 4 | 0.03 (edge of its grid 0.001..0.03: not bracketed) | 10 | 0.9000 [0.8000, 0.9500] (sd 0.0500) Δ -0.1000 p=0.001 (Holm 0.002) significant (power 0.90 at ±0.02; 80% needs 4 seeds an arm) | 0.91 [0.8, 0.95] (sd 0.05) | 1/10 improving: not converged | 60115 | 2,295 |
-| plain | none | 4 | 0.003 | 10 | 1.0000 [1.0000, 1.0000] (sd 0.0000) (baseline) | 1.0 [1.0, 1.0] (sd 0.0) (baseline) | 0/10 improving: converged | 60115 | 1,803 |
-
-Pooled over the values of data (a random-effects meta-analysis of k values: how it is made): the rest.
-
-| arm | metric | k | pooled Δ [95% CI] |
-|---|---|---|---|
-| design=gate\\|x, model.attention.gate=headwise, model.attention.n_heads=4 | test/acc | 2 | -0.1 [-0.2, 0.0] |
-"""
+HEADER = [
+    "design",
+    "model.attention.gate",
+    "model.attention.n_heads",
+    "optim.lr (selected on val/acc_best)",
+    "runs",
+    "test/acc (mean [95% bootstrap CI])",
+    "val/acc_best (mean [95% bootstrap CI])",
+    "improving at end (last val/acc best by > 0.005)",
+    "params",
+    "train tokens/s",
+]
+ROWS = [
+    [
+        "gate\\|x",
+        "headwise",
+        "4",
+        "0.03 (edge of its grid 0.001..0.03: not bracketed)",
+        "10",
+        "0.9000 [0.8000, 0.9500] (sd 0.0500) Δ -0.1000 p=0.001 (Holm 0.002) significant (power 0.90 at ±0.02; 80% "
+        "needs 4 seeds an arm)",
+        "0.91 [0.8, 0.95] (sd 0.05)",
+        "1/10 improving: not converged",
+        "60115",
+        "2,295",
+    ],
+    [
+        "plain",
+        "none",
+        "4",
+        "0.003",
+        "10",
+        "1.0000 [1.0000, 1.0000] (sd 0.0000) (baseline)",
+        "1.0 [1.0, 1.0] (sd 0.0) (baseline)",
+        "0/10 improving: converged",
+        "60115",
+        "1,803",
+    ],  # fmt: skip
+]
+TABLE = "\n".join(
+    [
+        "Command: `headlab-compare runs --select optim.lr --baseline design=plain --effect 0.02 --out results/x`",
+        f"headlab commit (compare): {SHA}",
+        f"Runs' commits: {SHA} (20 runs)",
+        "Runs' hardware: cpu x1, 2 threads (20 runs)",
+        "Intervals: 95% percentile bootstrap of the mean over seeds (10,000 resamples); p: Welch's t-test.",
+        "Verdicts: significant (Holm p < 0.05); no difference found (...).",
+        "Speed: these runs trained in packs of 10 (20 runs).",
+        "",
+        "Keys that follow data (one value per dataset; compare.csv has them as columns):",
+        "- cr: data.files.train=$HEADLAB_DATA/cr/custrev.all",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+        *("| " + " | ".join(row) + " |" for row in ROWS),
+        "",
+        "Pooled over the values of data (a random-effects meta-analysis of k values: how it is made): the rest.",
+        "",
+        "| arm | metric | k | pooled Δ [95% CI] |",
+        "|---|---|---|---|",
+        "| design=gate\\|x, model.attention.gate=headwise, model.attention.n_heads=4 | test/acc | 2 "
+        "| -0.1 [-0.2, 0.0] |",
+    ]
+)
 
 
 def test_a_block_keeps_the_command_findings_and_verdicts_and_links_compare_md_for_the_rest(tmp_path):
@@ -81,7 +123,8 @@ def test_settings_across_datasets_stand_for_every_arm_on_every_dataset(tmp_path)
             "",
             "| setting (test/acc) | worst gap | cr | mr |",
             "|---|---|---|---|",
-            "| optim.lr=0.01 **(chosen)** | 0.01 | 0.8 [0.7, 0.9] (gap 0.0000) | 0.7 [0.6, 0.8] (gap 0.0100 [-0.02, +0.04]) |",
+            "| optim.lr=0.01 **(chosen)** | 0.01 | 0.8 [0.7, 0.9] (gap 0.0000) | 0.7 [0.6, 0.8] (gap 0.0100 [-0.02, "
+            "+0.04]) |",
         ]
     )
     assert blocks.brief(table, Path("RESULTS.md"), Path("results/x")).splitlines()[1:7] == [

@@ -1,6 +1,7 @@
 """headlab-compare --sequential K: an archived sweep's contrasts replayed as sweep.sequential's rounds would have
 read them, seeds in order, and the runs those rounds would have needed."""
 
+import json
 import math
 from pathlib import Path
 
@@ -64,3 +65,18 @@ def test_sequential_needs_a_baseline_and_replays_seeds_not_folds_or_selections(s
             main([str(root), *options, "--out", str(tmp_path / "refused"), "--no-plots"])
         assert refused.value.code != 0 and says in str(refused.value.code) + capsys.readouterr().err
     assert not Path(tmp_path / "refused" / "compare.md").exists()
+
+
+def test_a_received_sequential_json_is_text_in_the_table_and_a_wrong_one_is_refused_by_name(sweep):
+    root, _ = sweep
+    arm = {"arm": "x=<b>|y", "look": 1, "reading": "significant", "p": 0.001, "level": 0.002, "difference": 0.5}
+    said = {"looks": [4, 10], "baseline": "design=plain", "metric": "test/acc"}
+    (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, "interval": [0.1, 0.9], "runs": [0]}]}))
+    main([str(root), "--no-plots"])
+    assert (
+        "| x=&lt;b&gt;\\|y | look 1 (1 seeds) | significant | 0.001 (0.002) | +0.5000 [+0.1000, +0.9000] |"
+        in (root / "compare.md").read_text()
+    )
+    (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, "p": "low", "interval": [0, 1]}]}))
+    with pytest.raises(SystemExit, match="sequential.json: not a sequential.json a sweep writes"):
+        main([str(root), "--no-plots"])
