@@ -8,18 +8,21 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from scipy import stats
 
 from conftest import ROOT, TINY, cli_env, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.config.check import check_config
 from headlab.launch import runtime
 from headlab.launch.plan import PER_MEMBER
+from headlab.stats.runs import load_dirs
 
 runtime.configure()  # the resolvers the launcher configs use
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.yaml"))
@@ -410,3 +413,32 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
     assert f"Rounds ({tmp_path / 'sweep'}/sequential.json: looks at 4, 8 seeds, baseline optim.lr=1e-2" in table
     assert f"| optim.lr=1e-06 | look 1 (4 seeds) | significant | {broken['p']:.3g} ({broken['level']:.3g}) |" in table
     assert "| optim.lr=0.0101 | look 2 (8 seeds) | undecided |" in table
+
+
+def test_a_cross_validated_sequential_sweep_adds_folds_in_rounds_and_reads_the_corrected_t(run_cli, tmp_path):
+    """sweep.sequential.looks=2 over 8 folds of a text file (the label: whether the first word is good or bad): at
+    4 folds a learning rate of 1e-6 is decided against 1e-2 on test loss by the corrected paired t over the folds
+    both ran, and the last 4 folds of either never run."""
+    data = tmp_path / "train.txt"
+    data.write_text("".join(f"{i % 2} {['good', 'bad'][i % 2]} film number {i}\n" for i in range(800)))
+    files = ["data=files", f"data.files.train={data}", "data.cv.folds=8", "data.n_classes=2"]
+    args = [*files, "model.d_model=16", "trainer.max_epochs=3", "logger=csv", "callbacks.progress_bar=null"]
+    sequential = [
+        "sweep.sequential.looks=2",
+        "sweep.sequential.baseline='optim.lr=1e-2'",
+        "sweep.sequential.metric=test/loss",
+    ]
+    result = run_cli("-m", "hydra/launcher=packed", *args, "optim.lr=1e-2,1e-6", *sequential, "hydra.sweep.dir=sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = json.loads((tmp_path / "sweep" / "sequential.json").read_text())
+    broken = next(a for a in said["arms"] if a["arm"] == "optim.lr=1e-06")
+    assert said["looks"] == [4, 8] and broken["look"] == 1 and broken["reading"] == "significant"
+    runs = load_dirs([tmp_path / "sweep"]).completed
+    loss = {
+        lr: {r["config"]["data.cv.fold"]: r["metrics"]["test/loss"] for r in runs if r["config"]["optim.lr"] == lr}
+        for lr in (1e-2, 1e-6)
+    }
+    assert sorted(loss[1e-6]) == sorted(loss[1e-2]) == [0, 1, 2, 3]  # decided: neither arm needs the other 4 folds
+    d = np.array([loss[1e-6][f] - loss[1e-2][f] for f in range(4)])  # the first look, written out
+    t = d.mean() / np.sqrt((1 / 4 + 1 / 7) * d.var(ddof=1))
+    assert broken["p"] == pytest.approx(2 * stats.t.sf(abs(t), 3)) and broken["p"] < broken["level"]

@@ -19,7 +19,7 @@ def replay_table(rows: list[dict], keys: list[str], design: Design, looks: int) 
     metric = design.metrics[0]
     if any("folds" in (row.get(metric) or {}) for row in rows):
         raise CompareError(
-            "--sequential replays seeds, and these runs are cross-validated: folds are not read in rounds"
+            "--sequential replays seeds, not folds: these runs are cross-validated"
         )
     read, runs = [], {}  # runs: each group's replicates under the rounds (id of its row -> n)
     for row, base in zip(rows, baselines(rows, keys, design), strict=True):

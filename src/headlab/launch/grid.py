@@ -101,37 +101,42 @@ def extension_jobs(sweep_dir: Path, key: str, factor: float, on: str, before: in
     return jobs, said
 
 
+FOLD = "data.cv.fold"
+
+
 def replicate_key(jobs: list[list[str]]) -> str:
-    """The key whose values repeat each arm in a sequential sweep: the seed (folds are not read in rounds yet)."""
-    keys = {o.split("=", 1)[0].lstrip("+~") for job in jobs for o in job if "=" in o}
-    if "data.cv.fold" in keys:
-        fail("sweep.sequential.looks", "set", "null with cross-validation (rounds read seeds, not folds, for now)")
-    return "seed"
+    """The key whose values repeat each arm in a sequential sweep: the fold where the sweep runs several (a round
+    adds folds, each with all its seeds), else the seed."""
+    folds = {o.split("=", 1)[1] for job in jobs for o in job if o.split("=", 1)[0].lstrip("+~") == FOLD}
+    return FOLD if len(folds) > 1 else "seed"
 
 
 def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str, str]], list[int], list[int]]:
-    """Each job's arm (headlab.launch.planning.arms_of), its replicate's rank within its arm (0 first), and the
-    replicates an arm has at each look."""
+    """Each job's arm (headlab.launch.planning.arms_of), its replicate's rank within its arm (0 first; a fold's
+    seeds share its rank), and the replicates an arm has at each look."""
     from headlab.stats import sequential  # scipy: imported by a sequential sweep only
 
-    replicate_key(jobs)
+    key = replicate_key(jobs)
     arms = arms_of(jobs)
     ranks, seen = [], {}
-    for arm in arms:
-        key = tuple(sorted(arm.items()))
-        ranks.append(seen.get(key, 0))
-        seen[key] = ranks[-1] + 1
-    return arms, ranks, sequential.look_sizes(max(seen.values()), looks)
+    for i, (job, arm) in enumerate(zip(jobs, arms, strict=True)):
+        order = seen.setdefault(tuple(sorted(arm.items())), {})  # an arm's replicates, in the order they come
+        replicate = next((o.split("=", 1)[1] for o in job if o.split("=", 1)[0].lstrip("+~") == key), None)
+        ranks.append(order.setdefault(replicate if key == FOLD else i, len(order)))
+    return arms, ranks, sequential.look_sizes(max(len(order) for order in seen.values()), looks)
 
 
 def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple[str, str], metric: str,
               margin: float | None, fractions: tuple, k: int) -> dict[tuple, dict]:  # fmt: skip
     """Every open arm's contrast with its baseline at look k, from the completed runs of the sweep directory:
-    {arm key: sequential.welch_look's reading at the look's boundary (reading None: it goes on)}."""
+    {arm key: its reading at the look's boundary (reading None: it goes on)}: Welch's test over seeds, or in rounds
+    over folds the corrected paired t over the folds both ran (sequential.folds_look)."""
     from headlab.stats import sequential
     from headlab.stats.plan import runs_of
 
     runs = load_dirs([sweep_dir]).completed
+    several = len({r["config"].get(FOLD) for r in runs}) > 1  # rounds over folds (replicate_key)
+    folds = next((r["config"].get("data.cv.folds") for r in runs), None) if several else None
     c = sequential.boundaries(fractions)[k]
     key, value = baseline
     found = {}
@@ -139,15 +144,25 @@ def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple
         name = tuple(sorted(arm.items()))
         if name not in open_arms or same_written(arm.get(key), value):
             continue
-        values = lambda conditions: [r["metrics"][metric] for r in runs_of(runs, conditions) if metric in r["metrics"]]  # noqa: E731
-        mine, theirs = values(arm), values({**arm, key: value})
-        if len(mine) < 2 or len(theirs) < 2:
+        mine, theirs = (_replicates(runs_of(runs, on), metric, bool(folds)) for on in (arm, {**arm, key: value}))
+        if (len(set(mine) & set(theirs)) if folds else min(len(mine), len(theirs))) < 2:
             continue
-        p, difference, interval = sequential.welch_look(mine, theirs, c)
+        if folds:
+            p, difference, interval = sequential.folds_look(mine, theirs, int(folds), c)
+        else:
+            p, difference, interval = sequential.welch_look(list(mine.values()), list(theirs.values()), c)
         reading = sequential.look(p, interval, c, margin)
         found[name] = {"look": k + 1, "replicates": len(mine), "reading": reading, "p": p,
                        "level": sequential.level(c), "difference": difference, "interval": list(interval)}  # fmt: skip
     return found
+
+
+def _replicates(runs: list[dict], metric: str, folds: bool) -> dict:
+    """An arm's values of metric: {fold: its seeds' mean} in rounds over folds, else {run's place: value}."""
+    by_fold: dict = {}
+    for i, r in enumerate(x for x in runs if metric in x["metrics"]):
+        by_fold.setdefault(r["config"].get(FOLD) if folds else i, []).append(r["metrics"][metric])
+    return {fold: sum(values) / len(values) for fold, values in by_fold.items()}
 
 
 def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, resume: bool) -> list:

@@ -6,9 +6,9 @@ alpha(t) = 2 - 2 Phi(z_{alpha/2} / sqrt(t)) (t: the share of the planned replica
 nothing at early looks (a contrast stops early only when it is overwhelming), nearly all of alpha at the last, so
 that a sweep run to its end reads almost as the fixed design would. Chosen over an anytime-valid test because the
 looks are few and planned (the sweep's rounds), where spending loses least power. Each look's test is the one
-compare uses (Welch's t over seeds, the corrected paired t over folds); its two-sided p-value is read as a z-score
-on the Brownian scale the boundaries are computed on, exact for normal statistics and close for t ones (the
-simulation test measures it). A contrast within a stated margin stops too: its repeated confidence interval (the
+compare uses (Welch's t over seeds, the corrected paired t over folds: folds_look); its two-sided p-value is read
+as a z-score on the Brownian scale the boundaries are computed on, exact for normal statistics and close for t ones
+(the simulation tests measure it). A contrast within a stated margin stops too: its repeated confidence interval (the
 look's boundary as its level) lies inside +-margin.
 """
 
@@ -17,6 +17,8 @@ from functools import cache
 
 import numpy as np
 from scipy import stats
+
+from headlab.stats import inference
 
 ALPHA = 0.05
 PATHS = 400_000  # simulated Brownian paths the boundaries are read from (seeded: the same boundaries every time)
@@ -94,15 +96,30 @@ def welch_look(a: list[float], b: list[float], c: float) -> tuple[float, float, 
     return p, d, (d - half, d + half)
 
 
+def folds_look(a: dict, b: dict, k: int, c: float) -> tuple[float, float, tuple[float, float]]:
+    """The corrected paired t over the folds two arms share ({fold: value averaged over its seeds} each; k: the
+    cross-validation's folds) at a look with boundary c: (p, difference, its repeated interval at the look's level)."""
+    shared = sorted(set(a) & set(b))
+    d = np.asarray([a[f] - b[f] for f in shared], dtype=float)
+    spread = math.sqrt(inference.cv_variance_factor(len(d), k) * d.var(ddof=1))
+    mean = float(d.mean())
+    if spread == 0:
+        return (1.0 if mean == 0 else 0.0), mean, (mean, mean)
+    p = float(2 * stats.t.sf(abs(mean) / spread, len(d) - 1))
+    half = float(stats.t.ppf(1 - level(c) / 2, len(d) - 1)) * spread
+    return p, mean, (mean - half, mean + half)
+
+
 def run(arm_values: list[float], base_values: list[float], looks: tuple[int, ...], margin: float | None = None,
-        alpha: float = ALPHA) -> dict:  # fmt: skip
+        alpha: float = ALPHA, test=welch_look) -> dict:  # fmt: skip
     """Read one contrast sequentially over looks at these replicate counts (increasing; the last the maximum),
     taking the first n of each arm's values at each look: {"look" (1-based, where it stopped or the last),
     "replicates", "reading" (significant, within margin, or None: not decided at the maximum), "p", "level" (the
-    look's nominal level), "difference", "interval"}."""
+    look's nominal level), "difference", "interval"}. test(a, b, c): a look's (p, difference, interval), Welch's by
+    default; over folds, folds_look on the folds in order."""
     fractions = tuple(n / looks[-1] for n in looks)
     for k, (n, c) in enumerate(zip(looks, boundaries(fractions, alpha), strict=True), start=1):
-        p, d, interval = welch_look(arm_values[:n], base_values[:n], c)
+        p, d, interval = test(arm_values[:n], base_values[:n], c)
         reading = look(p, interval, c, margin)
         if reading or k == len(looks):
             said = {"look": k, "replicates": n, "reading": reading, "p": p, "level": level(c)}
