@@ -442,3 +442,14 @@ def test_a_cross_validated_sequential_sweep_adds_folds_in_rounds_and_reads_the_c
     d = np.array([loss[1e-6][f] - loss[1e-2][f] for f in range(4)])  # the first look, written out
     t = d.mean() / np.sqrt((1 / 4 + 1 / 7) * d.var(ddof=1))
     assert broken["p"] == pytest.approx(2 * stats.t.sf(abs(t), 3)) and broken["p"] < broken["level"]
+
+
+def test_rounds_rank_folds_with_all_their_seeds_and_seeds_where_one_fold_is_run():
+    from headlab.launch.grid import sequential_rounds
+
+    folds = [[f"optim.lr={lr}", f"data.cv.fold={f}", f"seed={s}"] for lr in (1, 2) for f in range(4) for s in (0, 1)]
+    arms, ranks, sizes = sequential_rounds(folds, 2)
+    assert arms[0] == {"optim.lr": "1"} and ranks[:8] == [0, 0, 1, 1, 2, 2, 3, 3] and sizes == [2, 4]
+    one_fold = [[f"optim.lr={lr}", "data.cv.fold=3", f"seed={s}"] for lr in (1, 2) for s in range(6)]
+    _, ranks, sizes = sequential_rounds(one_fold, 3)
+    assert ranks[:6] == [0, 1, 2, 3, 4, 5] and sizes == [2, 4, 6]
