@@ -183,8 +183,8 @@ def test_pruning_step_rounds_up():
     ],
 )
 def test_the_neuron_views_vectors_give_each_score_or_say_why_not(attention, shown):
+    from headlab.heads.probe import vectors
     from headlab.model.hooks import recorded
-    from headlab.training.probe import vectors
 
     model = Encoder(11, 3, 9, "cls", d_model=16, n_layers=2, attention=attention).eval()
     tokens = torch.randint(0, 11, (2, 9))

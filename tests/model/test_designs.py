@@ -444,7 +444,7 @@ def probe_model(**attention) -> Encoder:
 
 
 def test_the_probe_reports_each_gates_mean_and_each_layers_mixing():
-    from headlab.training import probe
+    from headlab.heads import probe
 
     class Data:  # what probe.attention asks of a datamodule
         relevant_roles = ()
@@ -485,7 +485,7 @@ def test_signed_maps_are_drawn_on_a_diverging_scale_and_mixing_matrices_as_a_fig
 
 def test_the_head_view_draws_signed_weights_on_a_diverging_scale(tmp_path, browser):
     """A differential head's negative weights: dashed lines and blue cells, each as opaque as |w|."""
-    from headlab.training import probe
+    from headlab.heads import probe
 
     weights = torch.tensor([[[[0.8, -0.4, 0.1], [0.05, 0.7, -0.2], [0.3, 0.3, 0.3]]]]).numpy()  # (E, H, n, n)
     rows = [{"layer": 0, "head": 0, "entropy": 1.0, "mass": 0.6}]
@@ -524,7 +524,7 @@ def test_relevant_is_the_share_of_each_heads_attention_on_the_keys_a_query_names
     context positions of keys a and b, averaged over scored queries, computed here by hand from the tokens."""
     from headlab.data.datamodule import TaskDataModule
     from headlab.data.recall import AssociativeRecall
-    from headlab.training import probe
+    from headlab.heads import probe
 
     data = TaskDataModule(
         AssociativeRecall(n_keys=16, n_values=10, n_pairs=6, n_queries=4, lookups=2, fused=True),

@@ -42,7 +42,7 @@ def _measured(heads_json: Path, checkpoint: Path, n_layers: int, n_heads: int) -
 
 def _not_an_analysis(report: dict, n_layers: int, n_heads: int) -> str | None:
     """Why a measured heads.json is no head analysis of a model of n_layers x n_heads, or None."""
-    from headlab.training import causal_report
+    from headlab.heads import causal_report
 
     rows, seen = report.get("rows"), set()
     if not isinstance(rows, list):
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from headlab.cli import saved_run
     from headlab.files import write_bytes_atomic, write_text_atomic
-    from headlab.heads import figures, head_view, statistics
-    from headlab.training import causal_report, probe
+    from headlab.heads import causal_report, figures, head_view, probe, statistics
 
     datamodule, model, checkpoint = saved_run.load(args.run_dir, args.checkpoint, "headlab-heads")
     try:

@@ -18,9 +18,7 @@ def replay_table(rows: list[dict], keys: list[str], design: Design, looks: int) 
     """compare.md's lines: what the rounds would have read and run, then a row per contrast."""
     metric = design.metrics[0]
     if any("folds" in (row.get(metric) or {}) for row in rows):
-        raise CompareError(
-            "--sequential replays seeds, not folds: these runs are cross-validated"
-        )
+        raise CompareError("--sequential replays seeds, not folds: these runs are cross-validated")
     read, runs = [], {}  # runs: each group's replicates under the rounds (id of its row -> n)
     for row, base in zip(rows, baselines(rows, keys, design), strict=True):
         mine = _in_order(row.get(metric))

@@ -17,7 +17,7 @@ MAX_EXAMPLES = 8
 
 
 def page_data(snapshot: dict, title: str) -> dict:
-    """What the page shows, from a probe snapshot (headlab.training.probe.snapshot): per layer an (E, H, n, n)
+    """What the page shows, from a probe snapshot (headlab.heads.probe.snapshot): per layer an (E, H, n, n)
     array of probe attention, each example's tokens (its real length), label and prediction, the rows of
     statistics (and importance) per (layer, head), the share of attention each key role gets from each head, the
     notation of the task's tokens, whether weights are signed and the largest magnitude drawn, and for the neuron

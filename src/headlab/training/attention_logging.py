@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from headlab.files import write_json_atomic
-from headlab.heads import figures, head_view, importance, statistics
-from headlab.training import causal_report, checkpoints, probe
+from headlab.heads import causal_report, figures, head_view, importance, probe, statistics
+from headlab.training import checkpoints
 from headlab.training.callbacks import stop_if_signalled
 
 # The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with

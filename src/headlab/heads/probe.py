@@ -12,9 +12,8 @@ import torch
 
 from headlab.conventions import IGNORE_INDEX
 from headlab.files import write_atomic
-from headlab.heads import head_view, statistics
+from headlab.heads import causal_report, head_view, statistics
 from headlab.model.hooks import recorded
-from headlab.training import causal_report
 
 
 def attention(model, datamodule, batch: dict) -> dict:
