@@ -699,8 +699,8 @@ def test_a_gate_from_outside_says_its_width_and_the_memory_check_counts_it(monke
     memory check and pack sizing use) with no name tested anywhere; headlab's own gates say theirs."""
     from hydra import compose, initialize_config_module
 
+    from headlab.config.memory import ConfigSizes, model_bytes
     from headlab.model import gates, rules
-    from headlab.training.memory import ConfigSizes, model_bytes
 
     class EveryChannelTwice(gates.Gate):
         @staticmethod

@@ -311,8 +311,8 @@ def test_a_received_config_names_no_file_outside_its_run(tmp_path, key, value):
     folders themselves are checked as paths); a plain name is fine."""
     from omegaconf import OmegaConf
 
+    from headlab.config import trust
     from headlab.errors import ConfigError
-    from headlab.training import trust
 
     cfg = OmegaConf.create({})
     OmegaConf.update(cfg, key, value, force_add=True)

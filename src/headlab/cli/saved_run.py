@@ -58,7 +58,8 @@ def load(run_dir: Path, which: str, prog: str):
         raise SystemExit(f"{prog}: {error}") from None
     except OSError:  # a run this user may read but not write: no process of theirs trains it
         pass
-    from headlab.training import records, trust
+    from headlab.config import trust
+    from headlab.training import records
     from headlab.training.checkpoints import model_state
     from headlab.training.run import build
 

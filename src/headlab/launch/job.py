@@ -18,13 +18,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from headlab.config import trust
 from headlab.config.check import check_config, check_launch, check_resume
 from headlab.config.run_config import flat_config, recorded_config
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_text_atomic
 from headlab.launch import console, rundir
 from headlab.record import git_sha, is_finite_number, read_record, versions, write_record
-from headlab.training import cores, trust
+from headlab.training import cores
 
 log = logging.getLogger("headlab")
 _KIND = (  # how a user's mistake is introduced, by its type (the first that applies)

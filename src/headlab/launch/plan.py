@@ -43,8 +43,8 @@ class Pack:
         return [(job.cfg, job.run_dir, job.record["config"]) for job in self.jobs]
 
     def mem_gb(self) -> int:
-        """The memory the pack's process needs: its members' estimate (headlab.training.memory), plus a process."""
-        from headlab.training import memory
+        """The memory the pack's process needs: its members' estimate (headlab.config.memory), plus a process."""
+        from headlab.config import memory
 
         cfg = self.jobs[0].cfg
         return math.ceil(len(self.jobs) * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)

@@ -30,7 +30,7 @@ class Gate:
     @staticmethod
     def width(n_heads: int, d_v: int) -> int:
         """Gate values a position computes from its input (the output width of the gate's projection): what its
-        parameters, FLOPs and memory grow with (headlab.training.memory asks it)."""
+        parameters, FLOPs and memory grow with (headlab.config.memory asks it)."""
         return 0
 
 

@@ -13,12 +13,13 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
+from headlab.config import memory
 from headlab.config.check import fail
 from headlab.errors import ConfigError, UsageError, as_written, first_line
 from headlab.files import check_received
 from headlab.model import Encoder, rules
 from headlab.record import TRAIN_METRICS, VAL_ACC_BEST
-from headlab.training import allocator, checkpoints, cores, epochs, memory, records
+from headlab.training import allocator, checkpoints, cores, epochs, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, SaveOnInterrupt, ThroughputMeter

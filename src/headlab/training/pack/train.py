@@ -17,10 +17,11 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from headlab.config import memory
 from headlab.config.check import pack_refusal
 from headlab.errors import TrainingError
 from headlab.record import VAL_ACC_BEST
-from headlab.training import cores, epochs, memory, objective, records, run
+from headlab.training import cores, epochs, objective, records, run
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
