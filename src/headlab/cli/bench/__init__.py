@@ -81,12 +81,17 @@ def main(argv: list[str] | None = None) -> None:
          lambda: None if quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)),
         ("parallel_packs", "packs side by side", lambda: None if quick else packing.parallel_packs(tmp)),
     ]  # fmt: skip
-    started = time.monotonic()
-    for k, (key, what, measure) in enumerate(steps, 1):
-        print(f"headlab-bench: [{k}/{len(steps)}] {what} ({duration(time.monotonic() - started)} so far)",
-              file=sys.stderr, flush=True)  # fmt: skip
-        r[key] = measure()
     sections = report.sections(args.out)
+    before = report.section_times(sections.get("cpu", ""))  # the last run's, to say what is left
+    started, r["times"] = time.monotonic(), {}
+    for k, (key, what, measure) in enumerate(steps, 1):
+        left = [before.get(later) for later, _, _ in steps[k - 1 :]]
+        said = f", about {duration(sum(left))} left by the last run's times" if None not in left else ""
+        print(f"headlab-bench: [{k}/{len(steps)}] {what} ({duration(time.monotonic() - started)} so far{said})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        begun = time.monotonic()
+        r[key] = measure()
+        r["times"][key] = time.monotonic() - begun
     sections["cpu"] = report.report(r, args)
     write_text_atomic(args.out, report.join(sections))
     print(f"wrote {args.out}", file=sys.stderr)

@@ -1,11 +1,13 @@
 """BENCHMARKS.md from the figures of headlab-bench runs: a CPU section and a GPU section, each rewritten by its own
 run (`--device cuda` on a GPU machine) and kept by the other's."""
 
+import re
 from pathlib import Path
 
 from headlab.cli.bench import overhead
 
 MARK = "<!-- section: {} -->"
+TIMES = "Time by section (s): "
 
 
 def sections(path: Path) -> dict[str, str]:
@@ -19,6 +21,21 @@ def sections(path: Path) -> dict[str, str]:
         name, body = part.split(" -->", 1)
         found[name] = body.strip()
     return found
+
+
+def section_times(text: str) -> dict[str, float]:
+    """Each section's seconds as a report's "Time by section" line gives them ({} where it has none)."""
+    line = next((x for x in text.splitlines() if x.startswith(TIMES)), "")
+    return {key: float(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def times_line(times: dict[str, float]) -> str:
+    """The line a report states its sections' seconds in, which the next run reads to say how long is left."""
+    return (
+        TIMES
+        + ", ".join(f"{key}={round(t)}" for key, t in times.items())
+        + f"; in all {sum(times.values()) / 60:.0f} min."
+    )
 
 
 def join(found: dict[str, str]) -> str:
@@ -46,6 +63,7 @@ def report(r: dict, args) -> str:
         f"Matmul peak (fp32, 1024 x 1024): {r['peak']:.0f} GFLOP/s.",
         "",
         "Medians of interleaved repeats; ratios compare runs measured side by side in the same process.",
+        *([times_line(r["times"])] if r.get("times") else []),
         "",
         f"## Encoder training throughput (batch {args.batch}, sequence {args.seq}, 4 layers, 4 heads, d_ff 4d)",
         "",
