@@ -135,3 +135,8 @@ def test_settings_across_datasets_stand_for_every_arm_on_every_dataset(tmp_path)
         "|---|---|---|---|",
         "| optim.lr=0.01 **(chosen)** | 0.01 | 0.8 (gap 0.0000) | 0.7 (gap 0.0100) |",
     ]
+
+
+def test_a_table_whose_rows_do_not_match_its_header_is_shown_as_it_is(tmp_path):
+    table = "Command: `headlab-compare runs`\n\n| a | params |\n|---|---|\n| 1 | 2 | 3 |\n"
+    assert "| 1 | 2 | 3 |" in blocks.brief(table, tmp_path / "RESULTS.md", tmp_path)

@@ -86,6 +86,8 @@ def _brief_table(lines: list[str], implied: set[str]) -> tuple[list[str], set[st
     the key columns that a named choice (a key without a dot, such as design) sets; an `arm` column's pairs lose
     those keys too. Returns the lines and the keys left out."""
     header, rows = _cells(lines[0]), [_cells(line) for line in lines[2:]]
+    if any(len(row) != len(header) for row in rows):  # not a table compare writes: shown as it is
+        return lines, implied
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in header]
     keys = header.index("runs") if "runs" in header else 0  # the arm's keys stand before its runs
     named = [c for c in range(keys) if re.fullmatch(r"\w+", header[c]) and len(set(columns[c])) > 1]
