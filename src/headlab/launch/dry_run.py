@@ -162,6 +162,25 @@ def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
 
 
 @contextlib.contextmanager
+def _said_on_stderr():
+    """What preparing and timing the runs says (the data's preparation, a print) on stderr, where stdout is kept
+    for --json's one object: stdout redirected, and each log handler writing to it pointed at stderr."""
+    moved = [
+        h
+        for h in logging.root.handlers + logging.getLogger("HYDRA").handlers
+        if getattr(h, "stream", None) is sys.stdout
+    ]
+    for handler in moved:
+        handler.setStream(sys.stderr)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for handler in moved:
+            handler.setStream(sys.stdout)
+
+
+@contextlib.contextmanager
 def _quiet():
     """Lightning's lines and warnings about a Trainer the user never asked for left unsaid (stdout stays the dry
     run's: --json prints one object there)."""
@@ -234,24 +253,32 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
     Hydra's config loader composes each pack's config. Returns the sweep's (empty) list of returns."""
     from headlab.config.check import check_config
 
-    startup = startup_seconds()  # before anything is measured here
-    done = len(jobs) - len(jobs := not_done(jobs, config, loader))
+    as_object = str(OmegaConf.select(config, "sweep.dry_run")) == "json"
+    with _said_on_stderr() if as_object else contextlib.nullcontext():  # stdout: the JSON object alone
+        startup = startup_seconds()  # before anything is measured here
+        done = len(jobs) - len(jobs := not_done(jobs, config, loader))
+        if jobs:
+            launcher = config.hydra.launcher
+            max_pack = max_pack or int(launcher.get("max_pack") or 1)
+            groups = pack_groups(jobs, packed, max_pack)
+            configs = [loader.load_sweep_config(config, group[0]) for group in groups]
+            for cfg in configs:  # what each job would refuse, before any data is prepared to time it
+                check_config(cfg)
+            n_jobs = int(launcher.get("n_jobs") or 1)
+            measured = costs(configs, _threads(n_jobs))
+            total = startup + _total([len(g) for g in groups], measured, n_jobs)
+            planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
     skipped = f"; {done} completed before with the same config, skipped (sweep.resume=true)" if done else ""
+    if as_object:
+        found = (
+            as_json(groups, measured, n_jobs, packed, startup) | planned.as_json()
+            if jobs
+            else as_json([], [], 1, packed, 0)
+        )
+        print(json.dumps(found | {"skipped": done}))
+        return []
     if not jobs:
         print(f"headlab-train --dry-run: 0 {what} to run{skipped}; nothing is started")
-        return []
-    launcher = config.hydra.launcher
-    max_pack = max_pack or int(launcher.get("max_pack") or 1)
-    groups = pack_groups(jobs, packed, max_pack)
-    configs = [loader.load_sweep_config(config, group[0]) for group in groups]
-    for cfg in configs:  # what each job would refuse, before any data is prepared to time it
-        check_config(cfg)
-    n_jobs = int(launcher.get("n_jobs") or 1)
-    measured = costs(configs, _threads(n_jobs))
-    total = startup + _total([len(g) for g in groups], measured, n_jobs)
-    planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
-    if str(OmegaConf.select(config, "sweep.dry_run")) == "json":
-        print(json.dumps(as_json(groups, measured, n_jobs, packed, startup) | planned.as_json() | {"skipped": done}))
         return []
     runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
     print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}{skipped}; nothing is started")

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         ("default_run", "the default run", lambda: None if quick else commands.default_run(tmp)),
         ("one_run", "a run as a pack of one and on Lightning's single path",
          lambda: None if quick else commands.one_run_paths(tmp, 3)),
+        ("dry_run", "the dry run against the sweeps it prices",
+         lambda: None if quick else commands.dry_run_against_sweeps(tmp, args.data_dir)),
         ("sst2", "SST-2 preparation", lambda: commands.sst2_preparation(tmp, args.data_dir, 2000 if quick else None)),
         ("sst2_recipe", "the SST-2 recipe",
          lambda: commands.sst2_recipe(tmp, args.data_dir) if args.sst2_recipe and not quick else None),

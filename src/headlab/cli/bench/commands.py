@@ -87,6 +87,39 @@ def one_run_paths(tmp: Path, repeats: int) -> dict:
     }
 
 
+DRY_RUN_SWEEPS = {  # what --dry-run prices, against the sweep run after it (docs/plan.md: within 30%)
+    "2 x 2, one job at a time": ["model.attention.n_heads=1,4", "optim.lr=1e-3,3e-3"],
+    "8 seeds, one pack": ["hydra/launcher=packed", "seed=range(8)"],
+    "CR, 5 folds": ["data=cr", "data.cv.folds=5", "seed=0"],
+}
+
+
+def dry_run_against_sweeps(tmp: Path, data_dir: Path) -> list[dict]:
+    """Each sweep of DRY_RUN_SWEEPS priced by `--dry-run --json`, then run: its estimate, its wall time start to
+    exit and their ratio (CR where --data-dir holds it)."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "HEADLAB_DATA": str(data_dir.resolve())}
+    found = []
+    for k, (name, overrides) in enumerate(DRY_RUN_SWEEPS.items()):
+        if "data=cr" in overrides and not (data_dir / "cr").is_dir():
+            continue
+        sweep = [
+            *TRAIN,
+            "-m",
+            *overrides,
+            "logger=csv",
+            "callbacks.progress_bar=null",
+            f"hydra.sweep.dir={tmp}/dry/{k}",
+        ]
+        said = subprocess.run([*sweep, "--dry-run", "--json"], capture_output=True, text=True, env=env,
+                              stdin=subprocess.DEVNULL, timeout=900, check=True)  # fmt: skip
+        estimate = json.loads(said.stdout)["seconds"]
+        started = time.monotonic()
+        subprocess.run(sweep, capture_output=True, env=env, stdin=subprocess.DEVNULL, timeout=3600, check=True)
+        wall = time.monotonic() - started
+        found.append({"sweep": name, "estimate_s": estimate, "wall_s": wall, "ratio": estimate / wall})
+    return found
+
+
 def sst2_preparation(tmp: Path, data_dir: Path, rows: int | None = None) -> dict | None:
     """Preparing SST-2 train, first and from the cache, and one epoch of its batches; rows: its first rows only
     (--quick: the same code on a slice)."""

@@ -181,6 +181,19 @@ def report(r: dict, args) -> str:
             f"{o['pack_s']:.1f} s against {o['lightning_s']:.1f} s (median of the paired ratios {o['ratio']:.2f}x), "
             f"{o['pack_tokens_per_s']:,.0f} against {o['lightning_tokens_per_s']:,.0f} training tokens/s.",
         ]
+    if r.get("dry_run"):
+        lines += [
+            "",
+            "`--dry-run` against the sweep it prices (`headlab-train -m ... --dry-run --json`, then the sweep, start "
+            "to exit; docs/plan.md promises within 30%):",
+            "",
+            "| sweep | estimated | took | estimate / took |",
+            "|---|---|---|---|",
+            *(
+                f"| {d['sweep']} | {d['estimate_s']:.0f} s | {d['wall_s']:.0f} s | {d['ratio']:.2f} |"
+                for d in r["dry_run"]
+            ),
+        ]
     if r["sst2"]:
         s = r["sst2"]
         lines += [
