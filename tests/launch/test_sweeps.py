@@ -124,6 +124,26 @@ def test_a_dry_run_of_a_resumed_sweep_prices_only_the_jobs_left_to_run(run_cli, 
     assert json.loads(run_cli(*grown).stdout)["skipped"] == 0  # without sweep.resume every job runs
     changed = json.loads(run_cli(*grown, "sweep.resume=true", "model.d_ff=64").stdout)  # another config: none done
     assert changed["skipped"] == 0 and len(changed["jobs"]) == 3
+    done = run_cli("-m", *QUICK, "model.attention.n_heads=1,2", "hydra.sweep.dir=sweep", "--dry-run", "--json",
+                   "sweep.resume=true")  # fmt: skip
+    assert json.loads(done.stdout) | {"threads": 0} == {
+        "jobs": [],
+        "packs": 0,
+        "seconds": 0,
+        "at_a_time": 0,
+        "threads": 0,
+        "skipped": 2,
+    }  # nothing left: still one object
+
+
+def test_a_dry_run_in_json_says_the_datas_preparation_on_stderr(run_cli, tmp_path):
+    data = tmp_path / "train.txt"
+    data.write_text("".join(f"{i % 2} {['good', 'bad'][i % 2]} film {i}\n" for i in range(60)))
+    files = ["data=files", f"data.files.train={data}", "data.cv.folds=3", "data.n_classes=2"]
+    result = run_cli("-m", *files, "model.d_model=16", "trainer.max_epochs=1", "hydra.sweep.dir=sweep", "--dry-run",
+                     "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(json.loads(result.stdout)["jobs"]) == 3 and f"data: preparing train from {data}" in result.stderr
 
 
 def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cli, tmp_path):

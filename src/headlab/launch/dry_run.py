@@ -326,7 +326,7 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
 
 def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
     """Seconds of packs of these many members, n_jobs at a time (the sweep's process start-up aside)."""
-    return sum(n * c.seconds for n, c in zip(members, measured, strict=True)) / min(n_jobs, len(measured))
+    return sum(n * c.seconds for n, c in zip(members, measured, strict=True)) / max(1, min(n_jobs, len(measured)))
 
 
 def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
