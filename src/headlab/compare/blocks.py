@@ -40,7 +40,19 @@ def brief(table: str, into: Path, folder: Path) -> str:
     and unadjusted p-values, and a link to compare.md for the rest. With --across, the table of every arm on every
     dataset is compare.md's alone: the settings table gives each setting's mean per dataset. folder: where the
     table's compare.md lies."""
-    lines = table.strip().splitlines()
+    body, implied = [], set()
+    for block in _runs(_kept(table.strip().splitlines())):
+        if block[0].startswith("|"):
+            block, implied = _brief_table(block, implied)
+        body += [_detail(line) for line in block]
+    where = Path(os.path.relpath(folder.resolve() / "compare.md", into.resolve().parent)).as_posix()
+    body += ["", f"Every column, interval and test: [{where}]({where})"]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(body)).strip()
+
+
+def _kept(lines: list[str]) -> list[str]:
+    """The lines a block keeps: the provenance in one line, without the paragraphs compare.md keeps (LEFT_OUT, the
+    keys that follow the dataset) and, under --across, without the first table (every arm on every dataset)."""
     across = any(line.startswith("Settings across ") for line in lines)
     kept, tables, following, provenance, previous = [], 0, False, [], ""
     for line in [*lines, ""]:
@@ -53,17 +65,9 @@ def brief(table: str, into: Path, folder: Path) -> str:
             provenance = []
         tables += line.startswith("|") and not previous.startswith("|")
         previous = line
-        if following or line.startswith(LEFT_OUT) or (line.startswith("|") and across and tables == 1):
-            continue
-        kept.append(line)
-    body, implied = [], set()
-    for block in _runs(kept):
-        if block[0].startswith("|"):
-            block, implied = _brief_table(block, implied)
-        body += [_detail(line) for line in block]
-    where = Path(os.path.relpath(folder.resolve() / "compare.md", into.resolve().parent)).as_posix()
-    body += ["", f"Every column, interval and test: [{where}]({where})"]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(body)).strip()
+        if not (following or line.startswith(LEFT_OUT) or (line.startswith("|") and across and tables == 1)):
+            kept.append(line)
+    return kept
 
 
 def _runs(lines: list[str]) -> list[list[str]]:
