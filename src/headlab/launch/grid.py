@@ -127,16 +127,15 @@ def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str,
 
 
 def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple[str, str], metric: str,
-              margin: float | None, fractions: tuple, k: int) -> dict[tuple, dict]:  # fmt: skip
+              margin: float | None, fractions: tuple, k: int, over_folds: bool) -> dict[tuple, dict]:  # fmt: skip
     """Every open arm's contrast with its baseline at look k, from the completed runs of the sweep directory:
     {arm key: its reading at the look's boundary (reading None: it goes on)}: Welch's test over seeds, or in rounds
-    over folds the corrected paired t over the folds both ran (sequential.folds_look)."""
+    over folds (replicate_key) the corrected paired t over the folds both ran (sequential.folds_look)."""
     from headlab.stats import sequential
     from headlab.stats.plan import runs_of
 
     runs = load_dirs([sweep_dir]).completed
-    several = len({r["config"].get(FOLD) for r in runs}) > 1  # rounds over folds (replicate_key)
-    folds = next((r["config"].get("data.cv.folds") for r in runs), None) if several else None
+    folds = next((r["config"].get("data.cv.folds") for r in runs), None) if over_folds else None
     c = sequential.boundaries(fractions)[k]
     key, value = baseline
     found = {}
@@ -177,6 +176,7 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
         named = sorted({f"{k}={v}" for arm in arms for k, v in arm.items()})
         fail("sweep.sequential.baseline", settings.baseline, f"an arm of the sweep: one of {', '.join(named)}")
     fractions = tuple(n / sizes[-1] for n in sizes)
+    over_folds = replicate_key(jobs) == FOLD
     names = [tuple(sorted(arm.items())) for arm in arms]
     open_arms, readings, numbers = set(names), {}, {}
     returns, done = [], 0
@@ -193,7 +193,7 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
             numbers |= {i: done + n for n, i in enumerate(todo)}
             done += len(batch)
         found = read_look(
-            sweep_dir, arms, open_arms, (key, value), settings.metric, settings.get("effect"), fractions, k
+            sweep_dir, arms, open_arms, (key, value), settings.metric, settings.get("effect"), fractions, k, over_folds
         )
         for name, reading in found.items():
             readings[name] = reading

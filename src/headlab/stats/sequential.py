@@ -99,15 +99,10 @@ def welch_look(a: list[float], b: list[float], c: float) -> tuple[float, float, 
 def folds_look(a: dict, b: dict, k: int, c: float) -> tuple[float, float, tuple[float, float]]:
     """The corrected paired t over the folds two arms share ({fold: value averaged over its seeds} each; k: the
     cross-validation's folds) at a look with boundary c: (p, difference, its repeated interval at the look's level)."""
-    shared = sorted(set(a) & set(b))
-    d = np.asarray([a[f] - b[f] for f in shared], dtype=float)
-    spread = math.sqrt(inference.cv_variance_factor(len(d), k) * d.var(ddof=1))
-    mean = float(d.mean())
-    if spread == 0:
-        return (1.0 if mean == 0 else 0.0), mean, (mean, mean)
-    p = float(2 * stats.t.sf(abs(mean) / spread, len(d) - 1))
+    d = np.asarray([a[f] - b[f] for f in sorted(set(a) & set(b))], dtype=float)
+    spread, mean = math.sqrt(inference.cv_variance_factor(len(d), k) * d.var(ddof=1)), float(d.mean())
     half = float(stats.t.ppf(1 - level(c) / 2, len(d) - 1)) * spread
-    return p, mean, (mean - half, mean + half)
+    return inference.cv_paired_p(a, b, k), mean, (mean - half, mean + half)  # compare's test, its p
 
 
 def run(arm_values: list[float], base_values: list[float], looks: tuple[int, ...], margin: float | None = None,
