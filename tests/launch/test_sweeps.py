@@ -3,6 +3,7 @@
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -134,6 +135,27 @@ def test_a_dry_run_of_a_resumed_sweep_prices_only_the_jobs_left_to_run(run_cli, 
         "threads": 0,
         "skipped": 2,
     }  # nothing left: still one object
+
+
+def test_a_command_says_what_it_took_against_its_dry_runs_estimate(run_cli, tmp_path):
+    """After --dry-run, the same command (a sweep, a single run) says when it ends what it took beside the dry run's
+    estimate (kept in the cache: headlab.launch.estimates); a command no dry run priced says what it took alone."""
+    sweep = ["-m", *QUICK, "model.attention.n_heads=2", "hydra.sweep.dir=sweep"]
+    estimate = json.loads(run_cli(*sweep, "--dry-run", "--json").stdout)["seconds"]
+    ran = run_cli(*sweep)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = re.search(
+        r"sweep sweep took (\d+) s start to exit \(its dry run of \S+ estimated (\d+) s, took / estimated ([\d.]+)\)",
+        ran.stdout + ran.stderr,
+    )
+    assert said, (ran.stdout + ran.stderr)[-2000:]
+    took, estimated, ratio = int(said[1]), int(said[2]), float(said[3])
+    assert estimated == int(f"{estimate:.0f}") and abs(ratio * estimate - took) <= 0.5 + 0.005 * estimate
+    alone = run_cli(*QUICK)  # a single run no dry run priced (the sweep's estimate is not its)
+    assert re.search(r"run took \d+ s start to exit\n", alone.stdout + alone.stderr), alone.stderr[-2000:]
+    run_cli(*QUICK, "--dry-run")
+    priced = run_cli(*QUICK)
+    assert re.search(r"run took \d+ s start to exit \(its dry run of ", priced.stdout + priced.stderr)
 
 
 def test_a_dry_run_in_json_says_the_datas_preparation_on_stderr(run_cli, tmp_path):

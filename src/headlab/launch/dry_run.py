@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.launch import planning
+from headlab.launch import estimates, planning
 from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
 
@@ -268,6 +267,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             measured = costs(configs, _threads(n_jobs))
             total = startup + _total([len(g) for g in groups], measured, n_jobs)
             planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
+            estimates.keep(config, total)  # said again beside what the command takes, when it is run
     skipped = f"; {done} completed before with the same config, skipped (sweep.resume=true)" if done else ""
     if as_object:
         found = (
@@ -335,19 +335,8 @@ def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
 
 def startup_seconds() -> float:
     """How long this process took to start (Python, imports, Hydra's composition) up to now, where it is
-    headlab-train's own: what a sweep's process pays once before its first job; 0 inside another program (the
-    command's function called from a test) or where the system does not say (Linux's /proc does)."""
-    main = str(getattr(sys.modules.get("__main__"), "__file__", ""))
-    if not main.endswith(("headlab-train", os.path.join("headlab", "cli", "train.py"))):
-        return 0.0
-    try:
-        with open("/proc/self/stat") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    headlab-train's own: what a sweep's process pays once before its first job; 0 where that cannot be said."""
+    return estimates.process_seconds() or 0.0
 
 
 def _shape(cfg: DictConfig) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.launch import rundir, tensorboard
+from headlab.launch import estimates, rundir, tensorboard
 from headlab.record import TEST_ACC, VAL_ACC_BEST, read_record
 from headlab.stats.comparison import compare
 from headlab.stats.contrasts import Design
@@ -25,10 +25,18 @@ SETTINGS = ("ConfigError", "InvalidSetting", "DataError")  # failures a rerun ca
 
 class SweepSummary(Callback):
     began = ""  # when this sweep started (a record's started_at): a run it made counts beside a job refused there
+    stopwatch = None  # what the command takes, said beside its dry run's estimate (headlab.launch.estimates)
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self.stopwatch = estimates.Stopwatch()
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        log.info(self.stopwatch.line(config, "run"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         rundir.take_refused(Path(config.hydra.sweep.dir))  # refusals of an earlier sweep that never ended
         self.began = datetime.now(timezone.utc).isoformat()
+        self.stopwatch = estimates.Stopwatch()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if config.get("sweep", {}).get("dry_run"):  # nothing ran
@@ -55,6 +63,7 @@ class SweepSummary(Callback):
             view = tensorboard.write(sweep_dir, str(config.get("sweep", {}).get("objective", VAL_ACC_BEST)))
             if view:
                 print(f"TensorBoard, runs named by what varies: tensorboard --logdir {view}")
+        log.info(self.stopwatch.line(config, f"sweep {sweep_dir}"))
         log.info("sweep %s: %d of %d jobs completed", sweep_dir, done, len(statuses))
         if not failed:
             return
