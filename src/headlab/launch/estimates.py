@@ -7,6 +7,7 @@ it took, start to exit, against that estimate. Nothing is measured for this: a c
 says what it took, alone.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.conventions import cache_root
+from headlab.errors import DiskFull
+from headlab.files import write_json_atomic
 from headlab.printing import duration
 
 DRY_RUN_ONLY = ("sweep.dry_run=", "sweep.plan.")  # overrides that shape the dry run, not the command it prices
@@ -39,12 +42,9 @@ def _path(config: DictConfig) -> Path:
 def keep(config: DictConfig, seconds: float) -> None:
     """Keep a dry run's estimate (seconds, start to exit) for the command it priced; a cache that cannot be written
     loses only this line of the command's end."""
-    path = _path(config)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"seconds": round(seconds, 1), "at": datetime.now().isoformat(timespec="minutes")}))
-    except OSError:
-        pass
+    made = {"seconds": round(seconds, 1), "at": datetime.now().isoformat(timespec="minutes")}
+    with contextlib.suppress(OSError, DiskFull):
+        write_json_atomic(_path(config), made)
 
 
 def kept(config: DictConfig) -> dict | None:
