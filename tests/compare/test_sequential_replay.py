@@ -74,9 +74,26 @@ def test_a_received_sequential_json_is_text_in_the_table_and_a_wrong_one_is_refu
     (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, "interval": [0.1, 0.9], "runs": [0]}]}))
     main([str(root), "--no-plots"])
     assert (
-        "| x=&lt;b&gt;\\|y | look 1 (1 seeds) | significant | 0.001 (0.002) | +0.5000 [+0.1000, +0.9000] |"
+        "| x=&lt;b&gt;\\|y | look 1 (1 runs) | significant | 0.001 (0.002) | +0.5000 [+0.1000, +0.9000] |"
         in (root / "compare.md").read_text()
     )
     (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, "p": "low", "interval": [0, 1]}]}))
     with pytest.raises(SystemExit, match="sequential.json: not a sequential.json a sweep writes"):
         main([str(root), "--no-plots"])
+
+
+def test_a_sweeps_rounds_are_archived_with_its_runs_and_read_from_the_archive(sweep, tmp_path):
+    """--archive keeps the sweep's sequential.json beside its runs' records; compare on the archive shows the same
+    rounds (an arm stopped early is read by its round wherever its runs are read from)."""
+    root, _ = sweep
+    arm = {"arm": "design=broken", "look": 1, "reading": "significant", "p": 0.0001, "level": 0.0015}
+    said = {"looks": [4, 7, 10], "baseline": "design=plain", "metric": "test/acc"}
+    arms = [{**arm, "difference": -0.5, "interval": [-0.6, -0.4], "runs": [0, 1, 2, 3]}]
+    (root / "sequential.json").write_text(json.dumps({**said, "arms": arms}))
+    archived = tmp_path / "runs.tar.xz"
+    main([str(root), "--no-plots", "--archive", str(archived)])
+    row = "| design=broken | look 1 (4 runs) | significant | 0.0001 (0.0015) | -0.5000 [-0.6000, -0.4000] |"
+    assert row in (root / "compare.md").read_text()
+    main([str(archived), "--no-plots", "--out", str(tmp_path / "again")])
+    again = (tmp_path / "again" / "compare.md").read_text()
+    assert row in again and f"Rounds ({archived}:sweep: looks at 4, 7, 10 replicates" in again

@@ -452,9 +452,9 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
     assert "sweep.sequential look 1: optim.lr=1e-06: significant" in result.stderr + result.stdout
     compare_main([str(tmp_path / "sweep"), "--no-plots"])  # compare.md says what each arm's round read
     table = (tmp_path / "sweep" / "compare.md").read_text()
-    assert f"Rounds ({tmp_path / 'sweep'}/sequential.json: looks at 4, 8 seeds, baseline optim.lr=1e-2" in table
-    assert f"| optim.lr=1e-06 | look 1 (4 seeds) | significant | {broken['p']:.3g} ({broken['level']:.3g}) |" in table
-    assert "| optim.lr=0.0101 | look 2 (8 seeds) | undecided |" in table
+    assert f"Rounds ({tmp_path / 'sweep'}/sequential.json: looks at 4, 8 replicates, baseline optim.lr=1e-2" in table
+    assert f"| optim.lr=1e-06 | look 1 (4 runs) | significant | {broken['p']:.3g} ({broken['level']:.3g}) |" in table
+    assert "| optim.lr=0.0101 | look 2 (8 runs) | undecided |" in table
 
 
 def test_a_cross_validated_sequential_sweep_adds_folds_in_rounds_and_reads_the_corrected_t(run_cli, tmp_path):

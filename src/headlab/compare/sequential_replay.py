@@ -9,7 +9,7 @@ from pathlib import Path
 
 from headlab.escape import markdown_cell
 from headlab.files import read_received
-from headlab.stats import sequential
+from headlab.stats import archive, sequential
 from headlab.stats.comparison import baselines
 from headlab.stats.contrasts import CompareError, Design
 
@@ -73,23 +73,20 @@ def _sizes(read: list) -> str:
 
 def rounds_table(dirs: list[Path]) -> list[str]:
     """compare.md's lines for the sweeps that ran in rounds (sweep.sequential): each arm's look, reading and the
-    look's test, from the sequential.json of each directory (a received file: a value that is not what a sweep
-    writes is a CompareError naming it)."""
+    look's test, from the sequential.json of each directory or archived sweep (a received file: a value that is not
+    what a sweep writes is a CompareError naming it)."""
     lines = []
-    for folder in dirs:
-        path = folder / "sequential.json"
-        if not path.is_file():
-            continue
+    for where, text in _sequential_files(dirs):
         try:
-            said = json.loads(read_received(path))
+            said = json.loads(text)
             arms = [_round_row(arm) for arm in said["arms"]]
             looks = ", ".join(str(int(n)) for n in said["looks"])
             how = f"baseline {markdown_cell(said['baseline'])}, {markdown_cell(said['metric'])}"
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise CompareError(f"{path}: not a sequential.json a sweep writes ({error})"[:300]) from None
+        except (ValueError, KeyError, TypeError) as error:
+            raise CompareError(f"{where}: not a sequential.json a sweep writes ({error})"[:300]) from None
         lines += [
-            f"Rounds ({markdown_cell(str(folder))}/sequential.json: looks at {looks} seeds, {how}): read each arm by "
-            "its round's reading; the table's test on an arm that stopped early does not hold its level.",
+            f"Rounds ({markdown_cell(where)}: looks at {looks} replicates, {how}): read each arm by its round's "
+            "reading; the table's test on an arm that stopped early does not hold its level.",
             "",
             "| arm | stopped at | reading | p (the look's level) | Δ [repeated CI] |",
             "|---|---|---|---|---|",
@@ -97,6 +94,20 @@ def rounds_table(dirs: list[Path]) -> list[str]:
             "",
         ]
     return lines
+
+
+def _sequential_files(sources: list[Path]) -> list[tuple[str, str]]:
+    """(where, text) of each sweep's sequential.json: a directory's, or each archived sweep's."""
+    found = []
+    for source in sources:
+        try:
+            if archive.is_archive(source):
+                found += list(archive.sweep_records(source, "sequential.json").items())
+            elif (source / "sequential.json").is_file():
+                found.append((f"{source}/sequential.json", read_received(source / "sequential.json")))
+        except (*archive.UNREADABLE, archive.TooLarge) as error:
+            raise CompareError(f"{source}: its sequential.json cannot be read ({error})"[:300]) from None
+    return found
 
 
 def _round_row(arm: dict) -> str:
@@ -107,6 +118,6 @@ def _round_row(arm: dict) -> str:
     p, level = float(arm["p"]), float(arm["level"])
     reading = markdown_cell(arm["reading"] or "undecided")
     return (
-        f"| {name} | look {int(arm['look'])} ({len(arm['runs'])} seeds) | {reading} | {p:.3g} ({level:.3g}) | "
+        f"| {name} | look {int(arm['look'])} ({len(arm['runs'])} runs) | {reading} | {p:.3g} ({level:.3g}) | "
         f"{float(arm['difference']):+.4f} [{low:+.4f}, {high:+.4f}] |"
     )

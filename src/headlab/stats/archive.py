@@ -1,5 +1,6 @@
-"""A sweep's run records in one file: every run's results.json, heads.json, metrics.csv and .hydra/ config, as a
-.tar.xz of a few hundred KB, without checkpoints, figures or logger files.
+"""A sweep's run records in one file: every run's results.json, heads.json, metrics.csv and .hydra/ config, and the
+sweep's own SWEEP_RECORDS (what its rounds read), as a .tar.xz of a few hundred KB, without checkpoints, figures or
+logger files.
 
 headlab-compare reads such an archive as it reads the sweep directory (so a table recomputes from the archive
 committed beside it), and `tar -xJf ARCHIVE -C DIR` puts the records back where `sweep.resume=true` finds them
@@ -15,6 +16,7 @@ from pathlib import Path
 from headlab import files
 
 RECORDS = ("results.json", "heads.json", "metrics.csv", ".hydra/config.yaml", ".hydra/overrides.yaml")
+SWEEP_RECORDS = ("sequential.json",)  # in a sweep directory itself: each arm's rounds (sweep.sequential)
 SUFFIXES = (".tar.xz", ".tar.gz", ".tar")
 MAX_RECORD_BYTES = files.MAX_RECORD_BYTES  # a larger record (a decompression bomb) is refused
 UNREADABLE = (tarfile.TarError, OSError, EOFError, UnicodeDecodeError)  # what a damaged archive raises when read
@@ -40,6 +42,9 @@ def write(path: Path, roots: list[Path]) -> int:
     with _replacing(partial, path), tarfile.open(partial, mode) as tar:
         for root in roots:
             names.append(root.name if root.name not in names else f"{root.name}-{names.count(root.name) + 1}")
+            for name in SWEEP_RECORDS:
+                if (root / name).is_file():
+                    tar.add(root / name, arcname=f"{names[-1]}/{name}", recursive=False)
             for results in sorted(root.rglob("results.json")):
                 runs += 1
                 for name in RECORDS:
@@ -105,14 +110,31 @@ def read(path: Path) -> dict[str, dict[str, str]]:
             name = next((r for r in RECORDS if member.name.endswith("/" + r)), None)
             if name is None:
                 continue
-            if member.size > MAX_RECORD_BYTES:
-                raise TooLarge(f"{member.name} is {member.size:,} bytes, over the {MAX_RECORD_BYTES:,} a record may be")
             root, _, below = member.name[: -len(name) - 1].partition("/")
             if name in runs.get(_run(path, root, copy.get(root, 1), below), {}):
                 copy[root] = copy.get(root, 1) + 1
-            text = tar.extractfile(member).read().decode("utf-8")
+            text = _text(tar, member)
             runs.setdefault(_run(path, root, copy.get(root, 1), below), {})[name] = text
     return runs
+
+
+def sweep_records(path: Path, name: str) -> dict[str, str]:
+    """{ARCHIVE:root: its text} of a sweep record (SWEEP_RECORDS) each archived root holds; a record past
+    MAX_RECORD_BYTES is TooLarge."""
+    found = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            root, _, rest = member.name.partition("/")
+            if member.isfile() and rest == name:
+                found[f"{path}:{root}"] = _text(tar, member)
+    return found
+
+
+def _text(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    """A record's text; TooLarge past MAX_RECORD_BYTES, before a byte of it is read."""
+    if member.size > MAX_RECORD_BYTES:
+        raise TooLarge(f"{member.name} is {member.size:,} bytes, over the {MAX_RECORD_BYTES:,} a record may be")
+    return tar.extractfile(member).read().decode("utf-8")
 
 
 def _run(path: Path, root: str, copy: int, below: str) -> str:
