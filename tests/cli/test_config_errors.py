@@ -82,6 +82,7 @@ CASES = [
     value("model.positional=relative", "one of sinusoidal, learned, rope, alibi"),
     value("sweep.plan.budget=soon", "a duration: 30m, 2h, 1h30m, 90s"),
     value("sweep.sequential.looks=1", "an int >= 2 (rounds) or null"),
+    value("sweep.sequential.alpha=1.5", "a number between 0 and 1"),
     value("sweep.plan.effect=-1", "a number > 0 (the difference that matters)"),
     value("sweep.plan.baseline=plain", "KEY=VALUE, e.g. --baseline design=plain"),
     value("model.rope_base=1", "a number > 1 (rotary angles base^(-2i/d_k))"),

@@ -23,6 +23,7 @@ from headlab.cli.compare import main as compare_main
 from headlab.config.check import check_config
 from headlab.launch import runtime
 from headlab.launch.plan import PER_MEMBER
+from headlab.stats import sequential as sequential_stats
 from headlab.stats.runs import load_dirs
 
 runtime.configure()  # the resolvers the launcher configs use
@@ -438,11 +439,14 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
         "sweep.sequential.looks=2",
         "sweep.sequential.baseline='optim.lr=1e-2'",
         "sweep.sequential.metric=test/loss",
+        "sweep.sequential.alpha=0.025",  # two arms against the baseline: 0.05 / 2 each
     ]
     result = run_cli("-m", *args, *sequential, "hydra.sweep.dir=sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     said = json.loads((tmp_path / "sweep" / "sequential.json").read_text())
     arms = {a["arm"]: a for a in said["arms"]}
+    first_look = sequential_stats.level(sequential_stats.boundaries((0.5, 1.0), 0.025)[0])
+    assert said["alpha"] == 0.025 and arms["optim.lr=1e-06"]["level"] == pytest.approx(first_look)
     assert said["looks"] == [4, 8] and arms["optim.lr=0.01"]["reading"] == "baseline"
     broken, same = arms["optim.lr=1e-06"], arms["optim.lr=0.0101"]
     assert broken["look"] == 1 and broken["reading"] == "significant" and len(broken["runs"]) == 4

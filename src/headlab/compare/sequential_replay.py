@@ -82,6 +82,7 @@ def rounds_table(dirs: list[Path]) -> list[str]:
             arms = [_round_row(arm) for arm in said["arms"]]
             looks = ", ".join(str(int(n)) for n in said["looks"])
             how = f"baseline {markdown_cell(said['baseline'])}, {markdown_cell(said['metric'])}"
+            how += f", alpha {float(said['alpha']):.3g} an arm" if "alpha" in said else ""  # none before it was set
         except (ValueError, KeyError, TypeError) as error:
             raise CompareError(f"{where}: not a sequential.json a sweep writes ({error})"[:300]) from None
         lines += [

@@ -97,6 +97,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     ),
     "sweep.sequential.metric": METRIC,
     "sweep.sequential.effect": (lambda v: v is None or (_is_number(v) and v > 0), "a number > 0 or null"),
+    "sweep.sequential.alpha": (lambda v: _is_number(v) and 0 < v < 1, "a number between 0 and 1"),
     "sweep.plan.prior": (
         lambda v: v is None or Path(str(v)).exists(),
         "an earlier sweep's directory or archive that exists",

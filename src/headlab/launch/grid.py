@@ -126,18 +126,20 @@ def sequential_rounds(jobs: list[list[str]], looks: int) -> tuple[list[dict[str,
     return arms, ranks, sequential.look_sizes(max(len(order) for order in seen.values()), looks)
 
 
-def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, baseline: tuple[str, str], metric: str,
-              margin: float | None, fractions: tuple, k: int, over_folds: bool) -> dict[tuple, dict]:  # fmt: skip
+def read_look(sweep_dir: Path, arms: list[dict], open_arms: set, settings, fractions: tuple, k: int,
+              over_folds: bool) -> dict[tuple, dict]:  # fmt: skip
     """Every open arm's contrast with its baseline at look k, from the completed runs of the sweep directory:
     {arm key: its reading at the look's boundary (reading None: it goes on)}: Welch's test over seeds, or in rounds
-    over folds (replicate_key) the corrected paired t over the folds both ran (sequential.folds_look)."""
+    over folds (replicate_key) the corrected paired t over the folds both ran (sequential.folds_look); settings:
+    sweep.sequential's (baseline, metric, effect, alpha)."""
     from headlab.stats import sequential
     from headlab.stats.plan import runs_of
 
     runs = load_dirs([sweep_dir]).completed
     folds = next((r["config"].get("data.cv.folds") for r in runs), None) if over_folds else None
-    c = sequential.boundaries(fractions)[k]
-    key, value = baseline
+    c = sequential.boundaries(fractions, float(settings.alpha))[k]
+    key, _, value = str(settings.baseline).partition("=")
+    metric, margin = settings.metric, settings.get("effect")
     found = {}
     for arm in arms:
         name = tuple(sorted(arm.items()))
@@ -192,9 +194,7 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
             returns.append(launch(batch, initial_job_idx=done))
             numbers |= {i: done + n for n, i in enumerate(todo)}
             done += len(batch)
-        found = read_look(
-            sweep_dir, arms, open_arms, (key, value), settings.metric, settings.get("effect"), fractions, k, over_folds
-        )
+        found = read_look(sweep_dir, arms, open_arms, settings, fractions, k, over_folds)
         for name, reading in found.items():
             readings[name] = reading
             if reading["reading"]:
@@ -214,7 +214,14 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
         for name in dict.fromkeys(names)
     ]
     text = json.dumps(
-        {"looks": sizes, "baseline": str(settings.baseline), "metric": settings.metric, "arms": arms_json}, indent=2
+        {
+            "looks": sizes,
+            "baseline": str(settings.baseline),
+            "metric": settings.metric,
+            "alpha": float(settings.alpha),
+            "arms": arms_json,
+        },
+        indent=2,  # fmt: skip
     )
     write_text_atomic(sweep_dir / "sequential.json", text + "\n")
     return returns
