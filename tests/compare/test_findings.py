@@ -268,3 +268,44 @@ def test_a_setting_across_datasets_reads_its_worst_gap_and_the_target(tmp_path, 
     )
     with pytest.raises(CompareError, match="demo.yaml's claims\\[0\\]: expect within goes with across: true"):
         findings.claims(Path("."))
+
+
+def test_a_claim_read_in_rounds_takes_its_arms_round_from_the_sweeps_sequential_json(tmp_path, monkeypatch):
+    """rounds: true: the arm's round as the sweep read it (sequential.json, kept in compare_rounds.csv): Δ and its
+    repeated interval at the look it stopped at, that look's p; significant, within the margin, or undecided at the
+    last look (inconclusive with a margin) read as the legend says; the table's own test is not what is read."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    Path("demo.yaml").write_text(
+        "claims:\n"
+        "  - {claim: one head is worse, arm: model.attention.n_heads=1, metric: test/acc, expect: lower, rounds: true}\n"
+        "  - {claim: two heads match, arm: model.attention.n_heads=2, metric: test/acc, expect: same, rounds: true}\n"
+        "  - {claim: eight heads are better, arm: model.attention.n_heads=8, metric: test/acc, expect: higher, "
+        "rounds: true}\n"
+    )
+    for i, (heads, seed) in enumerate((h, s) for h in (1, 2, 4, 8) for s in range(3)):
+        write_run(Path("sweep") / str(i), heads, "dot", seed, ACC.get(heads, ACC[4])[seed], experiment="demo")
+    look = {"p": 0.0004, "level": 0.0015, "runs": [0, 1, 2]}
+    arms = [
+        {"arm": "model.attention.n_heads=1", "look": 1, "reading": "significant", "difference": -0.075,
+         "interval": [-0.11, -0.04], **look},
+        {"arm": "model.attention.n_heads=2", "look": 2, "reading": "within margin", "difference": 0.001,
+         "interval": [-0.008, 0.009], **look, "p": 0.9},
+        {"arm": "model.attention.n_heads=4", "look": None, "reading": "baseline", "runs": [6, 7, 8]},
+        {"arm": "model.attention.n_heads=8", "look": 3, "reading": None, "difference": 0.004,
+         "interval": [-0.02, 0.03], **look, "p": 0.6},
+    ]  # fmt: skip
+    said = {"looks": [1, 2, 3], "baseline": "model.attention.n_heads=4", "metric": "test/acc", "effect": 0.01}
+    Path("sweep/sequential.json").write_text(json.dumps({**said, "alpha": 0.0167, "arms": arms}))
+    Path("RESULTS.md").write_text(EMPTY_RESULTS)
+    main(["sweep", "--baseline", "model.attention.n_heads=4", "--metric", "test/acc", "--out", "results/demo",
+          "--into", "RESULTS.md"])  # fmt: skip
+    text = Path("RESULTS.md").read_text()
+    worse, same, better = (_row(text, c) for c in ("one head is worse", "two heads match", "eight heads are better"))
+    assert worse[3:6] == ["-0.075 [-0.110, -0.040]", "0.0004", "**supported**"]
+    assert same[3:6] == ["+0.001 [-0.008, +0.009]", "0.9", "**supported**"]
+    assert better[3:6] == ["+0.004 [-0.020, +0.030]", "0.6", "inconclusive"]
+    with open("results/demo/compare_rounds.csv", newline="") as f:
+        rows = {r["model.attention.n_heads"]: r for r in csv.DictReader(f)}
+    assert rows["4"]["reading"] == "baseline" and rows["4"]["look"] == "" and rows["1"]["margin"] == "0.01"

@@ -36,13 +36,16 @@ OFFLINE_DATA = {  # experiments on hub data run here on the same data from local
     "sst2_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_heads_fixed_width": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_head_designs": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
+    "text_head_designs_2": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_rdrop": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "text_defaults_search": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }
 RECIPES = ("sst2_recipe", "head_roles", "differential_confound")  # one run; readings of heads at one chosen rate
 SCREENS = ("text_defaults_search",)  # a search's first stage: 3 seeds (or folds) a setting, its finalists then 10
-DEFAULT_CHECKS = ("text_rdrop",)  # a shipped default against its absence, at the defaults' own learning rate
+# at the defaults' own learning rate: a shipped default against its absence, or arms read in rounds (a rate chosen
+# on validation cannot be read at a look)
+DEFAULT_CHECKS = ("text_rdrop", "text_head_designs_2")
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
 
 

@@ -1,7 +1,7 @@
 """The findings table of a results file (experiments/RESULTS.md): each claim an experiment states (the `claims` key of
 its file in experiments/) read from the table its analysis wrote (results/<block>/compare.csv; a claim pooled over
 datasets, compare_meta.csv; a claim on a pruning curve, compare_pruning.csv, its arm a step: heads_pruned=8; a
-setting's target across datasets, compare_across.csv) and from
+setting's target across datasets, compare_across.csv; a claim read in rounds, compare_rounds.csv) and from
 its confirmation's (results/<block>/confirm), between the lines <!-- headlab-findings --> and
 <!-- /headlab-findings -->. Generated, never typed: headlab-compare --into refreshes it with each table, and --check
 says whether it is what the tables give."""
@@ -37,7 +37,10 @@ LEGEND = (
     "is no test of a prediction. A reading *at this budget*: a run of either arm was still improving when training "
     "ended, so it says what these epochs bought, not what the arms reach. A setting across datasets (*across*): Δ "
     "is its largest gap to a dataset's best setting, with that gap's interval, and the reading is the table's "
-    "target: **supported** where met on every dataset, else on which it was missed or inconclusive."
+    "target: **supported** where met on every dataset, else on which it was missed or inconclusive. A claim read in "
+    "*rounds* (a sweep that stopped arms as their contrasts were decided, sweep.sequential): Δ and its repeated "
+    "interval at the look its arm stopped at, the p of that look (below the look's level: significant), read at "
+    "the file's stated level an arm."
 )
 
 
@@ -56,6 +59,7 @@ class Claim:
     after_runs: bool = False  # stated after the runs were read (`stated_after_runs: true`), and shown as such
     pruning: bool = False  # a difference of orders on the pruning curve (compare_pruning.csv)
     across: bool = False  # a setting's gaps to each dataset's best (compare_across.csv)
+    rounds: bool = False  # the arm's reading in the sweep's sequential rounds (compare_rounds.csv)
 
     @property
     def table(self) -> str:
@@ -64,6 +68,7 @@ class Claim:
             "compare_meta.csv": self.pooled,
             "compare_pruning.csv": self.pruning,
             "compare_across.csv": self.across,
+            "compare_rounds.csv": self.rounds,
         }
         return next((name for name, holds in kinds.items() if holds), "compare.csv")
 
@@ -84,7 +89,7 @@ def claims(experiments: Path) -> list[Claim]:
             arm = [c["arm"]] if isinstance(c["arm"], str) else list(c["arm"])
             block = c.get("block", path.stem)
             pooled, after = bool(c.get("pooled", False)), bool(c.get("stated_after_runs", False))
-            kind = {k: bool(c.get(k, False)) for k in ("pruning", "across")}
+            kind = {k: bool(c.get(k, False)) for k in ("pruning", "across", "rounds")}
             if kind["across"] != (c["expect"] == "within"):
                 raise CompareError(f"{where}: expect within goes with across: true, and only with it")
             found.append(Claim(path.stem, c["claim"], arm, c["metric"], c["expect"], block, pooled, after, **kind))
@@ -174,6 +179,8 @@ def _read(c: Claim, folder: Path, name: str) -> dict | None:
         raise CompareError(f"{folder / name} cannot be read: {error}") from None
     if c.across:
         return _worst_gap(c, rows)
+    if c.rounds:
+        return _round(c, rows, folder / name)
     if name != "compare.csv":  # a row a contrast and metric
         arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric]
         if not arm:
@@ -212,6 +219,24 @@ def _worst_gap(c: Claim, rows: list[dict]) -> dict | None:
     found = {k: float(worst[f"gap{s}"] or "nan") for k, s in (("effect", ""), ("low", "_low"), ("high", "_high"))}
     over = list(rows[0])[list(rows[0]).index("metric") + 1]  # the key the settings are read across: data
     return found | {"p_holm": math.nan, "verdict": "", "targets": {r[over]: r["target"] for r in gaps}}
+
+
+ROUND_VERDICTS = {"significant": "significant", "within margin": "no difference found"}  # a round's reading
+
+
+def _round(c: Claim, rows: list[dict], where: Path) -> dict | None:
+    """The arm's round (compare_rounds.csv): its difference and repeated interval at the look it stopped at, that
+    look's p, and the reading as a table's verdict (undecided at the last look: inconclusive with a margin, else not
+    significant)."""
+    arm = [r for r in rows if _holds(r, c.arm) and r["metric"] == c.metric and r["look"]]
+    if len(arm) > 1:
+        raise CompareError(f"{c.experiment}'s claim {c.claim!r}: {len(arm)} rows of {where} hold {c.arm}")
+    if not arm:
+        return None
+    r = arm[0]
+    undecided = "inconclusive" if r["margin"] else "not significant"
+    verdict = ROUND_VERDICTS.get(r["reading"], undecided if not r["reading"] else r["reading"])
+    return {k: float(r[k]) for k in ("effect", "low", "high")} | {"p_holm": float(r["p"]), "verdict": verdict}
 
 
 def reading(c: Claim, found: dict) -> str:

@@ -10,7 +10,7 @@ from headlab.compare import analysis as analysis_
 from headlab.compare.analysis import Analysis
 from headlab.compare.head_tables import pruning_table, roles_table, write_pruning
 from headlab.compare.over_datasets import write_across, write_meta
-from headlab.compare.sequential_replay import replay_table, rounds_table
+from headlab.compare.sequential_replay import read_rounds, replay_table, rounds_table, write_rounds
 from headlab.compare.tables import write_outputs
 from headlab.files import append_text_atomic, write_atomic
 from headlab.stats import datasets
@@ -63,7 +63,8 @@ def report(
     check_metrics(runs.completed, design, dict(analysis.options).get("metric") or [])
     keys, rows = compare(runs.completed, design)
     replayed = replay_table(rows, keys, design, analysis.sequential) if analysis.sequential else []
-    replayed += rounds_table([Path(d) for d in sources.get("dirs") or []])
+    rounds = read_rounds([Path(d) for d in sources.get("dirs") or []])
+    replayed += rounds_table(rounds)
     done = Report(design, keys, rows, len(runs.completed))
     done.pooled = datasets.pool(rows, keys, design) if design.meta else []
     done.ranked = datasets.across(rows, keys, design) if design.across else None
@@ -73,6 +74,8 @@ def report(
         done.written.append(write_meta(out, done.pooled, design))
     if done.ranked:
         done.written.append(write_across(out, done.ranked, design))
+    if rounds:
+        done.written.append(write_rounds(out, rounds))
     chosen = select_best(runs.completed, *design.select)[0] if design.select else runs.completed
     more = []
     if analysis.pruning:

@@ -4,11 +4,13 @@ looks over its seeds in order, as sweep.sequential would have run them (Welch's 
 headlab.stats.sequential), beside the same contrast read once on every seed, and how many runs the rounds would
 have needed for it."""
 
+import csv
+import io
 import json
 from pathlib import Path
 
 from headlab.escape import markdown_cell
-from headlab.files import read_received
+from headlab.files import read_received, write_text_atomic
 from headlab.stats import archive, sequential
 from headlab.stats.comparison import baselines
 from headlab.stats.contrasts import CompareError, Design
@@ -71,30 +73,63 @@ def _sizes(read: list) -> str:
     return "; ".join(", ".join(map(str, s)) for s in sizes)
 
 
-def rounds_table(dirs: list[Path]) -> list[str]:
-    """compare.md's lines for the sweeps that ran in rounds (sweep.sequential): each arm's look, reading and the
-    look's test, from the sequential.json of each directory or archived sweep (a received file: a value that is not
-    what a sweep writes is a CompareError naming it)."""
-    lines = []
+ROUNDS_CSV = "compare_rounds.csv"  # beside compare.md: a row per arm a sweep read in rounds (findings read it)
+ROUND_FIELDS = ("look", "runs", "reading", "p", "level", "effect", "low", "high")
+
+
+def read_rounds(dirs: list[Path]) -> list[tuple[str, dict]]:
+    """(where, its sequential.json) of each sweep that ran in rounds (sweep.sequential), from a directory or an
+    archive; each arm's row as round_fields gives it. A received file: one that is not what a sweep writes is a
+    CompareError naming it."""
+    found = []
     for where, text in _sequential_files(dirs):
         try:
             said = json.loads(text)
-            arms = [_round_row(arm) for arm in said["arms"]]
-            looks = ", ".join(str(int(n)) for n in said["looks"])
-            how = f"baseline {markdown_cell(said['baseline'])}, {markdown_cell(said['metric'])}"
-            how += f", alpha {float(said['alpha']):.3g} an arm" if "alpha" in said else ""  # none before it was set
+            said["rows"] = [_round_fields(arm) for arm in said["arms"]]
+            said["looks"] = [int(n) for n in said["looks"]]
+            said["alpha"] = float(said["alpha"]) if "alpha" in said else None  # none before it was set
+            said["baseline"], said["metric"] = str(said["baseline"]), str(said["metric"])
+            said["effect"] = float(said["effect"]) if said.get("effect") is not None else None  # the margin
         except (ValueError, KeyError, TypeError) as error:
             raise CompareError(f"{where}: not a sequential.json a sweep writes ({error})"[:300]) from None
+        found.append((where, said))
+    return found
+
+
+def rounds_table(rounds: list[tuple[str, dict]]) -> list[str]:
+    """compare.md's lines for the sweeps that ran in rounds (read_rounds): each arm's look, reading and the look's
+    test."""
+    lines = []
+    for where, said in rounds:
+        looks = ", ".join(map(str, said["looks"]))
+        how = f"baseline {markdown_cell(said['baseline'])}, {markdown_cell(said['metric'])}"
+        how += f", alpha {said['alpha']:.3g} an arm" if said["alpha"] is not None else ""
         lines += [
             f"Rounds ({markdown_cell(where)}: looks at {looks} replicates, {how}): read each arm by its round's "
             "reading; the table's test on an arm that stopped early does not hold its level.",
             "",
             "| arm | stopped at | reading | p (the look's level) | Δ [repeated CI] |",
             "|---|---|---|---|---|",
-            *arms,
+            *(_round_row(row) for row in said["rows"]),
             "",
         ]
     return lines
+
+
+def write_rounds(out: Path, rounds: list[tuple[str, dict]]) -> Path:
+    """compare_rounds.csv: a row per arm of each sweep in rounds: where, the arm's keys, the metric, the margin, and
+    its round (ROUND_FIELDS; an arm not read, or the baseline, has only its reading)."""
+    keys = list(dict.fromkeys(k for _, said in rounds for row in said["rows"] for k in row["arm"]))
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["sweep", *keys, "metric", "margin", *ROUND_FIELDS])
+    for where, said in rounds:
+        for row in said["rows"]:
+            fields = ("" if row[f] is None else row[f] for f in ROUND_FIELDS)
+            margin = "" if said["effect"] is None else said["effect"]
+            writer.writerow([where, *(row["arm"].get(k, "") for k in keys), said["metric"], margin, *fields])
+    write_text_atomic(out / ROUNDS_CSV, table.getvalue())
+    return out / ROUNDS_CSV
 
 
 def _sequential_files(sources: list[Path]) -> list[tuple[str, str]]:
@@ -111,14 +146,32 @@ def _sequential_files(sources: list[Path]) -> list[tuple[str, str]]:
     return found
 
 
-def _round_row(arm: dict) -> str:
-    name = markdown_cell(arm["arm"])
+def _round_fields(arm: dict) -> dict:
+    """An arm of a sequential.json as a row: its keys ({key: value}, from "k=v k=v"), and ROUND_FIELDS (None where
+    it was not read: the baseline, or an arm no look reached)."""
+    name = str(arm["arm"])
+    keys = dict(part.split("=", 1) for part in name.split(" ") if "=" in part)
+    row = {"name": name, "arm": keys, **dict.fromkeys(ROUND_FIELDS), "reading": arm["reading"]}
     if arm["reading"] == "baseline" or arm["look"] is None:
-        return f"| {name} | | {markdown_cell(arm['reading'] or 'not read')} | | |"
+        return row
     low, high = (float(x) for x in arm["interval"])
-    p, level = float(arm["p"]), float(arm["level"])
-    reading = markdown_cell(arm["reading"] or "undecided")
+    return row | {
+        "look": int(arm["look"]),
+        "runs": len(arm["runs"]),
+        "p": float(arm["p"]),
+        "level": float(arm["level"]),
+        "effect": float(arm["difference"]),
+        "low": low,
+        "high": high,
+    }
+
+
+def _round_row(row: dict) -> str:
+    name = markdown_cell(row["name"])
+    if row["look"] is None:
+        return f"| {name} | | {markdown_cell(row['reading'] or 'not read')} | | |"
+    reading = markdown_cell(row["reading"] or "undecided")
     return (
-        f"| {name} | look {int(arm['look'])} ({len(arm['runs'])} runs) | {reading} | {p:.3g} ({level:.3g}) | "
-        f"{float(arm['difference']):+.4f} [{low:+.4f}, {high:+.4f}] |"
+        f"| {name} | look {row['look']} ({row['runs']} runs) | {reading} | {row['p']:.3g} ({row['level']:.3g}) | "
+        f"{row['effect']:+.4f} [{row['low']:+.4f}, {row['high']:+.4f}] |"
     )

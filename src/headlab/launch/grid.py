@@ -218,6 +218,7 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
             "looks": sizes,
             "baseline": str(settings.baseline),
             "metric": settings.metric,
+            "effect": settings.get("effect"),
             "alpha": float(settings.alpha),
             "arms": arms_json,
         },
