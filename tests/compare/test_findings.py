@@ -279,7 +279,8 @@ def test_a_claim_read_in_rounds_takes_its_arms_round_from_the_sweeps_sequential_
     monkeypatch.chdir(tmp_path)
     Path("demo.yaml").write_text(
         "claims:\n"
-        "  - {claim: one head is worse, arm: model.attention.n_heads=1, metric: test/acc, expect: lower, rounds: true}\n"
+        "  - {claim: one head is worse, arm: model.attention.n_heads=1, metric: test/acc, expect: lower, "
+        "rounds: true}\n"
         "  - {claim: two heads match, arm: model.attention.n_heads=2, metric: test/acc, expect: same, rounds: true}\n"
         "  - {claim: eight heads are better, arm: model.attention.n_heads=8, metric: test/acc, expect: higher, "
         "rounds: true}\n"
