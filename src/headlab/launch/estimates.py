@@ -3,8 +3,8 @@
 `--dry-run` keeps its expected seconds in $HEADLAB_CACHE/estimates (one small file), keyed by what decides the jobs
 and how they run: the command's own overrides less the dry run's, the sweeper's parameters, the launcher's settings
 and the cores this process may use. The same command run after it (a sweep, or a single run) says when it ends what
-it took, start to exit, against that estimate. Nothing is measured for this: a command with no dry run before it
-says what it took, alone.
+it took, start to exit, against that estimate. Nothing is measured for this: a sweep with no dry run before it says
+what it took, and a single run its outcome (which says its time) alone.
 """
 
 import contextlib
@@ -79,14 +79,15 @@ class Stopwatch:
     def __init__(self):
         self.began = time.monotonic()
 
-    def line(self, config: DictConfig, what: str) -> str:
+    def line(self, config: DictConfig, what: str, alone: bool = True) -> str | None:
         """'<what> took 62 s start to exit (its dry run of 2026-12-04T00:58 estimated 58 s, took / estimated
-        1.07)', without the estimate where there is none."""
+        1.07)'; without a dry run's estimate, '<what> took 62 s start to exit' where alone, else None (a single
+        run's outcome line says its time already)."""
         took = process_seconds()
         took = time.monotonic() - self.began if took is None else took
         said = f"{what} took {duration(took)} start to exit"
         estimate = kept(config)
         if estimate is None:
-            return said
+            return said if alone else None
         ratio = f", took / estimated {took / estimate['seconds']:.2f}" if estimate["seconds"] > 0 else ""
         return f"{said} (its dry run of {estimate['at']} estimated {duration(estimate['seconds'])}{ratio})"

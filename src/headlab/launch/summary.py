@@ -31,7 +31,8 @@ class SweepSummary(Callback):
         self.stopwatch = estimates.Stopwatch()
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
-        log.info(self.stopwatch.line(config, "run"))
+        if said := self.stopwatch.line(config, "run", alone=False):
+            log.info(said)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         rundir.take_refused(Path(config.hydra.sweep.dir))  # refusals of an earlier sweep that never ended
