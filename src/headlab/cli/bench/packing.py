@@ -76,8 +76,9 @@ def _autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def pack_step(shape: dict, E: int, device):
-    """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW."""
+def pack_step(shape: dict, E: int, device, batched: bool = False):
+    """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW; batched:
+    the members as one batched computation (Stacked.batched, torch.func.vmap), the GPU's path, on any device."""
     stack = Stacked(_models(shape, E, device)).to(device)
     params = list(stack.parameters())
     optimizer = PackedAdamW(
@@ -88,7 +89,7 @@ def pack_step(shape: dict, E: int, device):
     def step():
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device):
-            logits = stack(tokens, mask)
+            logits = stack.batched(tokens, mask) if batched else stack(tokens, mask)
         loss = F.cross_entropy(logits.reshape(-1, shape["classes"]).float(), labels.reshape(-1))
         loss.backward()
         clip_per_member([stack.flat], 1.0)
@@ -118,8 +119,8 @@ def solo_steps(shape: dict, E: int, device):
 
 
 def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES)) -> list[dict]:
-    """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%);
-    shapes: names in SHAPES."""
+    """Training tokens/s of packs of E against the same E models stepped one after another (on a CPU also the pack
+    as one batched computation, the path it does not take there), and GPU busy (%); shapes: names in SHAPES."""
     rows = []
     for name in shapes:
         shape = SHAPES[name]
@@ -127,6 +128,8 @@ def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tu
             steps = {"packed": synchronized(pack_step(shape, E, device), device)}
             if E <= 16 or device.type == "cuda":
                 steps["one at a time"] = synchronized(solo_steps(shape, E, device), device)
+            if device.type == "cpu":  # the path a CPU does not take, measured beside the one it takes
+                steps["vmap"] = synchronized(pack_step(shape, E, device, batched=True), device)
             seconds = interleaved(steps, repeats)
             with GpuBusy() as busy:  # sampled while packed steps run for 2 s
                 started = time.perf_counter()
@@ -142,6 +145,8 @@ def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tu
             if "one at a time" in seconds:
                 row["solo_tokens_per_s"] = tokens / seconds["one at a time"]
                 row["ratio"] = seconds["one at a time"] / seconds["packed"]
+            if "vmap" in seconds:
+                row["vmap_tokens_per_s"] = tokens / seconds["vmap"]
             rows.append(row)
             del steps
             if device.type == "cuda":
