@@ -254,7 +254,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
 
     as_object = str(OmegaConf.select(config, "sweep.dry_run")) == "json"
     with _said_on_stderr() if as_object else contextlib.nullcontext():  # stdout: the JSON object alone
-        startup = startup_seconds()  # before anything is measured here
+        startup = estimates.process_seconds() or 0.0  # this process's start-up, before anything is measured here
         done = len(jobs) - len(jobs := not_done(jobs, config, loader))
         if jobs:
             launcher = config.hydra.launcher
@@ -331,12 +331,6 @@ def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
 
 def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
     return sum(len(g) * c.steps * c.step_s for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
-
-
-def startup_seconds() -> float:
-    """How long this process took to start (Python, imports, Hydra's composition) up to now, where it is
-    headlab-train's own: what a sweep's process pays once before its first job; 0 where that cannot be said."""
-    return estimates.process_seconds() or 0.0
 
 
 def _shape(cfg: DictConfig) -> str:
