@@ -77,9 +77,10 @@ def test_a_received_sequential_json_is_text_in_the_table_and_a_wrong_one_is_refu
         "| x=&lt;b&gt;\\|y | look 1 (1 runs) | significant | 0.001 (0.002) | +0.5000 [+0.1000, +0.9000] |"
         in (root / "compare.md").read_text()
     )
-    (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, "p": "low", "interval": [0, 1]}]}))
-    with pytest.raises(SystemExit, match="sequential.json: not a sequential.json a sweep writes"):
-        main([str(root), "--no-plots"])
+    for wrong in ({"p": "low"}, {"reading": "<b>decided</b>"}):  # a value, or a reading no sweep writes
+        (root / "sequential.json").write_text(json.dumps({**said, "arms": [{**arm, **wrong, "interval": [0, 1]}]}))
+        with pytest.raises(SystemExit, match="sequential.json: not a sequential.json a sweep writes"):
+            main([str(root), "--no-plots"])
 
 
 def test_a_sweeps_rounds_are_archived_with_its_runs_and_read_from_the_archive(sweep, tmp_path):

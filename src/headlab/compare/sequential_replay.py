@@ -75,11 +75,12 @@ def _sizes(read: list) -> str:
 
 ROUNDS_CSV = "compare_rounds.csv"  # beside compare.md: a row per arm a sweep read in rounds (findings read it)
 ROUND_FIELDS = ("look", "runs", "reading", "p", "level", "effect", "low", "high")
+READINGS = (None, "significant", "within margin", "baseline")  # an arm's reading in a sequential.json (None: undecided)
 
 
 def read_rounds(dirs: list[Path]) -> list[tuple[str, dict]]:
     """(where, its sequential.json) of each sweep that ran in rounds (sweep.sequential), from a directory or an
-    archive; each arm's row as round_fields gives it. A received file: one that is not what a sweep writes is a
+    archive; each arm's row as _round_fields gives it. A received file: one that is not what a sweep writes is a
     CompareError naming it."""
     found = []
     for where, text in _sequential_files(dirs):
@@ -149,6 +150,8 @@ def _sequential_files(sources: list[Path]) -> list[tuple[str, str]]:
 def _round_fields(arm: dict) -> dict:
     """An arm of a sequential.json as a row: its keys ({key: value}, from "k=v k=v"), and ROUND_FIELDS (None where
     it was not read: the baseline, or an arm no look reached)."""
+    if arm["reading"] not in READINGS:
+        raise ValueError(f"reading {str(arm['reading'])[:40]!r} is not one of {', '.join(map(str, READINGS))}")
     name = str(arm["arm"])
     keys = dict(part.split("=", 1) for part in name.split(" ") if "=" in part)
     row = {"name": name, "arm": keys, **dict.fromkeys(ROUND_FIELDS), "reading": arm["reading"]}
