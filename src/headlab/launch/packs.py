@@ -108,19 +108,14 @@ class PackLedger:
         )  # fmt: skip
 
 
-def launch(
-    hydra_context,
-    config,
-    job_overrides: Sequence[Sequence[str]],
-    initial_job_idx: int,
-    max_pack: int,
-    n_jobs: int,
-    submit: str,
-    slurm: dict | None,
-):
-    """Hydra's Launcher.launch: every job gets its run directory and .hydra files as with any launcher; the packs
-    train here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
+def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+    """Hydra's Launcher.launch for the packed launcher (its hydra_context and config, and its settings: max_pack,
+    n_jobs, submit, slurm): every job gets its run directory and .hydra files as with any launcher; the packs train
+    here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
     from headlab.config.check import POSITIVE, fail
+
+    hydra_context, config = launcher.hydra_context, launcher.config
+    max_pack, n_jobs, submit, slurm = launcher.max_pack, launcher.n_jobs, launcher.submit, launcher.slurm
 
     for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
         if not POSITIVE[0](value):

@@ -26,7 +26,4 @@ class PackedLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from headlab.launch.packs import launch
 
-        return launch(
-            self.hydra_context, self.config, job_overrides, initial_job_idx, self.max_pack, self.n_jobs, self.submit,
-            self.slurm,
-        )  # fmt: skip
+        return launch(self, job_overrides, initial_job_idx)
