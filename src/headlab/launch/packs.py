@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
 from headlab.launch import console
@@ -129,7 +129,8 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     returns = open_jobs(hydra_context, config, job_overrides, initial_job_idx)
-    ready = [(ret, ret._return_value) for ret in returns if isinstance(ret._return_value, Job)]
+    ready = [(ret, ret.return_value) for ret in returns if ret.status is JobStatus.COMPLETED]
+    ready = [(ret, job) for ret, job in ready if isinstance(job, Job)]  # not those skipped or refused
     packs = plan(ready, max_pack, sweep_dir.name)
     n_jobs = min(n_jobs, len(packs)) or 1
     said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {max_pack}"
