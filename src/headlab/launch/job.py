@@ -159,6 +159,11 @@ class Job:
                 write_atomic(self.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
         self._write()  # "running" until the run ends (or is killed)
 
+    def member(self) -> tuple:
+        """What a pack trains of this job (headlab.training.pack.train.train_members): (config, run directory, flat
+        config)."""
+        return self.cfg, self.run_dir, self.record["config"]
+
     def start(self, pack: str) -> None:
         """A pack's member begins, when its pack starts: it is "running" from now (its started_at and duration_s
         are its own, not the wait for the packs before it), in the pack named (headlab-status shows its members as

@@ -40,7 +40,7 @@ class PackJob:
                 job.cfg.resume, job.continued = str(job.run_dir), True
             job.start(pack_id)
         try:
-            results = train_members([(job.cfg, job.run_dir, job.record["config"]) for job in jobs], pack_id, False)
+            results = train_members([job.member() for job in jobs], pack_id, False)
         except BaseException as interrupt:  # scancel, or a requeue: each member is recorded, then the job ends
             for job in jobs:
                 job.close(error=interrupt, stop=False)

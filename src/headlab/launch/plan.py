@@ -39,8 +39,8 @@ class Pack:
     returns: list[JobReturn]
 
     def members(self) -> list[tuple]:
-        """What train_members takes: each job's (config, run directory, flat config)."""
-        return [(job.cfg, job.run_dir, job.record["config"]) for job in self.jobs]
+        """What train_members takes: each job's member (Job.member)."""
+        return [job.member() for job in self.jobs]
 
     def mem_gb(self) -> int:
         """The memory the pack's process needs: its members' estimate (headlab.config.memory), plus a process."""
