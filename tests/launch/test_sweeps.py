@@ -162,6 +162,20 @@ def test_a_command_says_what_it_took_against_its_dry_runs_estimate(run_cli, tmp_
     assert re.search(r"run took \d+ s start to exit \(its dry run of ", priced.stdout + priced.stderr)
 
 
+def test_a_dry_run_of_a_sweep_in_rounds_prices_every_round_and_the_first_alone(run_cli, tmp_path):
+    """sweep.sequential.looks=2 over 4 seeds: the sweep's seconds price every round (its most), seconds_first_look
+    its first round alone (2 seeds an arm: where every arm is decided at the first look, its least)."""
+    args = ["-m", *QUICK, "optim.lr=1e-2,1e-6", "seed=range(4)", "sweep.sequential.looks=2",
+            "sweep.sequential.baseline='optim.lr=1e-2'", "hydra.sweep.dir=sweep", "--dry-run"]  # fmt: skip
+    said = json.loads(run_cli(*args, "--json").stdout)
+    seeds = [int(next(o for o in job["overrides"] if o.startswith("seed="))[5:]) for job in said["jobs"]]
+    later = sum(job["seconds"] for job, seed in zip(said["jobs"], seeds, strict=True) if seed >= 2)
+    rounding = 0.05 * (len(said["jobs"]) + 2)  # each figure to 0.1 s
+    assert abs(said["seconds"] - said["seconds_first_look"] - later / said["at_a_time"]) <= rounding
+    text = run_cli(*args).stdout
+    assert "in rounds: about " in text and " if every arm is decided at the first look" in text
+
+
 def test_a_dry_run_in_json_says_the_datas_preparation_on_stderr(run_cli, tmp_path):
     data = tmp_path / "train.txt"
     data.write_text("".join(f"{i % 2} {['good', 'bad'][i % 2]} film {i}\n" for i in range(60)))

@@ -267,11 +267,12 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             measured = costs(configs, _threads(n_jobs))
             total = startup + _total([len(g) for g in groups], measured, n_jobs)
             planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
+            first = first_look_seconds(config, groups, measured, n_jobs, startup)
             estimates.keep(config, total)  # said again beside what the command takes, when it is run
     skipped = f"; {done} completed before with the same config, skipped (sweep.resume=true)" if done else ""
     if as_object:
         found = (
-            as_json(groups, measured, n_jobs, packed, startup) | planned.as_json()
+            as_json(groups, measured, n_jobs, packed, startup) | planned.as_json() | _first_look_json(first)
             if jobs
             else as_json([], [], 1, packed, 0)
         )
@@ -282,8 +283,28 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
         return []
     runs = f" in {len(groups)} pack(s) of at most {max_pack}" if packed else ""
     print(f"headlab-train --dry-run: {len(jobs)} {what}{runs}{skipped}; nothing is started")
-    print("\n".join(report(groups, measured, n_jobs, startup) + planned.lines()))
+    rounds = [] if first is None else [f"in rounds: about {duration(first)} if every arm is decided at the first look"]
+    print("\n".join(report(groups, measured, n_jobs, startup) + rounds + planned.lines()))
     return []
+
+
+def first_look_seconds(
+    config: DictConfig, groups: list, measured: list[Cost], n_jobs: int, startup: float
+) -> float | None:
+    """A sweep in rounds (sweep.sequential): its seconds if every arm is decided at the first look, when only its
+    first round's jobs run (the sweep's seconds price every round); None for a sweep run at once."""
+    looks = OmegaConf.select(config, "sweep.sequential.looks")
+    if not looks:
+        return None
+    from headlab.launch.grid import sequential_rounds
+
+    _, ranks, sizes = sequential_rounds([job for group in groups for job in group], int(looks))
+    in_first = iter(rank < sizes[0] for rank in ranks)
+    return startup + _total([sum(next(in_first) for _ in group) for group in groups], measured, n_jobs)
+
+
+def _first_look_json(first: float | None) -> dict:
+    return {} if first is None else {"seconds_first_look": round(first, 1)}
 
 
 def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, packed: bool, startup: float) -> dict:
