@@ -304,9 +304,9 @@ def test_a_claim_read_in_rounds_takes_its_arms_round_from_the_sweeps_sequential_
           "--into", "RESULTS.md"])  # fmt: skip
     text = Path("RESULTS.md").read_text()
     worse, same, better = (_row(text, c) for c in ("one head is worse", "two heads match", "eight heads are better"))
-    assert worse[3:6] == ["-0.075 [-0.110, -0.040]", "0.0004", "**supported**"]
-    assert same[3:6] == ["+0.001 [-0.008, +0.009]", "0.9", "**supported**"]
-    assert better[3:6] == ["+0.004 [-0.020, +0.030]", "0.6", "inconclusive"]
+    assert worse[3:6] == ["-0.075 [-0.110, -0.040]", "0.0004 (level 0.0015)", "**supported**"]
+    assert same[3:6] == ["+0.001 [-0.008, +0.009]", "0.9 (level 0.0015)", "**supported**"]
+    assert better[3:6] == ["+0.004 [-0.020, +0.030]", "0.6 (level 0.0015)", "inconclusive"]
     with open("results/demo/compare_rounds.csv", newline="") as f:
         rows = {r["model.attention.n_heads"]: r for r in csv.DictReader(f)}
     assert rows["4"]["reading"] == "baseline" and rows["4"]["look"] == "" and rows["1"]["margin"] == "0.01"

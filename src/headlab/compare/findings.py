@@ -39,8 +39,8 @@ LEGEND = (
     "is its largest gap to a dataset's best setting, with that gap's interval, and the reading is the table's "
     "target: **supported** where met on every dataset, else on which it was missed or inconclusive. A claim read in "
     "*rounds* (a sweep that stopped arms as their contrasts were decided, sweep.sequential): Δ and its repeated "
-    "interval at the look its arm stopped at, the p of that look (below the look's level: significant), read at "
-    "the file's stated level an arm."
+    "interval at the look its arm stopped at, the p of that look beside the look's level (below it: significant), "
+    "the level from the file's stated alpha an arm."
 )
 
 
@@ -117,8 +117,8 @@ def table(experiments: Path) -> str:
             confirmed = reading(c, again)
         interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
         lines.append(
-            f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])} | "
-            f"{reading(c, first)}{_budget(first)} | {confirmed}{_budget(again)} |"
+            f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | "
+            f"{_p(first['p_holm'])}{_level(first)} | {reading(c, first)}{_budget(first)} | {confirmed}{_budget(again)} |"
         )
     return "\n\n".join(["\n".join(lines), LEGEND, *legend()])
 
@@ -236,7 +236,8 @@ def _round(c: Claim, rows: list[dict], where: Path) -> dict | None:
     r = arm[0]
     undecided = "inconclusive" if r["margin"] else "not significant"
     verdict = ROUND_VERDICTS.get(r["reading"], undecided if not r["reading"] else r["reading"])
-    return {k: float(r[k]) for k in ("effect", "low", "high")} | {"p_holm": float(r["p"]), "verdict": verdict}
+    found = {k: float(r[k]) for k in ("effect", "low", "high")}
+    return found | {"p_holm": float(r["p"]), "level": float(r["level"]), "verdict": verdict}
 
 
 def reading(c: Claim, found: dict) -> str:
@@ -306,3 +307,8 @@ def _arm(c: Claim) -> str:
 
 def _p(p: float) -> str:
     return "" if math.isnan(p) else f"{p:.2g}"
+
+
+def _level(found: dict) -> str:
+    """' (level 0.0014)' beside a round's p: the look's level it was read at (rounds only)."""
+    return f" (level {found['level']:.2g})" if found.get("level") is not None else ""
