@@ -117,8 +117,8 @@ def table(experiments: Path) -> str:
             confirmed = reading(c, again)
         interval = "" if math.isnan(first["low"]) else f" [{first['low']:+.3f}, {first['high']:+.3f}]"
         lines.append(
-            f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | "
-            f"{_p(first['p_holm'])}{_level(first)} | {reading(c, first)}{_budget(first)} | {confirmed}{_budget(again)} |"
+            f"| {shown} | {claim} | {_arm(c)} | {first['effect']:+.3f}{interval} | {_p(first['p_holm'])}"
+            f"{_level(first)} | {reading(c, first)}{_budget(first)} | {confirmed}{_budget(again)} |"
         )
     return "\n\n".join(["\n".join(lines), LEGEND, *legend()])
 
