@@ -19,6 +19,7 @@ from headlab.compare.tables import AT_BUDGET, legend
 from headlab.files import read_received
 from headlab.stats.contrasts import CompareError, t_interval, welch
 from headlab.stats.power import ALPHA
+from headlab.stats.sequential import SIGNIFICANT, WITHIN_MARGIN
 
 START, END = "<!-- headlab-findings -->", "<!-- /headlab-findings -->"
 EXPECTED = {"lower": -1, "higher": 1, "same": 0, "not lower": 0, "within": 0}  # the arm against its baseline
@@ -221,7 +222,7 @@ def _worst_gap(c: Claim, rows: list[dict]) -> dict | None:
     return found | {"p_holm": math.nan, "verdict": "", "targets": {r[over]: r["target"] for r in gaps}}
 
 
-ROUND_VERDICTS = {"significant": "significant", "within margin": "no difference found"}  # a round's reading
+ROUND_VERDICTS = {SIGNIFICANT: "significant", WITHIN_MARGIN: "no difference found"}  # a round's reading, as a verdict
 
 
 def _round(c: Claim, rows: list[dict], where: Path) -> dict | None:

@@ -75,7 +75,7 @@ def _sizes(read: list) -> str:
 
 ROUNDS_CSV = "compare_rounds.csv"  # beside compare.md: a row per arm a sweep read in rounds (findings read it)
 ROUND_FIELDS = ("look", "runs", "reading", "p", "level", "effect", "low", "high")
-READINGS = (None, "significant", "within margin", "baseline")  # an arm's reading in a sequential.json (None: undecided)
+READINGS = (None, sequential.SIGNIFICANT, sequential.WITHIN_MARGIN, "baseline")  # in a sequential.json
 
 
 def read_rounds(dirs: list[Path]) -> list[tuple[str, dict]]:

@@ -21,6 +21,7 @@ from scipy import stats
 from headlab.stats import inference
 
 ALPHA = 0.05
+SIGNIFICANT, WITHIN_MARGIN = "significant", "within margin"  # what a look decides (look(); None: the arm goes on)
 PATHS = 400_000  # simulated Brownian paths the boundaries are read from (seeded: the same boundaries every time)
 
 
@@ -72,14 +73,14 @@ def level(c: float) -> float:
 
 
 def look(p: float, low_high: tuple[float, float], c: float, margin: float | None) -> str | None:
-    """A contrast at one look: "significant" where its p-value is below the look's nominal level, "within margin"
-    where its repeated interval (at that level: low_high, computed by the caller's test) lies inside +-margin,
-    else None (it goes on)."""
+    """A contrast at one look: SIGNIFICANT where its p-value is below the look's nominal level, WITHIN_MARGIN where
+    its repeated interval (at that level: low_high, computed by the caller's test) lies inside +-margin, else None
+    (it goes on)."""
     if p < level(c):
-        return "significant"
+        return SIGNIFICANT
     low, high = low_high
     if margin is not None and -margin < low and high < margin:
-        return "within margin"
+        return WITHIN_MARGIN
     return None
 
 
