@@ -222,7 +222,7 @@ def sequential_sweep(launch, jobs: list[list[str]], settings, sweep_dir: Path, r
             "alpha": float(settings.alpha),
             "arms": arms_json,
         },
-        indent=2,  # fmt: skip
+        indent=2,
     )
     write_text_atomic(sweep_dir / "sequential.json", text + "\n")
     return returns
