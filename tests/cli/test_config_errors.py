@@ -210,6 +210,17 @@ CASES = [
         "the 3 not shared)",
     ),
     Case(
+        "moh with a negative load-balance weight",
+        ["+design=moh_balance", "model.attention.moh.balance=-0.01"],
+        "invalid config: model.attention.moh.balance=-0.01 is invalid: expected a number >= 0 (the load-balance "
+        "loss's weight; 0: none)",
+    ),
+    Case(
+        "mta's group norm not a bool",
+        ["+design=mta_group_norm", "model.attention.mta.group_norm=rms"],
+        "invalid config: model.attention.mta.group_norm='rms' is invalid: expected true or false",
+    ),
+    Case(
         "mta with talking heads",
         ["+design=mta", "model.attention.talking_heads=both"],
         "invalid config: model.attention.talking_heads='both' is invalid: expected none with model.attention.mta "

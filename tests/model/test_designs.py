@@ -56,6 +56,10 @@ DESIGNS = {  # each design alone, and together with the head split's other keys
     "mta 1x1, groups of 4, alibi, additive": dict(
         mta=dict(query_kernel=1, key_kernel=1, head_group=4), position="alibi", scoring="additive"
     ),
+    "mta, group norm": dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2, group_norm=True)),
+    "mta, group norm, gate, grouped, d_v": dict(
+        mta=dict(query_kernel=1, key_kernel=3, head_group=4, group_norm=True), gate="headwise", n_kv_heads=2, d_v=3
+    ),
     "mta, sigmoid, grouped, d_k d_v": dict(
         mta=dict(query_kernel=5, key_kernel=3, head_group=1), normalizer="sigmoid", n_kv_heads=2, d_k=5, d_v=3
     ),
@@ -207,6 +211,9 @@ def reference(attn: MultiHeadAttention, x: torch.Tensor, lengths: list[int], sto
             if attn.differential:
                 rms = torch.sqrt((o**2).mean(-1, keepdim=True) + attn.head_norm.eps)
                 o = o / rms * attn.head_norm.weight * (1 - attn.lambda_init)
+            if attn.mta_norm is not None:  # Golovneva et al. 2025's group norm, scalar gate: o' = n sigmoid(w . n + b)
+                o = o / torch.sqrt((o**2).mean(-1, keepdim=True) + attn.mta_norm.eps) * attn.mta_norm.weight
+                o = o * torch.sigmoid(o @ attn.mta_gate.weight[0] + attn.mta_gate.bias)[:, None]
             if attn.gate == "headwise":  # Qiu et al. 2025: Y * sigmoid(X W)
                 o = o * torch.sigmoid(xb @ attn.gate_proj.weight[h])[:, None]
             elif attn.gate == "elementwise":
@@ -229,13 +236,13 @@ def test_each_design_equals_its_formula_on_a_padded_batch(name):
     x = torch.randn(len(LENGTHS), max(LENGTHS), 16, dtype=torch.float64)
     padding = torch.arange(max(LENGTHS))[None, :] >= torch.tensor(LENGTHS)[:, None]  # (B, n)
     store = value_store(attn, len(LENGTHS), max(LENGTHS))
-    out, weights = attn(x, padding, value_store=dict(store))
+    out, weights = attn(x, padding, pass_state=dict(store))
     expected, maps = reference(attn, x, LENGTHS, store)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     for b, L in enumerate(LENGTHS):
         torch.testing.assert_close(weights[b, :, :, :L], maps[b], rtol=1e-10, atol=1e-10)
         assert (weights[b, :, :, L:] == 0).all()  # padded keys: exactly zero weight
-    fused, none = attn(x, padding, need_weights=False, value_store=dict(store))
+    fused, none = attn(x, padding, need_weights=False, pass_state=dict(store))
     assert none is None
     torch.testing.assert_close(fused, out, rtol=1e-10, atol=1e-10)
 
@@ -245,7 +252,7 @@ def test_every_parameter_of_every_design_gets_a_gradient(name):
     torch.manual_seed(0)
     attn = perturbed(MultiHeadAttention(16, 4, **DESIGNS[name]))
     padding = torch.arange(7)[None, :] >= torch.tensor([7, 4])[:, None]
-    attn(torch.randn(2, 7, 16), padding, need_weights=False, value_store=value_store(attn, 2, 7))[
+    attn(torch.randn(2, 7, 16), padding, need_weights=False, pass_state=value_store(attn, 2, 7))[
         0
     ].square().sum().backward()
     assert [n for n, p in attn.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
@@ -323,6 +330,11 @@ def test_a_parameter_matched_differential_head_halves_the_heads():
             4 * 15 + 2 * 4,
             6 * (4 * 15 + 2 * 4) + 6 * 9 * 4 * (15 + 2),
         ),
+        (  # and its group norm: one RMSNorm weight d_v and one gate (d_v + 1) for all heads
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2, group_norm=True)),
+            4 * 15 + 2 * 4 + 4 + 5,
+            6 * (4 * 15 + 2 * 4 + 4 + 5) + 6 * 9 * 4 * (15 + 2),
+        ),
     ],
 )
 def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
@@ -356,7 +368,7 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
         (dict(position="relative"), "position='relative' is invalid: expected one of none, rope, alibi"),
         (dict(moh=dict(k=3, shared=1)), "moh.k=3 is invalid: expected an int in [1, 3) (routed heads on a token"),
         (dict(moh=dict(k=1, shared=0)), "moh.shared=0 is invalid: expected an int in [1, n_heads=4)"),
-        (dict(moh=dict(k=1)), "moh={'k': 1} is invalid: expected null or {k, shared}"),
+        (dict(moh=dict(k=1)), "moh={'k': 1} is invalid: expected null or {k, shared[, balance]}"),
         (
             dict(mta=dict(query_kernel=2, key_kernel=5, head_group=2)),
             "mta.query_kernel=2 is invalid: expected an odd int >= 1 (a kernel centred on the logit)",
@@ -367,7 +379,11 @@ def test_parameters_and_flops_count_each_designs_terms(design, params, flops):
         ),
         (
             dict(mta=dict(query_kernel=3)),
-            "mta={'query_kernel': 3} is invalid: expected null or {query_kernel, key_kernel, head_group}",
+            "mta={'query_kernel': 3} is invalid: expected null or {query_kernel, key_kernel, head_group[, group_norm]}",
+        ),
+        (
+            dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2, group_norm="yes")),
+            "mta.group_norm='yes' is invalid: expected true or false",
         ),
         (
             dict(mta=dict(query_kernel=3, key_kernel=5, head_group=2), talking_heads="post"),

@@ -1,5 +1,5 @@
-"""Two-pass steps through a real Trainer, each update computed here independently: sharpness-aware minimisation
-(optim.sam_rho) and R-Drop (optim.rdrop)."""
+"""Steps beyond plain cross-entropy through a real Trainer, each update computed here independently: sharpness-aware
+minimisation (optim.sam_rho), R-Drop (optim.rdrop), and mixture of heads' load-balance loss (moh.balance)."""
 
 import copy
 
@@ -146,3 +146,49 @@ def test_disagreement_averages_the_symmetric_kl_over_scored_positions_only():
     member_0 = sum(symmetric_kl(a[0, i], b[0, i]) for i in (0, 1, 3)) / 3
     assert disagreement(a, b, scored).tolist() == pytest.approx([member_0, 0.0], abs=1e-12)  # nothing scored: 0
     assert disagreement(a, a, scored.logical_not()).abs().max().item() < 1e-12  # one prediction agrees with itself
+
+
+def naive_load_balance(model: Encoder, b: dict) -> torch.Tensor:
+    """Jin et al. 2024, written per position: each layer's L_b = sum over routed heads i of f_i P_i, f_i the share
+    of real positions whose k largest routing logits include i, P_i the mean of softmax(W_r x)_i over them; beta
+    times the layers' sum. x: what each layer's attention reads, caught by a hook."""
+    inputs = []
+    hooks = [block.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for block in model.blocks]
+    model(b["tokens"], b["padding_mask"])
+    for hook in hooks:
+        hook.remove()
+    total = 0
+    for block, x in zip(model.blocks, inputs, strict=True):
+        attn, real = block.attn, [(e, i) for e in range(x.shape[0]) for i in range(x.shape[1])]
+        real = [(e, i) for e, i in real if not b["padding_mask"][e, i]]
+        R = attn.route_routed.weight.shape[0]
+        share, probability = [0.0] * R, [0.0] * R
+        for e, i in real:
+            logits = attn.route_routed.weight @ x[e, i]
+            chosen = sorted(range(R), key=lambda h: -float(logits[h].detach()))[: attn.moh_k]
+            for h in range(R):
+                share[h] += (h in chosen) / len(real)
+                probability[h] = probability[h] + torch.softmax(logits, 0)[h] / len(real)
+        total = total + attn.moh_balance * sum(f * p for f, p in zip(share, probability, strict=True))
+    return total
+
+
+def test_a_mixture_of_heads_step_adds_the_papers_load_balance_loss_to_the_cross_entropy():
+    torch.manual_seed(0)
+    moh = {"n_heads": 4, "moh": {"k": 1, "shared": 1, "balance": 0.5}}  # 3 routed heads, 1 on at a position
+    model = Encoder(20, 3, max_len=8, readout="mean", d_model=8, n_layers=2, dropout=0.0, attention=moh).double()
+
+    expected, b = copy.deepcopy(model).train(), batch()
+    balance = naive_load_balance(expected, b)
+    (F.cross_entropy(expected(b["tokens"], b["padding_mask"])[0], b["labels"]) + balance).backward()
+    adamw_step(expected)
+
+    balanced = trained(model)
+    without = copy.deepcopy(model)
+    for block in without.blocks:
+        block.attn.moh_balance = 0.0
+    assert largest_difference(balanced.model, expected) < 1e-12
+    assert largest_difference(balanced.model, trained(without).model) > 1e-4  # the loss moved the routers
+    # train/loss stays the cross-entropy, comparable with a run without the balance term
+    logged = balanced.trainer.callback_metrics["train/loss_epoch"].item()
+    assert logged == pytest.approx(F.cross_entropy(model(b["tokens"], b["padding_mask"])[0], b["labels"]).item())

@@ -194,3 +194,24 @@ def test_the_head_designs_stack_on_both_paths_as_each_model_alone(design):
     expected = torch.stack([m(tokens[e], mask[e])[0] for e, m in enumerate(alone)])
     torch.testing.assert_close(stack(tokens, mask), expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(stack.batched(tokens, mask), expected, atol=1e-12, rtol=0)
+
+
+def test_the_load_balance_loss_stacks_on_both_paths_as_each_model_alone():
+    """Mixture of heads' weighted load-balance loss comes out of a stack beside the logits (need_balance), member by
+    member as each model alone returns it, one after another and under vmap (the GPU path)."""
+    alone = []
+    for e in range(2):
+        torch.manual_seed(e)
+        design = {"n_heads": 4, "moh": {"k": 1, "shared": 1, "balance": 0.5}}
+        alone.append(Encoder(20, 5, 9, "mean", d_model=16, n_layers=2, attention=design).double().train())
+    stack = Stacked([copy.deepcopy(m) for m in alone]).double().train()
+    tokens = torch.randint(1, 20, (2, 4, 9))
+    mask = torch.zeros(2, 4, 9, dtype=torch.bool)
+    mask[:, 1, 6:] = True
+    own = [m(tokens[e], mask[e], need_balance=True) for e, m in enumerate(alone)]
+    logits, balance = torch.stack([o[0] for o in own]), torch.stack([o[2] for o in own])
+    assert balance.min() > 0 and balance[0] != balance[1]  # each member's own routers
+    for path in (stack, stack.batched):
+        got_logits, got_balance = path(tokens, mask, need_balance=True)
+        torch.testing.assert_close(got_logits, logits, atol=1e-12, rtol=0)
+        torch.testing.assert_close(got_balance, balance, atol=1e-12, rtol=0)

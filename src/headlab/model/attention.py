@@ -15,7 +15,7 @@ forward() is the definition, one stage after another:
     differential  two maps a head, the second subtracted with weight lambda (differential)
     weight mixing talking heads after the normaliser (talking_heads: post, both); mta's mixing within groups of
                   heads
-    values        weights @ v, then a differential head's own normalisation
+    values        weights @ v, then a head's own normalisation (differential; mta's group norm)
     output gate   none, headwise, elementwise (headlab.model.gates); mixture of heads' routing weights (moh)
     merge         head mask, concatenation, output projection
 Where a stage has a faster equivalent path (fused SDPA, fused additive attention), it takes it. Each stage's
@@ -36,11 +36,12 @@ from headlab.model.hooks import HookPoint
 class MultiHeadAttention(nn.Module):
     """Self-attention with H heads of query/key size d_k and value size d_v, scored by the scoring function named.
 
-    forward(x, key_padding_mask, need_weights, head_mask, value_store) -> (out, weights):
+    forward(x, key_padding_mask, need_weights, head_mask, pass_state) -> (out, weights):
       x (B, n, d_model); key_padding_mask (B, n) bool, True = padding;
       head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019);
-      value_store, a dict shared by the layers of one forward pass: the first layer leaves its values there, and a
-      later layer with value_residual mixes them into its own;
+      pass_state, a dict shared by the layers of one forward pass: the first layer leaves its values there, and a
+      later layer with value_residual mixes them into its own; a training layer with moh.balance adds its weighted
+      load-balance loss to its "balance";
       out (B, n, d_model); weights (B, H, n, n) after the normaliser (and mixing), exactly 0 on padded keys, or
       None. Rows sum to 1 with softmax only; a differential head's weights are signed.
     Without weights asked for, fused paths that never store the (B, H, n, n) weights may run (dispatch).
@@ -108,6 +109,7 @@ class MultiHeadAttention(nn.Module):
         self.value_mix = nn.Parameter(torch.full((2,), 0.5)) if value_residual and layer > 0 else None
         self.position, self.rope_base = position, rope_base
         self.moh_k = moh["k"] if moh else None
+        self.moh_balance = moh.get("balance", 0.0) if moh else 0.0  # its loss's weight beta (absent: none)
         if moh:  # mixture of heads (Jin et al. 2024): routers W_s (shared heads), W_r (routed heads), W_h (their split)
             shared = moh["shared"]
             self.route_shared = nn.Linear(d_model, shared, bias=False) if shared > 1 else None  # one: softmax 1
@@ -120,6 +122,10 @@ class MultiHeadAttention(nn.Module):
             kernel[:, :, cq // 2, ck // 2] = 1.0
             self.mta_kernel = nn.Parameter(kernel)
             self.mta_mix = nn.Parameter(torch.eye(g).repeat(n_heads // g, 1, 1))  # (H / g, g, g): head s to head t
+        self.mta_norm = self.mta_gate = None
+        if mta and mta.get("group_norm"):  # each head's output RMS-normalised (one weight for all heads), then
+            self.mta_norm = nn.RMSNorm(self.d_v, eps=1e-5)  # gated by a scalar of its own: the paper's group norm
+            self.mta_gate = nn.Linear(self.d_v, 1)  # with scalar gating (the authors' code: gate_1d)
         if position == "alibi":
             self.register_buffer("alibi_slopes", positions.alibi_slopes(n_heads), persistent=False)  # (H,)
         self.scoring_fn = rules.load_stage("scoring", scoring)  # a class of headlab.model.scoring (or a package's)
@@ -138,26 +144,25 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = True,
         head_mask: torch.Tensor | None = None,
-        value_store: dict | None = None,
+        pass_state: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v = self.project(x, value_store)  # (B, H c, n, d_k), (B, G c, n, d_k), (B, G, n, d_v)
+        q, k, v = self.project(x, pass_state)  # (B, H c, n, d_k), (B, G c, n, d_k), (B, G, n, d_v)
         p_drop = self.dropout if self.training else 0.0
         explicit = need_weights or not self.fusable or self.hook_attn_scores.hooked or self.hook_pattern.hooked
         if not explicit and (y := self.normalizer_fn.fused(self, q, k, v, key_padding_mask, p_drop)) is not None:
-            return self.merge(self.hook_z(self.gated(y, x)), head_mask), None
+            return self.merge(self.hook_z(self.gated(y, x, key_padding_mask, pass_state)), head_mask), None
 
         H, G = self.n_heads, self.n_kv_heads
         if G < H:  # each key/value head serves H / G consecutive query heads (its c maps their c maps)
             k = k.unflatten(1, (G, self.maps)).repeat_interleave(H // G, dim=1).flatten(1, 2)  # (B, H c, n, d_k)
             v = v.repeat_interleave(H // G, dim=1)  # (B, H, n, d_v)
         weights = self.hook_pattern(self.attend(q, k, key_padding_mask))  # (B, H, n, n)
-        y = dropout(weights, p_drop) @ v  # (B, H, n, d_v)
-        if self.differential:
-            y = self.head_norm(y) * (1 - self.lambda_init)
-        return self.merge(self.hook_z(self.gated(y, x)), head_mask), (weights if need_weights else None)
+        y = self.normed(dropout(weights, p_drop) @ v)  # (B, H, n, d_v)
+        y = self.hook_z(self.gated(y, x, key_padding_mask, pass_state))
+        return self.merge(y, head_mask), (weights if need_weights else None)
 
     def project(
-        self, x: torch.Tensor, value_store: dict | None = None
+        self, x: torch.Tensor, pass_state: dict | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of every head: x (B, n, d_model) -> (B, H c, n, d_k), (B, G c, n, d_k),
         (B, G, n, d_v); a head's c maps are consecutive. hook_q, hook_k, hook_v see them before rotation and
@@ -171,8 +176,8 @@ class MultiHeadAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        if value_store is not None:
-            v = self.mix_values(v, value_store)
+        if pass_state is not None:
+            v = self.mix_values(v, pass_state)
         if self.position == "rope":
             q, k = (
                 self.hook_rot_q(positions.rotate(q, self.rope_base)),
@@ -180,10 +185,10 @@ class MultiHeadAttention(nn.Module):
             )
         return q, k, v
 
-    def mix_values(self, v: torch.Tensor, value_store: dict) -> torch.Tensor:
+    def mix_values(self, v: torch.Tensor, pass_state: dict) -> torch.Tensor:
         """The first layer's values, kept; a later layer's mixed with them when it has value_mix:
         v (B, G, n, d_v) -> lambda_1 v + lambda_2 v_first (B, G, n, d_v)."""
-        first = value_store.setdefault("first", v)
+        first = pass_state.setdefault("first", v)
         if self.value_mix is None:
             return v
         return self.value_mix[0] * v + self.value_mix[1] * first
@@ -243,23 +248,40 @@ class MultiHeadAttention(nn.Module):
         first, second = (self.lambda_q1 * self.lambda_k1).sum(), (self.lambda_q2 * self.lambda_k2).sum()
         return torch.exp(first) - torch.exp(second) + self.lambda_init
 
-    def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def normed(self, y: torch.Tensor) -> torch.Tensor:
+        """Each head's own normalisation of its output: a differential head's RMSNorm times 1 - lambda_init;
+        multi-token attention's group norm, y' = RMSNorm(y) sigmoid(w . RMSNorm(y) + b); else y as it is:
+        (B, H, n, d_v) -> (B, H, n, d_v)."""
+        if self.differential:
+            return self.head_norm(y) * (1 - self.lambda_init)
+        if self.mta_norm is not None:
+            y = self.mta_norm(y)
+            return y * torch.sigmoid(self.mta_gate(y))  # (B, H, n, d_v) * (B, H, n, 1)
+        return y
+
+    def gated(
+        self, y: torch.Tensor, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, pass_state=None
+    ) -> torch.Tensor:
         """The output gate and the mixture of heads' routing weights on each head's output: y (B, H, n, d_v),
         x (B, n, d_model) -> (B, H, n, d_v)."""
         gate = self.gate_fn.values(self, x)
         y = y if gate is None else y * self.hook_gate(gate)
-        return y if self.moh_k is None else y * self.hook_route(self.routes(x))
+        return y if self.moh_k is None else y * self.hook_route(self.routes(x, key_padding_mask, pass_state))
 
-    def routes(self, x: torch.Tensor) -> torch.Tensor:
+    def routes(self, x: torch.Tensor, key_padding_mask=None, pass_state: dict | None = None) -> torch.Tensor:
         """Mixture of heads' weight g_h of every head at every position: x (B, n, d_model) -> (B, H, n, 1);
         g = alpha_1 softmax(W_s x) on the shared heads, alpha_2 softmax(W_r x) on the k routed heads of largest
-        W_r x and 0 on the other routed heads, [alpha_1, alpha_2] = softmax(W_h x)."""
+        W_r x and 0 on the other routed heads, [alpha_1, alpha_2] = softmax(W_h x). Training with moh.balance, it
+        adds beta L_b (load_balance) to pass_state's "balance"."""
         alpha = torch.softmax(self.route_split(x), dim=-1)  # (B, n, 2)
         shared = alpha[..., :1]  # (B, n, h_s)
         if self.route_shared is not None:
             shared = shared * torch.softmax(self.route_shared(x), dim=-1)
         routed = torch.softmax(self.route_routed(x), dim=-1)  # (B, n, H - h_s)
         chosen = torch.zeros_like(routed).scatter(-1, routed.topk(self.moh_k, dim=-1).indices, 1.0)
+        if self.moh_balance and self.training and pass_state is not None:
+            loss = self.moh_balance * load_balance(routed, chosen, key_padding_mask)
+            pass_state["balance"] = pass_state["balance"] + loss if "balance" in pass_state else loss
         return torch.cat([shared, alpha[..., 1:] * routed * chosen], dim=-1).transpose(1, 2).unsqueeze(-1)
 
     def merge(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
@@ -273,3 +295,14 @@ class MultiHeadAttention(nn.Module):
             result = self.hook_result(torch.einsum("bhnv,dhv->bnhd", y, W))  # (B, n, H, d_model)
             return result.sum(2) + self.out_proj.bias
         return self.out_proj(y.transpose(1, 2).reshape(B, n, H * self.d_v))  # (B, n, d_model)
+
+
+def load_balance(routed: torch.Tensor, chosen: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mixture of heads' load-balance loss over its routed heads (Jin et al. 2024): L_b = sum_i f_i P_i, f_i
+    the share of real positions that choose head i, P_i its mean routing probability softmax(W_r x)_i;
+    routed, chosen (B, n, R) (chosen 1 where a position chooses the head), key_padding_mask (B, n) -> ()."""
+    real = torch.ones_like(routed[..., :1]) if key_padding_mask is None else (~key_padding_mask)[..., None]
+    real = real.to(routed.dtype)  # (B, n, 1)
+    positions = real.sum()
+    share, probability = (chosen * real).sum((0, 1)) / positions, (routed * real).sum((0, 1)) / positions  # (R,)
+    return (share * probability).sum()

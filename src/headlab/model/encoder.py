@@ -26,13 +26,13 @@ class Block(nn.Module):
         self.drop = Dropout(dropout)
         self.pre_norm = norm == "pre"
 
-    def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None, value_store=None):
-        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None; value_store: MultiHeadAttention's
+    def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None, pass_state=None):
+        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None; pass_state: MultiHeadAttention's
         if self.pre_norm:
-            a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask, value_store)
+            a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask, pass_state)
             x = x + self.drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
-        a, w = self.attn(x, key_padding_mask, need_weights, head_mask, value_store)
+        a, w = self.attn(x, key_padding_mask, need_weights, head_mask, pass_state)
         x = self.norm1(x + self.drop(a))
         return self.norm2(x + self.drop(self.ff(x))), w
 
@@ -40,11 +40,13 @@ class Block(nn.Module):
 class Encoder(nn.Module):
     """Token classifier ('token' readout) or sequence classifier ('cls', 'mean' or 'max' readout).
 
-    forward(tokens, key_padding_mask, need_weights, head_mask) -> (logits, weights):
+    forward(tokens, key_padding_mask, need_weights, head_mask, need_balance) -> (logits, weights[, balance]):
       tokens (B, n) ids, or (B, n, c) when a position holds c tokens whose embeddings are summed (id 0 adds nothing);
       key_padding_mask (B, n) bool, True = padding; head_mask (L, H) or (B, L, H);
       logits (B, n_classes) or (B, n, n_classes) for 'token'; weights: per layer (B, H, n', n') or None,
-      where n' = n + 1 with the 'cls' readout (its learned vector sits at position 0).
+      where n' = n + 1 with the 'cls' readout (its learned vector sits at position 0);
+      balance (), with need_balance: the layers' load-balance losses, weighted, that training adds to its
+      objective (mixture of heads' moh.balance; 0 without).
     """
 
     def __init__(
@@ -108,7 +110,7 @@ class Encoder(nn.Module):
         """Labels of the attention matrices' rows and columns for one example's token strings."""
         return ["[cls]"] * self.attention_offset + list(tokens)
 
-    def forward(self, tokens, key_padding_mask=None, need_weights=False, head_mask=None):
+    def forward(self, tokens, key_padding_mask=None, need_weights=False, head_mask=None, need_balance=False):
         x = self.tok_emb(tokens)  # (B, n, d) or (B, n, c, d)
         if x.dim() == 4:
             x = x.sum(dim=2)  # (B, n, d)
@@ -117,10 +119,10 @@ class Encoder(nn.Module):
             if key_padding_mask is not None:
                 key_padding_mask = self.attention_padding_mask(key_padding_mask)  # (B, 1 + n)
         x = self.drop(x if self.pos_emb is None else x + self.pos_emb[: x.shape[1]])
-        weights, value_store = [], {}  # value_store: the first layer's values, for the value residual
+        weights, pass_state = [], {}  # the layers' shared state of this pass (MultiHeadAttention.forward)
         for layer, block in enumerate(self.blocks):
             layer_mask = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
-            x, w = block(x, key_padding_mask, need_weights, layer_mask, value_store)
+            x, w = block(x, key_padding_mask, need_weights, layer_mask, pass_state)
             weights.append(w)
         x = self.final_norm(x)  # (B, n', d)
         if self.readout == "cls":
@@ -135,7 +137,11 @@ class Encoder(nn.Module):
             if key_padding_mask is not None:
                 x = x.masked_fill(key_padding_mask.unsqueeze(-1), torch.finfo(x.dtype).min)  # (B, n, d), pads lose
             x = x.amax(dim=1)  # (B, d)
-        return self.classifier(x), (weights if need_weights else None)
+        logits = self.classifier(x)
+        if not need_balance:
+            return logits, (weights if need_weights else None)
+        balance = pass_state.get("balance", torch.zeros((), dtype=logits.dtype, device=logits.device))
+        return logits, (weights if need_weights else None), balance
 
 
 def count_parameters(model: Encoder) -> dict[str, int]:

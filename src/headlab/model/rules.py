@@ -5,6 +5,7 @@ Every rule raises InvalidSetting(key, value, expected). Keys are the model's arg
 that knows them by other names passes `name`, which maps one to the other (the config check: "model.attention.n_heads").
 """
 
+import math
 from collections.abc import Callable
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -116,18 +117,22 @@ def position_in_heads(position: str, scoring: str, d_k: int, name: Callable[[str
 
 
 MTA_KEYS = ("query_kernel", "key_kernel", "head_group")  # model.attention.mta's keys
+MTA_OPTIONAL = ("group_norm",)  # and the one it may have (absent: false, as runs before it trained)
 
 
 def multi_token(mta, n_heads: int, differential: bool, talking_heads: str, name: Callable[[str], str] = same) -> None:
-    """Multi-token attention (null, or a dict of MTA_KEYS): kernels of odd sizes, centred on the logit they
-    replace (an encoder's convolution looks both ways); head groups that divide the heads. Its head mixing and
-    talking heads' are two mixings of one thing, and a differential head's two signed maps are not in the paper:
-    both refused."""
+    """Multi-token attention (null, or a dict of MTA_KEYS and MTA_OPTIONAL): kernels of odd sizes, centred on the
+    logit they replace (an encoder's convolution looks both ways); head groups that divide the heads; group_norm a
+    bool. Its head mixing and talking heads' are two mixings of one thing, and a differential head's two signed
+    maps are not in the paper: both refused."""
     n = name
     if mta is None:
         return
-    if not isinstance(mta, dict) or set(mta) != set(MTA_KEYS):
-        raise InvalidSetting(n("mta"), mta, "null or {query_kernel, key_kernel, head_group}, e.g. +design=mta")
+    if not isinstance(mta, dict) or not set(MTA_KEYS) <= set(mta) <= {*MTA_KEYS, *MTA_OPTIONAL}:
+        rule = "null or {query_kernel, key_kernel, head_group[, group_norm]}, e.g. +design=mta"
+        raise InvalidSetting(n("mta"), mta, rule)
+    if not isinstance(mta.get("group_norm", False), bool):
+        raise InvalidSetting(n("mta.group_norm"), mta["group_norm"], "true or false")
     for key in ("query_kernel", "key_kernel"):
         size = mta[key]
         if not isinstance(size, int) or isinstance(size, bool) or size < 1 or size % 2 == 0:
@@ -142,19 +147,22 @@ def multi_token(mta, n_heads: int, differential: bool, talking_heads: str, name:
 
 
 def mixture_of_heads(moh, n_heads: int, name: Callable[[str], str] = same) -> None:
-    """Mixture of heads (null, or {k, shared}): at least one shared head (always on, as in the paper) and k routed
-    heads on at each position, with at least one routed head left out (else every head is always on)."""
+    """Mixture of heads (null, or {k, shared[, balance]}): at least one shared head (always on, as in the paper) and
+    k routed heads on at each position, with at least one routed head left out (else every head is always on);
+    balance, the load-balance loss's weight, a number >= 0 (absent: 0, as runs before it trained)."""
     n = name
     if moh is None:
         return
-    if not isinstance(moh, dict) or set(moh) != {"k", "shared"}:
-        raise InvalidSetting(n("moh"), moh, "null or {k, shared}, e.g. +design=moh")
-    shared, k = moh["shared"], moh["k"]
+    if not isinstance(moh, dict) or not {"k", "shared"} <= set(moh) <= {"k", "shared", "balance"}:
+        raise InvalidSetting(n("moh"), moh, "null or {k, shared[, balance]}, e.g. +design=moh")
+    shared, k, balance = moh["shared"], moh["k"], moh.get("balance", 0.0)
     if not isinstance(shared, int) or isinstance(shared, bool) or not 1 <= shared < n_heads:
         raise InvalidSetting(n("moh.shared"), shared, f"an int in [1, {n('n_heads')}={n_heads}) (heads always on)")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < n_heads - shared:
         rule = f"an int in [1, {n_heads - shared}) (routed heads on a token, of the {n_heads - shared} not shared)"
         raise InvalidSetting(n("moh.k"), k, rule)
+    if not isinstance(balance, int | float) or isinstance(balance, bool) or not 0 <= balance < math.inf:
+        raise InvalidSetting(n("moh.balance"), balance, "a number >= 0 (the load-balance loss's weight; 0: none)")
 
 
 @cache

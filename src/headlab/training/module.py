@@ -50,7 +50,12 @@ class HeadLabModule(SharpnessAware, pl.LightningModule):
 
     def _training_loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(objective, cross-entropy, logits of the first pass) of a training batch (objective.training_step)."""
-        step = objective.training_step(lambda: self(batch)[0][None], batch["labels"][None], self.hparams.rdrop)
+
+        def forward():  # a member axis of one
+            logits, _, balance = self(batch, need_balance=True)
+            return logits[None], balance[None]
+
+        step = objective.training_step(forward, batch["labels"][None], self.hparams.rdrop)
         return step.objective[0], step.loss[0], step.logits[0]
 
     def _log(self, split: str, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:

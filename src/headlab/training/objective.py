@@ -4,6 +4,8 @@ epoch's metrics are made of. Everything is per member: a single run's tensors ca
     loss = mean cross-entropy over scored positions
     with optim.rdrop = alpha > 0 (R-Drop, Liang et al. 2021): two passes under different dropout masks,
     loss = (CE(p1) + CE(p2)) / 2 + alpha * (KL(p1 || p2) + KL(p2 || p1)) / 2
+    with mixture of heads' moh.balance = beta > 0 (Jin et al. 2024): + beta sum over layers of L_b (the
+    load-balance loss, headlab.model.attention.load_balance; with two passes, their mean)
 
 Shapes: E members, B examples, n positions, N scored positions per member (B, or B n for a token task), C classes.
 """
@@ -60,21 +62,21 @@ def disagreement(a: torch.Tensor, b: torch.Tensor, scored: torch.Tensor) -> torc
     return torch.where(scored, kl, 0).sum(-1) / scored.sum(-1).clamp(min=1)
 
 
-def training_step(forward: Callable[[], torch.Tensor], labels: torch.Tensor, rdrop: float) -> Step:
-    """The objective of one training batch. forward() runs the model on the batch ((E, B, [n,] C) logits; each call
-    draws new dropout masks); labels (E, B[, n])."""
-    logits = forward()
+def training_step(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], labels: torch.Tensor, rdrop: float) -> Step:
+    """The objective of one training batch. forward() runs the model on the batch: (E, B, [n,] C) logits and each
+    member's weighted load-balance loss (E,) (0 without one); each call draws new dropout masks. labels (E, B[, n])."""
+    logits, balance = forward()
     loss, sums = cross_entropy(logits, labels)
     if not rdrop:
-        return Step(loss, loss, sums, logits)
-    other = forward()
+        return Step(loss + balance, loss, sums, logits)
+    other, other_balance = forward()
     second, _ = cross_entropy(other, labels)
     E, C = logits.shape[0], logits.shape[-1]
     scored = labels.reshape(E, -1) != IGNORE_INDEX  # (E, N)
     loss = (loss + second) / 2
     sums["loss"] = loss.detach() * sums["examples"]
     penalty = disagreement(logits.reshape(E, -1, C), other.reshape(E, -1, C), scored)  # (E,)
-    return Step(loss + rdrop * penalty, loss, sums, logits)
+    return Step(loss + rdrop * penalty + (balance + other_balance) / 2, loss, sums, logits)
 
 
 def non_finite_loss(step: int, last: Path | None, in_cross_entropy: bool, settings: dict) -> str:

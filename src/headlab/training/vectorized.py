@@ -64,16 +64,17 @@ class Stacked(nn.Module):
     def stacked_buffers(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, "buffer__" + n.replace(".", "__")) for n in self.buffer_names}
 
-    def forward(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Each input (E, ...) -> the first output of each member's model, (E, ...): member e computed from
-        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped.) Keyword
+        inputs[.][e] with parameters [e]. (headlab's models return (output, extras); extras are dropped, but for
+        the load-balance loss asked for with need_balance=True: then (output (E, ...), balance (E,)).) Keyword
         arguments that are tensors are per member too (a head mask (E, B, L, H)); the others go to every member.
 
         On a GPU the members run as one batched computation (torch.func.vmap): one kernel launch serves them all.
         On a CPU, which is busy with any one member already, they run one after another (`each`)."""
         if inputs[0].device.type == "cpu":
             per_member = {k: v.unbind(0) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            return torch.stack(self.each(*(x.unbind(0) for x in inputs), **per_member))
+            return stack_outputs(self.each(*(x.unbind(0) for x in inputs), **per_member))
         return self.batched(*inputs, **kwargs)
 
     def batched(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -127,7 +128,9 @@ class Stacked(nn.Module):
         self.template.train(self.training)
 
         def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
-            return functional_call(self.template, (params, buffers), member_inputs, {**kwargs, **member_kwargs})[0]
+            given = {**kwargs, **member_kwargs}
+            outputs = functional_call(self.template, (params, buffers), member_inputs, given)
+            return (outputs[0], outputs[2]) if given.get("need_balance") else outputs[0]
 
         return member
 
@@ -145,6 +148,14 @@ class Stacked(nn.Module):
     def load_member(self, e: int, state: dict[str, torch.Tensor]) -> None:
         for name, tensor in self.stacked().items():
             tensor[e].copy_(state[name])
+
+
+def stack_outputs(outputs: list) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The members' outputs, one after another, stacked as one batched computation returns them: [(...)] -> (E, ...);
+    [(a, b)] -> ((E, ...), (E, ...))."""
+    if isinstance(outputs[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*outputs, strict=True))
+    return torch.stack(outputs)
 
 
 class MemberViews(torch.autograd.Function):

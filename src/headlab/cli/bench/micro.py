@@ -41,9 +41,9 @@ class HeadlabStack(nn.Module):
         self.blocks = nn.ModuleList(Block(d, 4 * d, dropout, "post", attention, i) for i in range(layers))
 
     def forward(self, x):
-        value_store = {}  # the first layer's values, for the value residual
+        pass_state = {}  # the first layer's values, for the value residual
         for block in self.blocks:
-            x, _ = block(x, value_store=value_store)
+            x, _ = block(x, pass_state=pass_state)
         return x
 
 

@@ -34,20 +34,25 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
         self.kept = KeptPredictions()  # each member's test predictions, for its results.json
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        """(E, B, C) or (E, B, n, C) logits. A batch is padded to the longest example of any member's batch; on the
-        CPU, where members run one after another, each runs on its own batch's positions, as its single run does
-        (with length-bucketed text, members' batches differ in length: the padding would multiply the work)."""
+    def forward(self, batch: dict, need_balance: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(E, B, C) or (E, B, n, C) logits; with need_balance, and each member's weighted load-balance loss (E,)
+        (Encoder.forward). A batch is padded to the longest example of any member's batch; on the CPU, where
+        members run one after another, each runs on its own batch's positions, as its single run does (with
+        length-bucketed text, members' batches differ in length: the padding would multiply the work)."""
         tokens, padding = batch["tokens"], batch["padding_mask"]  # (E, B, n[, c]), (E, B, n)
+        wanted = {"need_balance": True} if need_balance else {}
         if tokens.device.type != "cpu":
-            return self.stack(tokens, padding)
+            return self.stack(tokens, padding, **wanted)
         n = tokens.shape[2]
         lengths = (~padding).sum(-1).amax(-1).tolist()  # (E,): each member's longest example
-        logits = self.stack.each(
+        outputs = self.stack.each(
             [t[:, :k] for t, k in zip(tokens, lengths, strict=True)],
             [m[:, :k] for m, k in zip(padding, lengths, strict=True)],
+            **wanted,
         )
-        return torch.stack([F.pad(x, (0, 0, 0, n - x.shape[1])) if x.dim() == 3 else x for x in logits])
+        logits, balances = zip(*outputs, strict=True) if need_balance else (outputs, None)
+        logits = torch.stack([F.pad(x, (0, 0, 0, n - x.shape[1])) if x.dim() == 3 else x for x in logits])
+        return (logits, torch.stack(balances)) if need_balance else logits
 
     def _measure(self, batch: dict) -> dict[str, torch.Tensor]:
         """The epoch sums of an evaluation batch, each (E,) (objective.cross_entropy)."""
@@ -56,7 +61,8 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     def _training_step(self, batch: dict) -> objective.Step:
         """The members' objectives (E,), as a single run's (objective.training_step): with optim.rdrop (one for the
         pack) two passes, each member drawing its own dropout masks in each."""
-        return objective.training_step(lambda: self(batch), batch["labels"], self.optim[0].get("rdrop", 0.0))
+        rdrop = self.optim[0].get("rdrop", 0.0)
+        return objective.training_step(lambda: self(batch, need_balance=True), batch["labels"], rdrop)
 
     def _add(self, split: str, sums: dict) -> None:
         total = self.sums.setdefault(split, {})
