@@ -504,8 +504,6 @@ def test_every_shipped_data_config_composes_and_validates(data):
             "model.compile=true is invalid: expected false with hydra/launcher=packed (a pack computes its members "
             "from stacked weights, never compiled)",
         ),
-        ("debug=fast", "trainer.fast_dev_run=true is invalid: expected false with hydra/launcher=packed (debug runs"),
-        ("debug=overfit", "trainer.overfit_batches=1 is invalid: expected 0 with hydra/launcher=packed (debug runs"),
     ],
 )
 def test_a_pack_refuses_callbacks_it_would_never_call(override, message):

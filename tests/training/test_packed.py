@@ -147,6 +147,24 @@ def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp
     assert pack_key(base) != pack_key({**base, key: float(value)})
 
 
+@pytest.mark.parametrize("debug", ["fast", "overfit"])
+def test_a_debug_run_trains_in_a_pack_as_alone(run_cli, tmp_path, debug):
+    """Lightning's debug runs in a pack, each member as its run alone: debug=fast one batch of each split and no
+    checkpoint; debug=overfit the first batch of its stored order, again and again (2 epochs here)."""
+    quick = [*TINY, *(["trainer.max_epochs=2", "trainer.check_val_every_n_epoch=1"] * (debug != "fast"))]
+    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1", f"debug={debug}", *quick, "hydra.sweep.dir=sweep")
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    alone = run_cli("seed=1", f"debug={debug}", *quick, "hydra.run.dir=alone")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    member, own = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("sweep/1", "alone"))
+    assert member["pack"]["size"] == 2 and member["global_step"] == own["global_step"] == (1 if debug == "fast" else 2)
+    for key in ("val/acc", "test/acc", "test/loss", "train/loss_epoch"):
+        assert member["metrics"][key] == pytest.approx(own["metrics"][key], abs=1e-6), key
+    fast = debug == "fast"
+    assert (member["checkpoints"]["last"] is None) == fast and (own["checkpoints"]["last"] is None) == fast
+    assert (tmp_path / "sweep/0/checkpoints").exists() != fast
+
+
 def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(run_cli, tmp_path):
     sweep = tmp_path / "sweep"
     plain = [o for o in TINY if not o.startswith("callbacks.progress_bar")]  # output to a file: a pack's lines

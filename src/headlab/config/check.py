@@ -315,17 +315,13 @@ PACKED_REFUSALS = {  # why a pack refuses a callback, where there is more to say
 
 def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
     """Why a pack cannot train this run, as (key, value, the value a pack takes, why); None where it can: one
-    device, no strategy that starts ranks, an eager model, none of Lightning's debug runs (their loops skip
-    checkpoints or replace the sampler), and headlab's own callbacks only (a pack would build any other and never
-    call it)."""
+    device, no strategy that starts ranks, an eager model, and headlab's own callbacks only (a pack would build
+    any other and never call it)."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
         return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
     if cfg.model.get("compile"):
         return "model.compile", True, "false", "a pack computes its members from stacked weights, never compiled"
-    for flag, off in (("fast_dev_run", "false"), ("overfit_batches", "0")):
-        if cfg.trainer.get(flag):
-            return f"trainer.{flag}", cfg.trainer.get(flag), off, "debug runs train one run: headlab-train debug=..."
     callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
     for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
         target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]

@@ -106,7 +106,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         checkpoints.save_checkpoint_atomic(checkpoint, Path(path))
 
 
-def _existing(path: Path) -> str | None:
+def existing(path: Path) -> str | None:
     return str(path) if path.exists() else None
 
 
@@ -260,7 +260,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
         resources={"threads": threads, "devices": trainer.num_devices, "accelerator": cfg.trainer.accelerator},
         checkpoints={
             "best": best or None,
-            "last": _existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
+            "last": existing(Path(checkpoint.dirpath) / "last.ckpt") if checkpoint else None,
         },
         progress=progress,
         wandb=wandb,

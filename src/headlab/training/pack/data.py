@@ -86,10 +86,11 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
     """The members' data side by side: batch i of a split is batch i of every member, stacked, drawn in the
     order each member's single run would draw it."""
 
-    def __init__(self, datamodules: list):
+    def __init__(self, datamodules: list, shuffle: bool = True):
         super().__init__()
         self.members = datamodules
         self.batch_size = datamodules[0].batch_size
+        self.shuffle = shuffle  # False: training batches in their stored order (overfit_batches, debug_limits)
         self.splits = {}
 
     def _loader(self, split: str, shuffle: bool = False) -> EpochLoader:
@@ -97,8 +98,8 @@ class PackedData(SplitLoaders, pl.LightningDataModule):
             self.splits[split] = PackSplit(self.members, split)
         data = self.splits[split]
         first = self.members[0]
-        seeds = [dm.seed for dm in self.members] if shuffle else None
-        lengths = data.lengths.tolist() if shuffle and first.bucketing else None
+        seeds = [dm.seed for dm in self.members] if shuffle and self.shuffle else None
+        lengths = data.lengths.tolist() if seeds and first.bucketing else None
         sampler = PackSampler(len(data), self.batch_size, seeds, lengths)
         loader = EpochLoader(data, sampler=sampler, batch_size=None, num_workers=0)
         return self._follow(loader) if shuffle else loader

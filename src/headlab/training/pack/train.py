@@ -74,7 +74,7 @@ def pack_fields(
         resources={"threads": torch.get_num_threads(), "devices": 1, "accelerator": member.cfg.trainer.accelerator},
         checkpoints={
             "best": str(member.best["path"]) if member.best["path"] else None,
-            "last": str(member.run_dir / "checkpoints" / "last.ckpt"),
+            "last": run.existing(member.run_dir / "checkpoints" / "last.ckpt"),
         },
         progress={
             "epochs": trainer.current_epoch,
@@ -130,8 +130,9 @@ def start_loggers(members: list[Member], pack_id: str | None) -> list[dict]:
     """Each member's loggers, started with its config (member_config) and, where it continues, from its step (the
     rows before it are kept); returns the configs. W&B runs start slowly, mostly waiting on its service: in
     parallel."""
-    for member in members:
-        member.loggers = instantiate_all(member.cfg.get("logger"), "logger")
+    for member in members:  # none in a fast_dev_run (debug=fast), as Lightning leaves a single run's out
+        quiet = member.cfg.trainer.get("fast_dev_run")
+        member.loggers = [] if quiet else instantiate_all(member.cfg.get("logger"), "logger")
     configs = [member_config(m, pack_id, len(members)) for m in members]
     with ThreadPoolExecutor(8) as pool:
         resumed = [m.start_step if m.checkpoint is not None else None for m in members]
@@ -154,6 +155,14 @@ def test_best(module: PackedModule, trainer, members: list[Member]) -> tuple[dic
         return {}, [None] * len(members)
     trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
     return {k: v.tolist() for k, v in module.epoch_metrics("test").items()}, module.kept.fields()
+
+
+def debug_limits(trainer_cfg) -> dict:
+    """Lightning's overfit_batches=k (debug=overfit) as a pack takes it: k training batches in their stored order,
+    validated on k batches, as Lightning does it with a sequential sampler, which it cannot put in a pack's loader
+    (PackedData keeps the order itself); the Trainer's keyword arguments."""
+    k = trainer_cfg.get("overfit_batches") or 0
+    return {"overfit_batches": 0, "limit_train_batches": k, "limit_val_batches": k} if k else {}
 
 
 def diverged(member: Member, module: PackedModule, size: int) -> TrainingError:
@@ -193,6 +202,7 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
         enable_checkpointing=False,
         **progress_.none_without_a_bar(bars, members[0].cfg.trainer),
         **epochs.placeholder(members[0].cfg),
+        **debug_limits(members[0].cfg.trainer),
     )
     epochs.resolve(trainer, members[0].cfg, members[0].datamodule)  # the members share their data (pack_key)
     failed = True
@@ -200,7 +210,9 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as folder:  # the pack's checkpoint, when its members continue
             ckpt_path = resume.pack_checkpoint(members, module, Path(folder) / "pack.ckpt")
-            data = PackedData([m.datamodule for m in members])
+            data = PackedData(
+                [m.datamodule for m in members], shuffle=not members[0].cfg.trainer.get("overfit_batches")
+            )
             trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
         fit_seconds = time.perf_counter() - started
         if ckpt_path and not all("val/acc" in m.metrics for m in members):  # continued after training ended:

@@ -154,6 +154,8 @@ class MemberWriter(pl.Callback):
             return
         if trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             self._log_train_epoch(trainer, pl_module)  # before the checkpoints, and saved with them
+        if trainer.fast_dev_run:  # debug=fast writes no checkpoint, as Lightning's fast_dev_run in a single run
+            return
         pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         with signals_held.held():  # every member's last.ckpt at this step, or none: a requeue continues them as one
             for member, alive in zip(self.members, self._alive(pl_module), strict=True):
@@ -167,7 +169,7 @@ class MemberWriter(pl.Callback):
         last.ckpt where training stopped, as a single run's SaveOnInterrupt. Anywhere else, and after Ctrl-C (which
         can land inside an optimizer step), last.ckpt stays the one of the last validation. Either way each
         member's logged rows are written out (a resume keeps those before its checkpoint's step)."""
-        if isinstance(exception, SIGTERMException) and trainer.training:
+        if isinstance(exception, SIGTERMException) and trainer.training and not trainer.fast_dev_run:
             pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             with signals_held.held():
                 for member, alive in zip(self.members, self._alive(pl_module), strict=True):
