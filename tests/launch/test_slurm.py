@@ -123,7 +123,7 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
     warning's lead) and ends as its copy left alone."""
     key = "hydra.launcher.slurm" if launcher == "packed_slurm" else "hydra.launcher"
     slurm = [f"hydra/launcher={launcher}", f"{key}.partition=debug", f"{key}.cpus_per_task=1", f"{key}.timeout_min=5"]
-    long_epoch = ["data.n_train=64000", "trainer.max_epochs=1", "logger=csv"]  # 1,000 steps: about a minute
+    long_epoch = ["data.n_train=32000", "trainer.max_epochs=1", "logger=csv"]  # 500 steps: 20-30 s here
     seeds = ["seed=0,1"] if launcher == "packed_slurm" else []
     overrides = [*slurm, "+copy=a,b", *seeds, *long_epoch, "callbacks.progress_bar=null", *EXACT]
     process = start(cluster, tmp_path, *overrides, "hydra.sweep.dir=sweep")
@@ -132,7 +132,7 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
     while not progress.is_file():  # written when training starts
         assert time.time() < deadline and process.poll() is None, "the job did not start training"
         time.sleep(0.2)
-    time.sleep(10)
+    time.sleep(4)
     assert not (tmp_path / "sweep" / "0" / "checkpoints" / "last.ckpt").exists()  # no validation yet
     job = next(p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if p.name.endswith("_0"))
     assert cluster.run("scancel", "--signal=USR2", job).returncode == 0
@@ -165,12 +165,22 @@ def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting
 @pytest.mark.parametrize("launcher", ["slurm", "packed_slurm"])
 def test_a_sweep_waits_while_its_array_is_queued_behind_a_busy_node(cluster, tmp_path, launcher):
     """Another job holds every CPU of the node, so the sweep's array waits in the queue (PENDING, listed by squeue
-    as 5_[0-1] until it starts): the sweep waits for it, and every job completes."""
-    busy = cluster.run("sbatch", "-p", "debug", "-c", str(os.cpu_count()), "-o", "/dev/null", "--wrap", "sleep 25")
+    as 5_[0-1] until it starts), seen there before the other job is cancelled: the sweep waits for it, and every
+    job completes."""
+    hold = ["sbatch", "--parsable", "-p", "debug", "-c", str(os.cpu_count()), "-o", "/dev/null", "--wrap", "sleep 300"]
+    busy = cluster.run(*hold)
     assert busy.returncode == 0, busy.stderr
+    busy_id = int(busy.stdout.strip().split(";")[0])
     prefix = "hydra.launcher" if launcher == "slurm" else "hydra.launcher.slurm"
     slurm = [f"hydra/launcher={launcher}", f"{prefix}.partition=debug", f"{prefix}.cpus_per_task=1"]
     process = start(cluster, tmp_path, *slurm, f"{prefix}.mem_gb=2", "seed=0,1", *QUICK, "hydra.sweep.dir=sweep")
+    deadline = time.time() + 240
+    while not any(  # the sweep's array, queued after the busy job: 7_[0-1] (a job array of one pack: 7_0)
+        int(job.split("_")[0]) > busy_id for job in cluster.run("squeue", "-h", "-t", "PD", "-o", "%i").stdout.split()
+    ):
+        assert time.time() < deadline and process.poll() is None, "the sweep's array was never seen queued"
+        time.sleep(0.5)
+    assert cluster.run("scancel", str(busy_id)).returncode == 0
     _, stderr = process.communicate(timeout=400)
     assert process.returncode == 0, stderr[-3000:]
     assert [r["status"] for r in records(tmp_path / "sweep", 2)] == ["completed", "completed"]
