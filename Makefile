@@ -95,7 +95,7 @@ PYTEST = $(BIN)/python -m pytest -q $(1) $(ARGS); code=$$?; [ $$code -eq 5 ] && 
 XDIST = -n auto --maxprocesses=4 --dist worksteal
 
 test: $(TEST_STAMP)  ## the whole test suite (what CI runs)
-	$(call PYTEST,$(XDIST))
+	$(call PYTEST,$(XDIST) --durations=30)
 
 test-fast: $(TEST_STAMP)  ## the tests without end-to-end CLI runs
 	$(call PYTEST,$(XDIST) -m "not e2e")

@@ -493,11 +493,10 @@ def test_every_shipped_data_config_composes_and_validates(data):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("callbacks=early_stopping", "callbacks.early_stopping='EarlyStopping' is invalid: expected null with"),
         (
             "+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging",
             "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
-            "headlab's own callbacks only: train it with the default launcher)",
+            "headlab's own callbacks and early stopping only: train it with the default launcher)",
         ),
         (
             "model.compile=true",
@@ -515,6 +514,11 @@ def test_a_pack_refuses_callbacks_it_would_never_call(override, message):
     assert str(error.value).startswith(message)
     check_launch(cfg, in_sweep=True, launcher="basic")  # the default launcher runs any Lightning callback
     check_launch(plain, in_sweep=True, launcher="packed")  # and a pack runs the default ones itself
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        stopping = compose(
+            "train", overrides=["callbacks=early_stopping", "+callbacks.es2=${callbacks.early_stopping}"]
+        )
+    check_launch(stopping, in_sweep=True, launcher="packed")  # and Lightning's early stopping, under any name
 
 
 def test_values_in_messages_are_written_as_an_override_writes_them():

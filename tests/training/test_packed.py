@@ -147,6 +147,31 @@ def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp
     assert pack_key(base) != pack_key({**base, key: float(value)})
 
 
+def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tmp_path):
+    """callbacks=early_stopping in a pack: each member stops after its own validations stop improving, at the epoch
+    and step where Lightning's single path stops its run, with the same numbers (float64) and the same metrics.csv;
+    the pack ends when every member has stopped."""
+    stopping = [*FLOAT64, "callbacks=early_stopping", "callbacks.early_stopping.patience=1", "trainer.max_epochs=30"]
+    stopping.append("callbacks.attention=null")  # the head analysis, measured otherwise in a pack: test_pack_analysis
+    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1,2", *stopping, "hydra.sweep.dir=sweep")
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    members = records(tmp_path / "sweep")
+    assert [m["pack"]["size"] for m in members] == [3] * 3
+    for seed, member in enumerate(members):
+        alone = run_cli(f"seed={seed}", *stopping, LIGHTNING_PATH, f"hydra.run.dir=alone{seed}")
+        assert alone.returncode == 0, alone.stderr[-3000:]
+        own = json.loads((tmp_path / f"alone{seed}" / "results.json").read_text())
+        assert (member["epochs"], member["global_step"]) == (own["epochs"], own["global_step"]) and own["epochs"] < 30
+        assert member["metrics"] == pytest.approx(own["metrics"], rel=1e-9)
+        rows, twin = csv_rows(tmp_path / "sweep" / str(seed)), csv_rows(tmp_path / f"alone{seed}")
+        assert [(r.get("epoch"), r["step"], sorted(r)) for r in rows] == [
+            (r.get("epoch"), r["step"], sorted(r)) for r in twin
+        ]
+        numbers = lambda rows: [float(v) for r in rows for k, v in sorted(r.items()) if k not in ("epoch", "step")]  # noqa: E731
+        assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-7)  # Lightning logs its lr in float32
+    assert len({m["epochs"] for m in members}) > 1  # members stopped at different epochs: each its own decision
+
+
 @pytest.mark.parametrize("debug", ["fast", "overfit"])
 def test_a_debug_run_trains_in_a_pack_as_alone(run_cli, tmp_path, debug):
     """Lightning's debug runs in a pack, each member as its run alone: debug=fast one batch of each split and no

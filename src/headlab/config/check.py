@@ -308,15 +308,16 @@ def _is_text(cfg: DictConfig) -> bool:
 
 PACKED_LAUNCHERS = ("packed", "packed_slurm")
 PACKED_CALLBACKS = {"model_checkpoint", "last_checkpoint", "progress_bar", "attention"}  # what a pack does itself
-PACKED_REFUSALS = {  # why a pack refuses a callback, where there is more to say than that it would not run it
-    "early_stopping": "a pack trains its members for the same epochs; the test evaluates each one's best checkpoint",
+PACKED_TARGETS = {  # callbacks a pack runs for each member (headlab.training.pack.stopping), under any name
+    "lightning.pytorch.callbacks.EarlyStopping",
+    "lightning.pytorch.callbacks.early_stopping.EarlyStopping",
 }
 
 
 def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
     """Why a pack cannot train this run, as (key, value, the value a pack takes, why); None where it can: one
-    device, no strategy that starts ranks, an eager model, and headlab's own callbacks only (a pack would build
-    any other and never call it)."""
+    device, no strategy that starts ranks, an eager model, and headlab's own callbacks and Lightning's early
+    stopping only (a pack would build any other and never call it)."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
         return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
@@ -324,9 +325,10 @@ def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
         return "model.compile", True, "false", "a pack computes its members from stacked weights, never compiled"
     callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
     for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
-        target = str(callbacks[name].get("_target_", "")).rsplit(".", 1)[-1]
-        why = PACKED_REFUSALS.get(name, "a pack runs headlab's own callbacks only: train it with the default launcher")
-        return f"callbacks.{name}", target, "null", why
+        target = str(callbacks[name].get("_target_", ""))
+        if target not in PACKED_TARGETS:
+            why = "a pack runs headlab's own callbacks and early stopping only: train it with the default launcher"
+            return f"callbacks.{name}", target.rsplit(".", 1)[-1], "null", why
     return None
 
 

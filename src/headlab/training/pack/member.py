@@ -34,9 +34,14 @@ class Member:
     best: dict = field(default_factory=lambda: {"score": None, "path": None, "state": None})
     metrics: dict = field(default_factory=dict)
     wandb: dict | None = None
+    stopped: tuple[int, int] | None = None  # (epochs, step) where its early stopping ended it (pack.stopping)
 
     def callback(self, kind):
         return next((c for c in self.callbacks if isinstance(c, kind)), None)
+
+    def position(self, trainer) -> tuple[int, int]:
+        """(epochs trained, global step) where its training ended: where it stopped early, else where the pack is."""
+        return self.stopped or (trainer.current_epoch, trainer.global_step)
 
 
 def build_member(member: Member) -> None:

@@ -31,6 +31,7 @@ from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
 from headlab.training.pack.progress import PackBar, PackProgress
+from headlab.training.pack.stopping import MembersStopping
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.progress_record import ProgressRecord
 from headlab.training.run import configure_torch, instantiate_all, instantiate_node
@@ -77,8 +78,8 @@ def pack_fields(
             "last": run.existing(member.run_dir / "checkpoints" / "last.ckpt"),
         },
         progress={
-            "epochs": trainer.current_epoch,
-            "global_step": trainer.global_step,
+            "epochs": member.position(trainer)[0],
+            "global_step": member.position(trainer)[1],
             "curve": member.callback(LearningCurve).points,
         },
         wandb=member.wandb,
@@ -176,6 +177,19 @@ def diverged(member: Member, module: PackedModule, size: int) -> TrainingError:
     return TrainingError(message + (" (the other members of its pack went on)" if size > 1 else ""))
 
 
+def pack_trainer(members: list[Member], callbacks: list[pl.Callback]) -> pl.Trainer:
+    """The pack's Trainer, from its members' trainer config: its callbacks, none of Lightning's loggers or
+    checkpoints (MemberWriter writes each member's), its epochs resolved from the data its members share (pack_key),
+    Lightning's debug runs as a pack takes them (debug_limits)."""
+    cfg = members[0].cfg
+    trainer = instantiate_node(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False,
+        **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg), **debug_limits(cfg.trainer),
+    )  # fmt: skip
+    epochs.resolve(trainer, cfg, members[0].datamodule)
+    return trainer
+
+
 def train_pack(members: list[Member], pack_id: str | None, progress: bool = True) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress).
@@ -193,18 +207,8 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
     configs = start_loggers(members, pack_id)
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
-    bars = pack_progress(members, pack_id, progress)
-    trainer = instantiate_node(
-        members[0].cfg.trainer,
-        "trainer",
-        callbacks=[meter, outputs, ExactResume(), *bars, progress_record(members, pack_id)],
-        logger=False,
-        enable_checkpointing=False,
-        **progress_.none_without_a_bar(bars, members[0].cfg.trainer),
-        **epochs.placeholder(members[0].cfg),
-        **debug_limits(members[0].cfg.trainer),
-    )
-    epochs.resolve(trainer, members[0].cfg, members[0].datamodule)  # the members share their data (pack_key)
+    stopping, bars = MembersStopping(members, pack_id), pack_progress(members, pack_id, progress)
+    trainer = pack_trainer(members, [meter, outputs, stopping, ExactResume(), *bars, progress_record(members, pack_id)])
     failed = True
     try:
         started = time.perf_counter()
@@ -231,14 +235,15 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
                 model = outputs.member_model(member, module)
                 checkpoint = member.best["path"] if member.best["state"] is not None else None
                 job = attention.publish(
-                    model, member.datamodule, member.loggers, module.device, trainer.global_step, checkpoint,
+                    model, member.datamodule, member.loggers, module.device, member.position(trainer)[1], checkpoint,
                     analysed[member.index], media=False,
                 )  # fmt: skip
                 if job:
                     jobs.append((member, job))
             for logger in member.loggers:  # after the head analysis, as a single run's test comes after its fit
                 tested = {k: v[member.index] for k, v in test.items()}
-                logger.log_metrics({**tested, "epoch": trainer.current_epoch}, step=trainer.global_step)
+                epoch, step = member.position(trainer)
+                logger.log_metrics({**tested, "epoch": epoch}, step=step)
             results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id, kept[member.index]))
         outputs.render_importance(jobs)
         failed = False
@@ -247,7 +252,7 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
         with ThreadPoolExecutor(8) as pool:  # W&B runs finish while they flush: in parallel
             identities = list(
                 pool.map(
-                    lambda m: loggers_.finish(m.loggers, failed, m.metrics, configs[m.index], trainer.global_step),
+                    lambda m: loggers_.finish(m.loggers, failed, m.metrics, configs[m.index], m.position(trainer)[1]),
                     members,
                 )
             )

@@ -75,8 +75,8 @@ class MemberWriter(pl.Callback):
             return
         losses = pl_module.last_losses.tolist()
         lrs = (pl_module.optimizers().optimizer.lr * pl_module.optimizers().optimizer.scale).tolist()
-        for member in self.members:
-            for logger in member.loggers:
+        for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            for logger in member.loggers if alive else ():  # a member stopped or diverged logs no more steps
                 values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
                 values["epoch"] = trainer.current_epoch  # as Lightning adds it to every row a run logs
                 logger.log_metrics(values, step=trainer.global_step - 1)
