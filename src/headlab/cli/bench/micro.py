@@ -200,15 +200,22 @@ def additive_throughput(args) -> list[dict]:
 
 
 def designs() -> dict[str, dict]:
-    """The head designs of conf/design, each as the model keys it sets ({"attention": {...}, "d_ff": ...}), the
-    plain one first."""
-    found = {}
-    for file in (importlib.resources.files("headlab.conf") / "design").iterdir():
-        if file.name.endswith(".yaml"):
-            text = file.read_text()
-            keys = OmegaConf.to_container(OmegaConf.create(text)) or {}
-            found[file.name.removesuffix(".yaml")] = keys if "# @package model\n" in text else {"attention": keys}
-    return {"plain": found.pop("plain"), **dict(sorted(found.items()))}
+    """The head designs of conf/design, each as the model keys it sets beyond the plain model's ({"attention":
+    {...}, "d_ff": ...}), composed as +design=NAME composes them (a design may build on another), the plain one
+    first."""
+    from hydra import compose, initialize_config_module
+
+    folder = importlib.resources.files("headlab.conf") / "design"
+    names = sorted(f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml"))
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        base = OmegaConf.to_container(compose("train").model)
+        found = {n: OmegaConf.to_container(compose("train", overrides=[f"+design={n}"]).model) for n in names}
+
+    def beyond(model: dict, plain: dict) -> dict:
+        return {k: v if k != "attention" else beyond(v, plain[k]) for k, v in model.items() if v != plain.get(k)}
+
+    found = {n: beyond(model, base) for n, model in found.items()}
+    return {"plain": found.pop("plain"), **found}
 
 
 def design_throughput(args) -> list[dict]:
