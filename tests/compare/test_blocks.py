@@ -76,7 +76,8 @@ def test_a_block_keeps_the_command_findings_and_verdicts_and_links_compare_md_fo
     shown = blocks.brief(TABLE, into, tmp_path / "experiments" / "results" / "x")
     assert shown.splitlines() == [
         TABLE.splitlines()[0],
-        "Made by headlab 0123456789ab from runs at 0123456789ab (20 runs), on cpu x1, 2 threads (20 runs)",
+        "Made by headlab 0123456789ab from runs at 0123456789ab (20 runs), on cpu x1, 2 threads (20 runs); every "
+        "column, interval and test: [results/x/compare.md](results/x/compare.md)",
         "",
         # the costs' columns, val/acc_best beside test/acc, and the keys a design sets are compare.md's alone;
         # so are standard deviations, unadjusted p-values and power; a verdict and its Holm p stay
@@ -91,8 +92,6 @@ def test_a_block_keeps_the_command_findings_and_verdicts_and_links_compare_md_fo
         "| arm | metric | k | pooled Δ [95% CI] |",
         "|---|---|---|---|",
         "| design=gate\\|x | test/acc | 2 | -0.1 [-0.2, 0.0] |",
-        "",
-        "Every column, interval and test: [results/x/compare.md](results/x/compare.md)",
     ]
 
 

@@ -35,18 +35,23 @@ _SPLIT = re.compile(r"(?<!\\)\|")  # a table's cell separator; received text has
 
 
 def brief(table: str, into: Path, folder: Path) -> str:
-    """A compare.md as a block of `into` shows it: its command and one line of provenance, its findings and tables,
-    less the costs' columns, the keys a named choice sets (model.attention.* beside `design`), standard deviations
-    and unadjusted p-values, and a link to compare.md for the rest. With --across, the table of every arm on every
-    dataset is compare.md's alone: the settings table gives each setting's mean per dataset. folder: where the
-    table's compare.md lies."""
+    """A compare.md as a block of `into` shows it: its command and one line of provenance ending in a link to
+    compare.md for the rest, its findings and tables, less the costs' columns, the keys a named choice sets
+    (model.attention.* beside `design`), standard deviations and unadjusted p-values. With --across, the table of
+    every arm on every dataset is compare.md's alone: the settings table gives each setting's mean per dataset.
+    folder: where the table's compare.md lies."""
     body, implied = [], set()
     for block in _runs(_kept(table.strip().splitlines())):
         if block[0].startswith("|"):
             block, implied = _brief_table(block, implied)
         body += [_detail(line) for line in block]
     where = Path(os.path.relpath(folder.resolve() / "compare.md", into.resolve().parent)).as_posix()
-    body += ["", f"Every column, interval and test: [{where}]({where})"]
+    link = f"every column, interval and test: [{where}]({where})"
+    made = next((i for i, line in enumerate(body) if line.startswith("Made by headlab ")), None)
+    if made is None:  # a table from before compare.md said its provenance
+        body += ["", link[0].upper() + link[1:]]
+    else:
+        body[made] += f"; {link}"
     return re.sub(r"\n{3,}", "\n\n", "\n".join(body)).strip()
 
 
@@ -159,12 +164,15 @@ def put(path: Path, start: str, end: str, text: str) -> None:
 
 
 def holding(into: Path, table: str, folder: Path) -> str | None:
-    """The name of the block of `into` that holds the table (its compare.md, from folder)."""
+    """The name of the block of `into` that holds the table (its compare.md, from folder): the block that shows it,
+    or, where the way a block shows a table has changed since, the one that links its compare.md."""
     blocks = r"<!-- headlab-compare: (\S+) -->\n(.*?)<!-- /headlab-compare: \1 -->"
-    for name, body in re.findall(blocks, into.read_text(), re.S):
+    found = re.findall(blocks, into.read_text(), re.S)
+    where = Path(os.path.relpath(folder.resolve() / "compare.md", into.resolve().parent)).as_posix()
+    for name, body in found:
         if brief(table, into, folder) in body:
             return name
-    return None
+    return next((name for name, body in found if f"]({where})" in body), None)
 
 
 def pasted(into: Path) -> list[int]:
