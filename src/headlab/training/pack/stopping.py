@@ -44,8 +44,8 @@ class MembersStopping(pl.Callback):
             pl_module.alive[member.index] = False
             member.stopped = (trainer.current_epoch + 1, trainer.global_step)  # the epochs it trained, its step
             where = "" if self.pack_id is None else f"pack {self.pack_id}: member {member.index} "
-            log.info("%searly stopping after epoch %d: %s", where, trainer.current_epoch + 1, member.callback(
-                EarlyStopping).stopping_reason_message)  # fmt: skip
+            reason = member.callback(EarlyStopping).stopping_reason_message
+            log.info("%searly stopping after epoch %d: %s", where, trainer.current_epoch + 1, reason)
         self.stopping = []
         if not pl_module.alive.any():  # every member stopped (or diverged): the pack ends with this epoch
             trainer.should_stop = True
