@@ -169,8 +169,9 @@ def holding(into: Path, table: str, folder: Path) -> str | None:
     blocks = r"<!-- headlab-compare: (\S+) -->\n(.*?)<!-- /headlab-compare: \1 -->"
     found = re.findall(blocks, into.read_text(), re.S)
     where = Path(os.path.relpath(folder.resolve() / "compare.md", into.resolve().parent)).as_posix()
+    shown = brief(table, into, folder)
     for name, body in found:
-        if brief(table, into, folder) in body:
+        if shown in body:
             return name
     return next((name for name, body in found if f"]({where})" in body), None)
 

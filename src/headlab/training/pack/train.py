@@ -63,7 +63,7 @@ def pack_fields(
     """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
     (rate: the pack's training tokens/s; predictions: the member's test predictions); a run of headlab-train (no
     pack_id) is a run, not a member."""
-    packed = pack_id is not None
+    packed, (epochs_trained, step) = pack_id is not None, member.position(trainer)
     return records.run_fields(
         metrics=member.metrics,
         model_facts=records.model_fields(member.module.model, member.datamodule),
@@ -78,8 +78,8 @@ def pack_fields(
             "last": run.existing(member.run_dir / "checkpoints" / "last.ckpt"),
         },
         progress={
-            "epochs": member.position(trainer)[0],
-            "global_step": member.position(trainer)[1],
+            "epochs": epochs_trained,
+            "global_step": step,
             "curve": member.callback(LearningCurve).points,
         },
         wandb=member.wandb,
