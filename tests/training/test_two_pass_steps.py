@@ -192,3 +192,25 @@ def test_a_mixture_of_heads_step_adds_the_papers_load_balance_loss_to_the_cross_
     # train/loss stays the cross-entropy, comparable with a run without the balance term
     logged = balanced.trainer.callback_metrics["train/loss_epoch"].item()
     assert logged == pytest.approx(F.cross_entropy(model(b["tokens"], b["padding_mask"])[0], b["labels"]).item())
+
+
+def test_an_rdrop_step_of_mixture_of_heads_adds_the_mean_of_its_two_passes_load_balance_losses():
+    torch.manual_seed(0)
+    moh = {"n_heads": 4, "moh": {"k": 1, "shared": 1, "balance": 0.5}}
+    model = Encoder(20, 3, max_len=8, readout="mean", d_model=8, dropout=0.3, attention=moh).double()
+
+    # by hand: two passes under different dropout masks, each pass's L_b (naive_load_balance, with the same masks)
+    expected, b = copy.deepcopy(model).train(), batch()
+    torch.manual_seed(SEED)
+    first, second = (expected(b["tokens"], b["padding_mask"])[0] for _ in range(2))
+    torch.manual_seed(SEED)
+    balances = [naive_load_balance(expected, b) for _ in range(2)]  # each runs one pass, as the step's passes draw
+    log_p, log_q = first.log_softmax(-1), second.log_softmax(-1)
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    kl = (kl + F.kl_div(log_p, log_q, log_target=True, reduction="batchmean")) / 2
+    cross_entropy = (F.cross_entropy(first, b["labels"]) + F.cross_entropy(second, b["labels"])) / 2
+    assert balances[0].item() != balances[1].item()  # the two passes' routers saw different inputs
+    (cross_entropy + ALPHA * kl + (balances[0] + balances[1]) / 2).backward()
+    adamw_step(expected)
+
+    assert largest_difference(trained(model, rdrop=ALPHA).model, expected) < 1e-12
