@@ -8,10 +8,12 @@ committed beside it), and `tar -xJf ARCHIVE -C DIR` puts the records back where 
 """
 
 import contextlib
+import functools
 import io
 import os
 import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 from headlab import files
 
@@ -74,8 +76,7 @@ def _replacing(partial: Path, path: Path):
 def duplicates(path: Path) -> list[str]:
     """The member names an archive holds more than once (archives written before roots got distinct names):
     `tar -x` keeps one of each, so a sweep continued from it would lose runs; read() keeps them apart."""
-    with tarfile.open(path) as tar:
-        names = [m.name for m in tar.getmembers() if m.isfile()]
+    names = [f.name for f in _files(path)]
     return sorted({n for n in names if names.count(n) > 1})
 
 
@@ -103,38 +104,61 @@ def read(path: Path) -> dict[str, dict[str, str]]:
     root's next copy (sweep#2/3), so no run hides another."""
     runs: dict[str, dict[str, str]] = {}
     copy: dict[str, int] = {}  # root name -> which of its copies is being read
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            if not member.isfile():
-                continue
-            name = next((r for r in RECORDS if member.name.endswith("/" + r)), None)
-            if name is None:
-                continue
-            root, _, below = member.name[: -len(name) - 1].partition("/")
-            if name in runs.get(_run(path, root, copy.get(root, 1), below), {}):
-                copy[root] = copy.get(root, 1) + 1
-            text = _text(tar, member)
-            runs.setdefault(_run(path, root, copy.get(root, 1), below), {})[name] = text
+    for file in _files(path):
+        name = _record(file.name)
+        if name is None:
+            continue
+        root, _, below = file.name[: -len(name) - 1].partition("/")
+        if name in runs.get(_run(path, root, copy.get(root, 1), below), {}):
+            copy[root] = copy.get(root, 1) + 1
+        runs.setdefault(_run(path, root, copy.get(root, 1), below), {})[name] = file.read()
     return runs
 
 
 def sweep_records(path: Path, name: str) -> dict[str, str]:
     """{ARCHIVE:root: its text} of a sweep record (SWEEP_RECORDS) each archived root holds; a record past
     MAX_RECORD_BYTES is TooLarge."""
-    found = {}
+    return {f"{path}:{f.name.partition('/')[0]}": f.read() for f in _files(path) if f.name.partition("/")[2] == name}
+
+
+class _File(NamedTuple):
+    """A file of an archive: its name, and its text where it is a record (None past MAX_RECORD_BYTES: read()
+    raises TooLarge, as for a record that was never read)."""
+
+    name: str
+    size: int
+    text: str | None
+
+    def read(self) -> str:
+        if self.text is None:
+            raise TooLarge(f"{self.name} is {self.size:,} bytes, over the {MAX_RECORD_BYTES:,} a record may be")
+        return self.text
+
+
+def _record(name: str) -> str | None:
+    """The record (RECORDS) a member's name ends in, or None."""
+    return next((r for r in RECORDS if name.endswith("/" + r)), None)
+
+
+def _files(path: Path) -> tuple[_File, ...]:
+    """Every file of an archive, in order, the records' texts read: one decompression of the archive, kept while
+    the file is unchanged (its size and time), since reading a table asks an archive several things."""
+    stat = path.stat()
+    return _files_of(path.resolve(), stat.st_size, stat.st_mtime_ns, MAX_RECORD_BYTES)
+
+
+@functools.lru_cache(maxsize=16)
+def _files_of(path: Path, size: int, mtime_ns: int, limit: int) -> tuple[_File, ...]:
+    found = []
     with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            root, _, rest = member.name.partition("/")
-            if member.isfile() and rest == name:
-                found[f"{path}:{root}"] = _text(tar, member)
-    return found
-
-
-def _text(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
-    """A record's text; TooLarge past MAX_RECORD_BYTES, before a byte of it is read."""
-    if member.size > MAX_RECORD_BYTES:
-        raise TooLarge(f"{member.name} is {member.size:,} bytes, over the {MAX_RECORD_BYTES:,} a record may be")
-    return tar.extractfile(member).read().decode("utf-8")
+        for member in tar:
+            if not member.isfile():
+                continue
+            wanted = _record(member.name) or member.name.partition("/")[2] in SWEEP_RECORDS
+            small = member.size <= limit  # a larger one (a decompression bomb) is never read
+            text = tar.extractfile(member).read().decode("utf-8") if wanted and small else None
+            found.append(_File(member.name, member.size, text))
+    return tuple(found)
 
 
 def _run(path: Path, root: str, copy: int, below: str) -> str:
