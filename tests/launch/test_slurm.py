@@ -123,8 +123,9 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
     warning's lead) and ends as its copy left alone."""
     key = "hydra.launcher.slurm" if launcher == "packed_slurm" else "hydra.launcher"
     slurm = [f"hydra/launcher={launcher}", f"{key}.partition=debug", f"{key}.cpus_per_task=1", f"{key}.timeout_min=5"]
-    long_epoch = ["data.n_train=32000", "trainer.max_epochs=1", "logger=csv"]  # 500 steps: 20-30 s here
-    seeds = ["seed=0,1"] if launcher == "packed_slurm" else []
+    # an epoch of 20-30 s here: 500 steps alone, 250 in a pack of two members
+    n_train, seeds = ("data.n_train=16000", ["seed=0,1"]) if launcher == "packed_slurm" else ("data.n_train=32000", [])
+    long_epoch = [n_train, "trainer.max_epochs=1", "logger=csv"]
     overrides = [*slurm, "+copy=a,b", *seeds, *long_epoch, "callbacks.progress_bar=null", *EXACT]
     process = start(cluster, tmp_path, *overrides, "hydra.sweep.dir=sweep")
     progress = tmp_path / "sweep" / "0" / "progress.json"
@@ -150,8 +151,8 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
 def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting(cluster, tmp_path):
     slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
     slurm += ["hydra.launcher.mem_gb=2"]
-    longer = [*QUICK, "data.n_train=20000"]
-    process = start(cluster, tmp_path, *slurm, "seed=0,1", *longer, "hydra.sweep.dir=sweep")
+    longer = [*QUICK, "data.n_train=20000,2000"]  # job 0 trains long enough to be cancelled; job 1 completes soon
+    process = start(cluster, tmp_path, *slurm, *longer, "hydra.sweep.dir=sweep")
     signal_once_training(cluster, tmp_path / "sweep" / "0", [])
     _, stderr = process.communicate(timeout=400)
     assert process.returncode == 1 and "Traceback" not in stderr
