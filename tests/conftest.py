@@ -40,6 +40,17 @@ def pytest_configure(config):
         torch.set_num_threads(len(share))
 
 
+def pytest_collection_modifyitems(items):
+    """The modules of the slowest tests first (SLURM's, then those with end-to-end runs), each module's tests kept
+    together (their module fixtures built once): under pytest-xdist the last tests either worker runs are short, so
+    the two end together."""
+    modules = {}
+    for item in items:
+        rank = 0 if item.get_closest_marker("slurm") else 1 if item.get_closest_marker("e2e") else 2
+        modules[item.module] = min(rank, modules.get(item.module, 2))
+    items.sort(key=lambda item: modules[item.module])  # stable: each module's own order
+
+
 TESTS = Path(__file__).parent  # helpers (faults.py, the Triton runners) and fixtures/ live here
 ROOT = TESTS.parent  # the repository
 TINY = [  # a run of a few seconds: small data, two short epochs
