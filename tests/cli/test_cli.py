@@ -120,20 +120,26 @@ def test_several_loggers_at_once(run_cli, tmp_path):
     assert list(run.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def test_compiled_mixed_precision_model_compiles_once_per_loop_and_writes_eager_checkpoints(tmp_path):
-    """bf16-mixed on the CPU, compiled: one graph for validation, one for training, one for test (inference
-    tensors); the head analysis (outside autocast, weights returned, heads masked) runs eagerly and adds none."""
+def test_a_compiled_mixed_precision_pack_compiles_once_per_loop_for_all_members_and_writes_eager_checkpoints(
+    tmp_path,
+):
+    """bf16-mixed on the CPU, compiled, two seeds packed: one graph of the members' forward for validation, one for
+    training, one for test (inference tensors), each serving both members; the head analysis (outside autocast,
+    weights returned, heads masked) runs eagerly and adds none. (A run alone is a pack of one: the same code.)"""
     env = {**cli_env(), "TORCH_LOGS": "recompiles"}
-    overrides = [*TINY, "model.compile=true", "+trainer.precision=bf16-mixed", "logger=csv", "hydra.run.dir=run"]
-    result = headlab_train(*overrides, cwd=tmp_path, env=env)
+    overrides = [*TINY, "model.compile=true", "+trainer.precision=bf16-mixed", "logger=csv", "seed=0,1"]
+    result = headlab_train("-m", "hydra/launcher=packed", *overrides, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert record["status"] == "completed" and record["config"]["model.compile"] is True
-    assert result.stderr.count("Recompiling function forward") == 2, result.stderr[-3000:]
+    # the launcher's estimate times the compiled model alone first (dry_run.measure): its graphs are its own
+    assert result.stderr.count("Recompiling function member_forward") == 2, result.stderr[-3000:]
     assert "not supported by the model summary" not in result.stderr  # mixed precision keeps float32 weights
-    assert json.loads((tmp_path / "run" / "heads.json").read_text())["rows"]
-    saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
-    assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loadable without compile
+    for job in ("0", "1"):
+        record = json.loads((tmp_path / "sweep" / job / "results.json").read_text())
+        assert record["status"] == "completed" and record["config"]["model.compile"] is True
+        assert record["pack"]["size"] == 2
+        assert json.loads((tmp_path / "sweep" / job / "heads.json").read_text())["rows"]
+        saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
+        assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loads uncompiled
 
 
 def test_the_progress_bar_reads_the_metrics_every_n_steps_not_every_batch(monkeypatch, tmp_path):

@@ -490,24 +490,13 @@ def test_every_shipped_data_config_composes_and_validates(data):
         check_config(compose("train", overrides=[f"data={data}"]))
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        (
-            "+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging",
-            "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
-            "headlab's own callbacks and early stopping only: train it with the default launcher)",
-        ),
-        (
-            "model.compile=true",
-            "model.compile=true is invalid: expected false with hydra/launcher=packed (a pack computes its members "
-            "from stacked weights, never compiled)",
-        ),
-    ],
-)
-def test_a_pack_refuses_callbacks_it_would_never_call(override, message):
+def test_a_pack_refuses_callbacks_it_would_never_call():
+    message = (
+        "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
+        "headlab's own callbacks and early stopping only: train it with the default launcher)"
+    )
     with initialize_config_module("headlab.conf", version_base="1.3"):
-        cfg = compose("train", overrides=[override])
+        cfg = compose("train", overrides=["+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"])
         plain = compose("train")
     with pytest.raises(ConfigError) as error:
         check_launch(cfg, in_sweep=True, launcher="packed")

@@ -215,3 +215,30 @@ def test_the_load_balance_loss_stacks_on_both_paths_as_each_model_alone():
         got_logits, got_balance = path(tokens, mask, need_balance=True)
         torch.testing.assert_close(got_logits, logits, atol=1e-12, rtol=0)
         torch.testing.assert_close(got_balance, balance, atol=1e-12, rtol=0)
+
+
+def test_a_compiled_stack_computes_and_differentiates_as_each_model_alone_from_one_graph():
+    """model.compile in a pack: the members' forward through torch.compile, one graph for every member (each its
+    own tensors, on views of the one flat parameter), and the batched computation compiled; values and gradients
+    those of each model alone, also when the models were compiled in place first (as build() compiles them)."""
+    torch._dynamo.reset()
+    alone = models(2)
+    compiled_models = [copy.deepcopy(m) for m in alone]
+    for m in compiled_models:
+        m.compile()  # in place, as a run's build does: the stack must compute from its own tensors all the same
+    stack = Stacked(compiled_models, compile=True).double()
+    tokens = torch.randint(1, 20, (2, 4, 9))
+    mask = torch.zeros(2, 4, 9, dtype=torch.bool)
+    mask[:, 1, 6:] = True
+    expected = [m(tokens[e], mask[e])[0] for e, m in enumerate(alone)]
+    torch.testing.assert_close(stack(tokens, mask), torch.stack(expected), atol=1e-10, rtol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one graph serves both members
+    stack(tokens, mask).sum().backward()
+    sum(x.sum() for x in expected).backward()
+    for e, model in enumerate(alone):
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        got = dict(zip(stack.names, [g[e] for g in stack.views(stack.flat.grad).values()], strict=True))
+        for name, grad in grads.items():
+            torch.testing.assert_close(got[name], grad, atol=1e-10, rtol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(stack.batched(tokens, mask), torch.stack(expected), atol=1e-10, rtol=0)

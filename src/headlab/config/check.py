@@ -316,13 +316,11 @@ PACKED_TARGETS = {  # callbacks a pack runs for each member (headlab.training.pa
 
 def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
     """Why a pack cannot train this run, as (key, value, the value a pack takes, why); None where it can: one
-    device, no strategy that starts ranks, an eager model, and headlab's own callbacks and Lightning's early
+    device, no strategy that starts ranks, and headlab's own callbacks and Lightning's early
     stopping only (a pack would build any other and never call it)."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
         return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
-    if cfg.model.get("compile"):
-        return "model.compile", True, "false", "a pack computes its members from stacked weights, never compiled"
     callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
     for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
         target = str(callbacks[name].get("_target_", ""))

@@ -27,11 +27,15 @@ class Stacked(nn.Module):
     `streams`: each member's own CPU random state (torch.get_rng_state()), from which its dropout draws when the
     members run one after another (`each`): member e then draws the masks its single run would draw, whatever
     its pack. None: every member draws from the process's stream.
+    `compile`: the members' forward through torch.compile (model.compile): one graph serves every member, each
+    computed from its own tensors; where the members run as one batched computation, that computation is compiled.
     """
 
-    def __init__(self, models: list[nn.Module], streams: list[torch.Tensor] | None = None):
+    def __init__(self, models: list[nn.Module], streams: list[torch.Tensor] | None = None, compile: bool = False):
         super().__init__()
         self.streams = None if streams is None else [s.clone() for s in streams]
+        self.member_forward = torch.compile(member_forward) if compile else member_forward
+        self.batched_forward = torch.compile(batched_forward) if compile else batched_forward
         params, buffers = stack_module_state(models)  # name -> (E, ...)
         E = len(models)
         self.names, self.shapes = list(params), [tuple(t.shape[1:]) for t in params.values()]
@@ -44,6 +48,7 @@ class Stacked(nn.Module):
             self.register_buffer("buffer__" + name.replace(".", "__"), tensor, persistent=False)
         self.buffer_names = list(buffers)
         template = copy.deepcopy(models[0]).to("meta")  # the forward only: functional_call supplies all tensors
+        template._compiled_call_impl = None  # a model compiled in place (model.compile) would run its own tensors
         object.__setattr__(self, "template", template)  # not a submodule: no state of the pack
 
     @property
@@ -81,8 +86,8 @@ class Stacked(nn.Module):
         """forward as one batched computation over the members (torch.func.vmap), on any device."""
         tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
         fixed = {k: v for k, v in kwargs.items() if k not in tensors}
-        params, buffers = self.stacked(), self.stacked_buffers()
-        return vmap(self._member(fixed), randomness="different")(params, buffers, tensors, *inputs)
+        member = self._member(fixed, member_forward)  # compiled, if at all, as the batched computation
+        return self.batched_forward(member, self.stacked(), self.stacked_buffers(), tensors, *inputs)
 
     def each(self, *inputs: Sequence[torch.Tensor], **kwargs) -> list[torch.Tensor]:
         """Member e's first output on inputs[.][e], one member after another on views of the stacked parameters,
@@ -122,14 +127,14 @@ class Stacked(nn.Module):
             self.streams[e] = torch.get_rng_state()
             torch.set_rng_state(outer)
 
-    def _member(self, kwargs: dict):
+    def _member(self, kwargs: dict, forward=None):
         # the template runs in the pack's mode (its dropout), read at each forward: Lightning's loops restore a
         # module's mode by setting .training on each submodule, which a .train() override would never see
         self.template.train(self.training)
 
         def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
             given = {**kwargs, **member_kwargs}
-            outputs = functional_call(self.template, (params, buffers), member_inputs, given)
+            outputs = (forward or self.member_forward)(self.template, params, buffers, member_inputs, given)
             return (outputs[0], outputs[2]) if given.get("need_balance") else outputs[0]
 
         return member
@@ -148,6 +153,16 @@ class Stacked(nn.Module):
     def load_member(self, e: int, state: dict[str, torch.Tensor]) -> None:
         for name, tensor in self.stacked().items():
             tensor[e].copy_(state[name])
+
+
+def member_forward(template: nn.Module, params: dict, buffers: dict, inputs: tuple, kwargs: dict):
+    """The model's outputs computed from one member's tensors (the template holds none of its own)."""
+    return functional_call(template, (params, buffers), inputs, kwargs)
+
+
+def batched_forward(member, params: dict, buffers: dict, tensors: dict, *inputs: torch.Tensor):
+    """member (Stacked._member) over every member at once: each (E, ...) argument split along its first dimension."""
+    return vmap(member, randomness="different")(params, buffers, tensors, *inputs)
 
 
 def stack_outputs(outputs: list) -> torch.Tensor | tuple[torch.Tensor, ...]:

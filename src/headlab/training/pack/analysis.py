@@ -10,7 +10,7 @@ import time
 import torch
 
 from headlab.heads import importance
-from headlab.training.attention_logging import AttentionLogger, HeadAnalysis
+from headlab.training.attention_logging import AttentionLogger, HeadAnalysis, run_eagerly
 from headlab.training.vectorized import Stacked
 
 
@@ -26,6 +26,7 @@ class MembersModel:
         return self.stack(tokens, padding_mask, head_mask=head_mask), None
 
 
+@run_eagerly  # as a single run's analysis, also when the members' forward is compiled
 def analyse_members(
     stack: Stacked, analysts: list[AttentionLogger], batches: list[tuple[list, list]], stacked: tuple[list, list]
 ) -> list[HeadAnalysis]:

@@ -19,13 +19,15 @@ class PackedModule(SharpnessAware, pl.LightningModule):
 
     optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho, rdrop), as the single run's HeadLabModule
     takes them; sam_rho and rdrop are the same for all (Stacked members' gradients are each scaled by their own norm).
-    streams: each member's CPU random state where its single run starts training (Stacked).
+    streams: each member's CPU random state where its single run starts training (Stacked); compile: model.compile.
     A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
     """
 
-    def __init__(self, models: list, optim: list[dict], streams: list[torch.Tensor] | None = None):
+    def __init__(
+        self, models: list, optim: list[dict], streams: list[torch.Tensor] | None = None, compile: bool = False
+    ):
         super().__init__()
-        self.stack = Stacked(models, streams)
+        self.stack = Stacked(models, streams, compile)
         self.optim = optim
         E = len(models)
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)

@@ -201,9 +201,9 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
         member.index = index
     size = len(members)
     pl.seed_everything(members[0].cfg.seed, workers=True)
-    module = PackedModule(
-        [m.module.model for m in members], [m.module.hparams for m in members], [m.stream for m in members]
-    )
+    models, streams = [m.module.model for m in members], [m.stream for m in members]
+    compiled = bool(members[0].cfg.model.get("compile"))  # one value for the pack (pack_key)
+    module = PackedModule(models, [m.module.hparams for m in members], streams, compiled)
     configs = start_loggers(members, pack_id)
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
