@@ -414,7 +414,7 @@ def test_a_stopped_sweep_of_large_packs_records_every_member_at_once(tmp_path):
     """SIGTERM to the launcher of two packs of 40 members side by side: each worker's results are more than a pipe
     holds, and are read as the workers stop (a worker blocked in its send would hold the launcher for its 300 s
     patience and lose its members' records): the sweep ends in seconds, every member recorded interrupted."""
-    slow = [*TINY, "data.n_train=2000", "trainer.max_epochs=4", "logger=csv", "callbacks.progress_bar=null"]
+    slow = [*TINY, "data.n_train=500", "trainer.max_epochs=12", "logger=csv", "callbacks.progress_bar=null"]
     sweep = tmp_path / "sweep"
     command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "hydra.launcher.n_jobs=2",
                "model.attention.n_heads=1,2", "seed=range(40)", *slow, f"hydra.sweep.dir={sweep}"]  # fmt: skip
