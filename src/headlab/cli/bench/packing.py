@@ -76,10 +76,13 @@ def _autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def pack_step(shape: dict, E: int, device, batched: bool = False):
+def pack_step(shape: dict, E: int, device, batched: bool = False, compiled: bool = False):
     """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW; batched:
-    the members as one batched computation (Stacked.batched, torch.func.vmap), the GPU's path, on any device."""
-    stack = Stacked(_models(shape, E, device)).to(device)
+    the members as one batched computation (Stacked.batched, torch.func.vmap), the GPU's path, on any device;
+    compiled: the members' forward through torch.compile (model.compile=true), compiled at its first step."""
+    if compiled:
+        torch._dynamo.reset()  # every pack its own graphs, none from an earlier pack's template
+    stack = Stacked(_models(shape, E, device), compile=compiled).to(device)
     params = list(stack.parameters())
     optimizer = PackedAdamW(
         [{"params": params, "decay": True}], lr=[1e-4] * E, weight_decay=[0.01] * E, betas=[(0.9, 0.98)] * E
@@ -118,9 +121,12 @@ def solo_steps(shape: dict, E: int, device):
     return step
 
 
-def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES)) -> list[dict]:
+def pack_throughput(
+    device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES), compiled: bool = False
+) -> list[dict]:
     """Training tokens/s of packs of E against the same E models stepped one after another (on a CPU also the pack
-    as one batched computation, the path it does not take there), and GPU busy (%); shapes: names in SHAPES."""
+    as one batched computation, the path it does not take there, and compiled: model.compile=true, its compilation
+    untimed), and GPU busy (%); shapes: names in SHAPES."""
     rows = []
     for name in shapes:
         shape = SHAPES[name]
@@ -130,6 +136,9 @@ def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tu
                 steps["one at a time"] = synchronized(solo_steps(shape, E, device), device)
             if device.type == "cpu":  # the path a CPU does not take, measured beside the one it takes
                 steps["vmap"] = synchronized(pack_step(shape, E, device, batched=True), device)
+            if compiled:
+                steps["compiled"] = synchronized(pack_step(shape, E, device, compiled=True), device)
+                steps["compiled"]()  # its compilation, before the timed steps
             seconds = interleaved(steps, repeats)
             with GpuBusy() as busy:  # sampled while packed steps run for 2 s
                 started = time.perf_counter()
@@ -145,8 +154,9 @@ def pack_throughput(device: torch.device, sizes: tuple, repeats: int, shapes: tu
             if "one at a time" in seconds:
                 row["solo_tokens_per_s"] = tokens / seconds["one at a time"]
                 row["ratio"] = seconds["one at a time"] / seconds["packed"]
-            if "vmap" in seconds:
-                row["vmap_tokens_per_s"] = tokens / seconds["vmap"]
+            for path in ("vmap", "compiled"):
+                if path in seconds:
+                    row[f"{path}_tokens_per_s"] = tokens / seconds[path]
             rows.append(row)
             del steps
             if device.type == "cuda":

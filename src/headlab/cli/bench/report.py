@@ -54,6 +54,11 @@ def freed_memory(f: dict) -> list[str]:
     ]
 
 
+def _figure(value: float | None) -> str:
+    """A measured rate as the tables print it; one that --quick leaves out says so."""
+    return "not measured" if value is None else f"{value:,.0f}"
+
+
 def report(r: dict, args) -> str:
     lines = [
         "# Benchmarks",
@@ -220,14 +225,16 @@ def report(r: dict, args) -> str:
             "A training step of a pack of E members (forward, backward, per-member clipping and AdamW) against the",
             "same E models stepped one after another. On a CPU a pack runs its members one after another on views of",
             "the stacked parameters (the single model's kernels); what it saves is the start-up of every job. Beside",
-            "it, the same pack as one batched computation (torch.func.vmap, the path a GPU takes), on this CPU.",
+            "it, the same pack as one batched computation (torch.func.vmap, the path a GPU takes), and the pack",
+            "compiled (`model.compile=true`: torch.compile of the members' forward, compilation untimed), on this CPU.",
             "",
-            "| model | members | packed tokens/s | one at a time tokens/s | ratio | as one vmap tokens/s |",
-            "|---|---|---|---|---|---|",
+            "| model | members | packed tokens/s | one at a time tokens/s | ratio | as one vmap tokens/s "
+            "| compiled tokens/s |",
+            "|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | {x['solo_tokens_per_s']:,.0f} | "
-            f"{x['ratio']:.2f}x | {x['vmap_tokens_per_s']:,.0f} |"
+            f"{x['ratio']:.2f}x | {x['vmap_tokens_per_s']:,.0f} | {_figure(x.get('compiled_tokens_per_s'))} |"
             for x in r["packs"]
         ]
     if r.get("sweep"):
