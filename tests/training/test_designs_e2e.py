@@ -14,24 +14,27 @@ COMMON = [*TINY, "logger=csv", "model.d_model=32", "model.n_layers=2"]  # 32: th
 # 2 layers: the value residual mixes the first layer's values into the second's
 
 
-def records(sweep: Path) -> dict[str, dict]:
-    """design -> its run's results.json, for every job of a sweep."""
+def records(sweep: Path, seed: int) -> dict[str, dict]:
+    """design -> its run's results.json, for every job of a sweep with that seed."""
     found = [json.loads(p.read_text()) for p in sweep.glob("*/results.json")]
-    return {r["config"]["design"]: r for r in found}
+    return {r["config"]["design"]: r for r in found if r["seed"] == seed}
 
 
 @pytest.mark.e2e
 def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path):
+    """Each design packed with a second seed of itself (designs differ in their config, so each is a pack of its
+    own: two members), its seed-1 member against the same run alone."""
     assert {"plain", "gate_headwise", "differential", "sigmoid", "latent_kv", "latent_kv_8"} <= set(DESIGNS)
     designs = f"+design={','.join(DESIGNS)}"
-    packed = run_cli("-m", "hydra/launcher=packed", designs, *COMMON, "hydra.sweep.dir=packed")
+    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *COMMON, "hydra.sweep.dir=packed")
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("-m", designs, *COMMON, "hydra.sweep.dir=alone")
+    alone = run_cli("-m", designs, "seed=1", *COMMON, "hydra.sweep.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
-    members, singles = records(tmp_path / "packed"), records(tmp_path / "alone")
-    assert sorted(members) == sorted(singles) == DESIGNS
+    members, singles = records(tmp_path / "packed", 1), records(tmp_path / "alone", 1)
+    assert sorted(members) == sorted(singles) == sorted(records(tmp_path / "packed", 0)) == DESIGNS
     for design, member in members.items():
-        assert member["status"] == singles[design]["status"] == "completed" and "pack" in member, design
+        assert member["status"] == singles[design]["status"] == "completed", design
+        assert member["pack"]["size"] == 2 and "pack" not in singles[design], design
         # float32 on a CPU, the same seed: the pack's member is its single run (to rounding)
         assert member["metrics"]["test/loss"] == pytest.approx(singles[design]["metrics"]["test/loss"], abs=1e-4)
         assert member["params"] == singles[design]["params"] and member["flops_per_token"] > 0
@@ -40,11 +43,12 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
     assert members["latent_kv"]["params"]["attention"] < plain["params"]["attention"]
     assert members["gate_elementwise"]["params"]["attention"] > members["gate_headwise"]["params"]["attention"]
     assert members["talking_heads"]["flops_per_token"] > plain["flops_per_token"]
-    by_design = {}
+    reports = []  # every member's, both seeds
     for path in (tmp_path / "packed").glob("*/heads.json"):
         config = json.loads((path.parent / "results.json").read_text())["config"]
-        by_design[config["design"]] = json.loads(path.read_text())
-    for design, report in by_design.items():
+        reports.append((config["design"], json.loads(path.read_text())))
+    assert len(reports) == 2 * len(DESIGNS)
+    for design, report in reports:
         assert all(
             isinstance(v, float) and abs(v) < 1e6
             for r in report["rows"]
