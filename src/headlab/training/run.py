@@ -125,9 +125,15 @@ def build(cfg: DictConfig, saved: Path | None = None) -> tuple[pl.LightningDataM
     sizes = {"vocab_size": datamodule.vocab_size, "n_classes": datamodule.n_classes, "max_len": datamodule.max_len}
     architecture = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "compile"])
     model = instantiate_node(architecture, "model", **sizes, readout=readout, _convert_="all")
-    if cfg.model.get("compile"):
-        model.compile()  # in place: parameter names and checkpoints stay those of the eager model
     return datamodule, model
+
+
+def compile_in_place(cfg: DictConfig, model: Encoder) -> None:
+    """model.compile=true where a model itself runs (Lightning's single path, the launcher's estimate): compiled in
+    place, so parameter names and checkpoints stay the eager model's. A pack compiles its members' forward itself
+    (headlab.training.vectorized.Stacked); build() gives the eager model."""
+    if cfg.model.get("compile"):
+        model.compile()
 
 
 def configure_torch(cfg: DictConfig, threads: int) -> None:
@@ -200,6 +206,7 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     configure_torch(cfg, 1 if elsewhere else threads)  # a job that starts its ranks only prepares and waits
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg, run_dir / "data" if cfg.get("resume") else None)
+    compile_in_place(cfg, model)
     if cfg.get("resume"):
         records.check_same_data(run_dir, datamodule)
     elif cores.process_rank() == 0:

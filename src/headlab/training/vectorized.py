@@ -98,7 +98,7 @@ class Stacked(nn.Module):
         k = len(self.names)
         buffers = {n: t.unbind(0) for n, t in self.stacked_buffers().items()}
         per_member = {n: v for n, v in kwargs.items() if isinstance(v, list | tuple)}
-        member = self._member({n: v for n, v in kwargs.items() if n not in per_member})
+        member = self._member({n: v for n, v in kwargs.items() if n not in per_member}, self.member_forward)
         outputs = []
         for e in range(self.size):
             with self.own_stream(e):
@@ -127,14 +127,14 @@ class Stacked(nn.Module):
             self.streams[e] = torch.get_rng_state()
             torch.set_rng_state(outer)
 
-    def _member(self, kwargs: dict, forward=None):
+    def _member(self, kwargs: dict, forward):
         # the template runs in the pack's mode (its dropout), read at each forward: Lightning's loops restore a
         # module's mode by setting .training on each submodule, which a .train() override would never see
         self.template.train(self.training)
 
         def member(params, buffers, member_kwargs, *member_inputs):  # vmap batches positional arguments only
             given = {**kwargs, **member_kwargs}
-            outputs = (forward or self.member_forward)(self.template, params, buffers, member_inputs, given)
+            outputs = forward(self.template, params, buffers, member_inputs, given)
             return (outputs[0], outputs[2]) if given.get("need_balance") else outputs[0]
 
         return member
