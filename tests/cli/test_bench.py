@@ -55,13 +55,22 @@ def test_the_gpu_sections_code_runs_on_a_cpu_at_tiny_sizes():
     expected = {"torch", "headlab"} | ({"BertModel"} if importlib.util.find_spec("transformers") else set())
     assert {r["model"] for r in encoders} == expected
     assert next(r["ratio_to_torch"] for r in encoders if r["model"] == "torch") == 1
-    additive = gpu.additive(1, cpu, lengths=(8,), batch=2, d=16)
-    assert [(r["scoring"], r["precision"]) for r in additive] == [
-        ("dot", "fp32"), ("dot", "bf16"), ("additive", "fp32"), ("additive", "bf16")
+    additive = gpu.additive(1, cpu, lengths=(8, 1024), batch=2, d=16)  # stored weights; fused above FUSED_ABOVE
+    assert [(r["n"], r["path"], r["precision"]) for r in additive] == [
+        (8, "dot (SDPA)", "fp32"), (8, "dot (SDPA)", "bf16"),
+        (8, "additive, stored weights", "fp32"), (8, "additive, stored weights", "bf16"),
+        (1024, "dot (SDPA)", "fp32"), (1024, "dot (SDPA)", "bf16"),
+        (1024, "additive, chunked torch ops", "fp32"), (1024, "additive, chunked torch ops", "bf16"),
     ]  # fmt: skip
+    designs = gpu.designs(1, cpu, d=32, heads=4, batch=2, n=8)
+    assert designs[0]["design"] == "plain" and designs[0]["ratio_to_plain"] == 1
+    assert {"differential", "talking_heads"} <= {r["design"] for r in designs}
     sweep = {"jobs": 4, "packed_s": 10.0, "completed": 4, "one_run_s": 5.0}
     step = {"command": "headlab-train x=1", "run_tokens_per_s": 50.0, "bare_tokens_per_s": 60.0, "ratio": 1.2}
-    figures = {"device": "cpu", "peak": 1e12, "encoders": encoders, "additive": additive, "packs": []}
-    text = "\n".join(gpu.report({**figures, "sweep": sweep, "sst2_overhead": step}))
-    assert "| 32 | 1 | headlab |" in text and "| 8 | additive | bf16 |" in text
+    figures = {"device": "cpu", "date": "2026-12-04", "peak": 1e12, "encoders": encoders, "additive": additive}
+    text = "\n".join(gpu.report({**figures, "designs": designs, "packs": [], "sweep": sweep, "sst2_overhead": step}))
+    assert "| 32 | 1 | headlab |" in text and "| 8 | additive, stored weights | bf16 |" in text
+    assert "| plain |" in text and "| 1.00x |" in text
     assert "4-seed sweep" in text and "2.0x the wall time of one run" in text and "1.20x slower" in text
+    reached = "\n".join(gpu.report({"device": "cpu", "date": "2026-12-04", "peak": 1e12, "additive": additive}))
+    assert "| 1024 | dot (SDPA) | fp32 |" in reached and "Encoder" not in reached  # a stopped run: what it measured

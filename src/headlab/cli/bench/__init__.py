@@ -45,8 +45,12 @@ def main(argv: list[str] | None = None) -> None:
         from headlab.cli.bench import gpu
 
         sections = report.sections(args.out)
-        sections["gpu"] = "\n".join(gpu.report({**gpu.figures(tmp, args.repeats, args.data_dir), **r}))
-        write_text_atomic(args.out, report.join(sections))
+
+        def save(figures: dict) -> None:  # after each figure: a run stopped on the way keeps what it measured
+            sections["gpu"] = "\n".join(gpu.report({**figures, **r}))
+            write_text_atomic(args.out, report.join(sections))
+
+        gpu.figures(tmp, args.repeats, args.data_dir, save)
         print(f"wrote the GPU section of {args.out}", file=sys.stderr)
         return
     quick = args.quick

@@ -1,15 +1,20 @@
-"""GPU figures (`headlab-bench --device cuda`): headlab's encoder against nn.TransformerEncoder in bf16, additive
-against dot scoring, packs of E members, and a packed 64-seed sweep against one run."""
+"""GPU figures (`headlab-bench --device cuda`): additive scoring's fused kernels against dot scoring, headlab's
+encoder against nn.TransformerEncoder in bf16, the head designs, a packed 64-seed sweep against one run, packs of E
+members."""
 
+import os
+import sys
+import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from headlab.cli.bench import overhead, packing
+from headlab.cli.bench import micro, overhead, packing
 from headlab.cli.bench.micro import HeadlabStack, torch_stack
-from headlab.cli.bench.timing import median_time, synchronized
+from headlab.cli.bench.timing import interleaved, median_time, synchronized
 from headlab.model import MultiHeadAttention, training_flops_per_token
+from headlab.printing import duration
 
 ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model / 64
 
@@ -94,15 +99,33 @@ def encoders(
     return rows
 
 
+def _additive_layers(d: int, device: torch.device, n: int, batch: int) -> dict[str, tuple]:
+    """The attention layers one row each times: dot scoring (SDPA), and additive scoring on each path it takes at
+    this size: its stored (B, H, n, n) weights below FUSED_ABOVE, above it the Triton kernels (where Triton is
+    installed) and the chunked torch ops they replace. {path: (layer, Triton on)}."""
+    from headlab.model import dispatch
+
+    additive = MultiHeadAttention(d, 4, scoring="additive").to(device)
+    if batch * 4 * n * n <= dispatch.FUSED_ABOVE:
+        return {"dot (SDPA)": (MultiHeadAttention(d, 4).to(device), True), "additive, stored weights": (additive, True)}
+    paths = {"dot (SDPA)": (MultiHeadAttention(d, 4).to(device), True)}
+    if device.type == "cuda" and dispatch.triton_kernels() is not None:
+        paths["additive, Triton"] = (additive, True)
+    return paths | {"additive, chunked torch ops": (additive, False)}
+
+
 def additive(
     repeats: int, device: torch.device, lengths=(128, 512, 2048, 8192), batch: int = 8, d: int = 128
 ) -> list[dict]:
-    """ms per forward + backward of one attention layer (fp32 and bf16 autocast), and peak memory (GPUs)."""
+    """ms per forward + backward of one attention layer (fp32 and bf16 autocast) on each path, and peak memory."""
+    from headlab.model import dispatch
+
     rows = []
     for n in lengths:
         x = torch.randn(batch, n, d, device=device, requires_grad=True)
-        for scoring in ("dot", "additive"):
-            layer = MultiHeadAttention(d, 4, scoring=scoring).to(device)
+        for path, (layer, triton) in _additive_layers(d, device, n, batch).items():
+            os.environ["HEADLAB_TRITON"] = "1" if triton else "0"
+            dispatch.triton_kernels.cache_clear()
             for precision in ("fp32", "bf16"):
                 if n == 8192 and precision == "fp32":
                     continue
@@ -112,79 +135,118 @@ def additive(
                         out, _ = layer(x, need_weights=False)
                     out.float().sum().backward()
 
-                if device.type == "cuda":
+                on_gpu = device.type == "cuda"  # (a CPU runs this code only in its test)
+                if on_gpu:
                     torch.cuda.reset_peak_memory_stats()
                     base = torch.cuda.memory_allocated()
                 seconds = _timed(step, max(3, repeats // max(1, n // 128)), device)
-                peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else None
-                rows.append({"n": n, "scoring": scoring, "precision": precision, "ms": seconds * 1e3, "peak_mib": peak})
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if on_gpu else float("nan")
+                rows.append({"n": n, "path": path, "precision": precision, "ms": seconds * 1e3, "peak_mib": peak})
+        os.environ.pop("HEADLAB_TRITON", None)
+        dispatch.triton_kernels.cache_clear()
     return rows
 
 
-def figures(tmp: Path, repeats: int, data_dir: Path) -> dict:
+def designs(repeats: int, device: torch.device, d: int = 512, heads: int = 8, batch: int = 32, n: int = 256):
+    """Training tokens/s of a 4-layer encoder with each head design of conf/design against the plain heads (bf16
+    autocast, fused AdamW)."""
+    stacks = {name: stack.to(device) for name, stack in micro.design_stacks(d, heads, 4).items()}
+    x = torch.randn(batch, n, d, device=device)
+    seconds = interleaved({k: synchronized(_train_step(m, x), device) for k, m in stacks.items()}, repeats, warmup=3)
+    return micro.design_rows(stacks, seconds, batch * n)
+
+
+def figures(tmp: Path, repeats: int, data_dir: Path, save) -> dict:
+    """Each GPU figure in turn, said on stderr as it starts; save(r) after each, so a stopped run keeps the rest."""
     device = torch.device("cuda")
-    peak = bf16_peak()
-    return {
-        "device": torch.cuda.get_device_name(),
-        "peak": peak,
-        "encoders": encoders(repeats, peak, device),
-        "additive": additive(repeats, device),
-        "packs": packing.pack_throughput(device, (1, 4, 16, 64), repeats),
-        "sweep": packing.sweep_wall(tmp, 64, "gpu", solo=False),
-        "sst2_overhead": overhead.sst2_recipe_overhead(tmp, data_dir, "gpu"),
+    r = {"device": torch.cuda.get_device_name(), "peak": bf16_peak()}
+    steps = {  # the goals first: the fused kernels, the encoder against torch's, the designs, the sweep
+        "additive": lambda: additive(repeats, device),
+        "encoders": lambda: encoders(repeats, r["peak"], device),
+        "designs": lambda: designs(repeats, device),
+        "sweep": lambda: packing.sweep_wall(tmp, 64, "gpu", solo=False),
+        "packs": lambda: packing.pack_throughput(device, (1, 4, 16, 64), repeats),
+        "sst2_overhead": lambda: overhead.sst2_recipe_overhead(tmp, data_dir, "gpu"),
     }
+    started = time.monotonic()
+    for k, (key, measure) in enumerate(steps.items(), 1):
+        print(f"headlab-bench: [{k}/{len(steps)}] GPU {key} ({duration(time.monotonic() - started)} so far)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        r[key] = measure()
+        save(r)
+    return r
 
 
 def report(r: dict) -> list[str]:
+    """The GPU section's lines, from the figures measured so far (a stopped run: the ones it reached)."""
     lines = [
-        f"## GPU: {r['device']} (`headlab-bench --device cuda`)",
+        f"## GPU: {r['device']} (`headlab-bench --device cuda`, {r['date']})",
         "",
         f"Measured bf16 matmul peak {r['peak'] / 1e12:.0f} TFLOP/s (8192 x 8192), the base of MFU.",
-        "",
-        "Encoder training step (batch 32, sequence 128, heads of 64, dropout 0.1, bf16 autocast, fused AdamW;",
-        "BertModel: Hugging Face's, sdpa attention, where transformers is installed):",
-        "",
-        "| d_model | layers | model | tokens/s | vs torch | MFU |",
-        "|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {x['d_model']} | {x['layers']} | {x['model']} | {x['tokens_per_s']:,.0f} | {x['ratio_to_torch']:.2f}x "
-        f"| {x['mfu']:.1%} |"
-        for x in r["encoders"]
-    ]
-    lines += [
-        "",
-        "One attention layer, forward + backward (batch 8, d_model 128, 4 heads), median ms and peak memory:",
-        "",
-        "| n | scoring | precision | ms | peak MiB |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {x['n']} | {x['scoring']} | {x['precision']} | {x['ms']:.2f} | "
-        + ("n/a |" if x["peak_mib"] is None else f"{x['peak_mib']:,.0f} |")
-        for x in r["additive"]
-    ]
-    lines += [
-        "",
-        "Packs of E members against the same E models stepped one after another (forward, backward, clipping and",
-        "AdamW; bf16 autocast; GPU busy: nvidia-smi's utilisation while the packed steps ran):",
-        "",
-        "| model | members | packed tokens/s | one at a time tokens/s | ratio | GPU busy |",
-        "|---|---|---|---|---|---|",
-    ]
-    for x in r["packs"]:
-        busy = f"{x['gpu_busy']:.0f}%" if x.get("gpu_busy") is not None else "n/a"
-        lines.append(
-            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | {x.get('solo_tokens_per_s', 0):,.0f} "
-            f"| {x.get('ratio', float('nan')):.1f}x | {busy} |"
-        )
-    s = r["sweep"]
-    lines += [
-        "",
-        f"A {s['jobs']}-seed sweep of the default run, `headlab-train -m hydra/launcher=packed "
-        f"seed='range({s['jobs']})' trainer=gpu`, start to end: {s['packed_s']:.0f} s for {s['completed']} "
-        "completed runs, against "
-        f"{s['one_run_s']:.0f} s for one run (`headlab-train trainer=gpu`): {s['packed_s'] / s['one_run_s']:.1f}x "
-        "the wall time of one run.",
-    ]
+    if "additive" in r:
+        lines += [
+            "",
+            "One attention layer, forward + backward (batch 8, d_model 128, 4 heads), median ms and peak memory;",
+            "additive scoring on each path it takes at that size (Triton: the fused kernels; chunked torch ops: what",
+            "they replace, HEADLAB_TRITON=0):",
+            "",
+            "| n | path | precision | ms | peak MiB |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {x['n']} | {x['path']} | {x['precision']} | {x['ms']:.2f} | {x['peak_mib']:,.0f} |"
+            for x in r["additive"]
+        ]
+    if "encoders" in r:
+        lines += [
+            "",
+            "Encoder training step (batch 32, sequence 128, heads of 64, dropout 0.1, bf16 autocast, fused AdamW;",
+            "BertModel: Hugging Face's, sdpa attention, where transformers is installed):",
+            "",
+            "| d_model | layers | model | tokens/s | vs torch | MFU |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {x['d_model']} | {x['layers']} | {x['model']} | {x['tokens_per_s']:,.0f} | "
+            f"{x['ratio_to_torch']:.2f}x | {x['mfu']:.1%} |"
+            for x in r["encoders"]
+        ]
+    if "designs" in r:
+        lines += [
+            "",
+            "The head designs of conf/design: training step of a 4-layer encoder (d_model 512, 8 heads, batch 32,",
+            "sequence 256, no dropout, bf16 autocast, fused AdamW), interleaved, median:",
+            "",
+            "| design | parameters | attention path | tokens/s | vs plain |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {x['design']} | {x['params']:,} | {x['path']} | {x['tokens_per_s']:,.0f} | {x['ratio_to_plain']:.2f}x |"
+            for x in r["designs"]
+        ]
+    if "sweep" in r:
+        s = r["sweep"]
+        lines += [
+            "",
+            f"A {s['jobs']}-seed sweep of the default run, `headlab-train -m hydra/launcher=packed "
+            f"seed='range({s['jobs']})' trainer=gpu`, start to end: {s['packed_s']:.0f} s for {s['completed']} "
+            f"completed runs, against {s['one_run_s']:.0f} s for one run (`headlab-train trainer=gpu`): "
+            f"{s['packed_s'] / s['one_run_s']:.1f}x the wall time of one run.",
+        ]
+    if "packs" in r:
+        lines += [
+            "",
+            "Packs of E members against the same E models stepped one after another (forward, backward, clipping and",
+            "AdamW; bf16 autocast; GPU busy: nvidia-smi's utilisation while the packed steps ran):",
+            "",
+            "| model | members | packed tokens/s | one at a time tokens/s | ratio | GPU busy |",
+            "|---|---|---|---|---|---|",
+        ]
+        for x in r["packs"]:
+            busy = f"{x['gpu_busy']:.0f}%" if x.get("gpu_busy") is not None else "n/a"
+            lines.append(
+                f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | "
+                f"{x.get('solo_tokens_per_s', 0):,.0f} | {x.get('ratio', float('nan')):.1f}x | {busy} |"
+            )
     return lines + overhead.report(r.get("sst2_overhead"))

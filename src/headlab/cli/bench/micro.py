@@ -218,11 +218,8 @@ def designs() -> dict[str, dict]:
     return {"plain": found.pop("plain"), **found}
 
 
-def design_throughput(args) -> list[dict]:
-    """Training tokens/s of a 4-layer encoder (d_model 128, 4 heads) with each head design of conf/design against
-    the plain heads, and whether its attention runs a fused path (SDPA) or the explicit one."""
-    B, n, d = args.batch, args.seq, 128
-    x = torch.randn(B, n, d)
+def design_stacks(d: int, heads: int, layers: int) -> dict[str, HeadlabStack]:
+    """A stack of `layers` blocks (no dropout) for each head design of conf/design, the plain one first."""
     stacks = {}
     for name, keys in designs().items():
         if not keys.keys() <= {"attention", "positional"}:
@@ -231,8 +228,12 @@ def design_throughput(args) -> list[dict]:
         if keys.get("positional") in rules.IN_HEADS:  # rope, alibi: the heads' own positions
             attention["position"] = keys["positional"]
         torch.manual_seed(0)
-        stacks[name] = HeadlabStack(d, 4, 4, 0.0, 0.0, design=attention)
-    seconds = interleaved({name: train_step(stack, x) for name, stack in stacks.items()}, args.repeats)
+        stacks[name] = HeadlabStack(d, heads, layers, 0.0, 0.0, design=attention)
+    return stacks
+
+
+def design_rows(stacks: dict[str, HeadlabStack], seconds: dict[str, float], tokens: int) -> list[dict]:
+    """Each design's parameters, attention path, training tokens/s and speed against the plain heads."""
     rows = []
     for name, stack in stacks.items():
         attn = stack.blocks[0].attn
@@ -243,11 +244,20 @@ def design_throughput(args) -> list[dict]:
                 "design": name,
                 "params": sum(p.numel() for p in stack.parameters()),
                 "path": "fused (SDPA)" if fused else "explicit",
-                "tokens_per_s": B * n / seconds[name],
+                "tokens_per_s": tokens / seconds[name],
                 "ratio_to_plain": seconds["plain"] / seconds[name],
             }
         )
     return rows
+
+
+def design_throughput(args) -> list[dict]:
+    """Training tokens/s of a 4-layer encoder (d_model 128, 4 heads) with each head design of conf/design against
+    the plain heads, and whether its attention runs a fused path (SDPA) or the explicit one."""
+    x = torch.randn(args.batch, args.seq, 128)
+    stacks = design_stacks(128, 4, 4)
+    seconds = interleaved({name: train_step(stack, x) for name, stack in stacks.items()}, args.repeats)
+    return design_rows(stacks, seconds, args.batch * args.seq)
 
 
 def hook_cost(args) -> dict:

@@ -164,9 +164,11 @@ def pack_throughput(
     return rows
 
 
-def _wall(command: list[str], env: dict) -> float:
+def _wall(command: list[str], env: dict, log: Path) -> float:
+    """Seconds of a command, start to end; its output in `log`."""
     started = time.perf_counter()
-    subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=3600)
+    with log.open("w") as out:
+        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=3600)
     return time.perf_counter() - started
 
 
@@ -174,15 +176,21 @@ def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
     """A seed sweep of the default run: one run, the packed sweep, and (solo) one process per job, start to end."""
     env = os.environ | {"WANDB_MODE": "offline"}
     common = [f"trainer={trainer}", "callbacks.progress_bar=null"]
-    one = _wall([*TRAIN, *common, f"hydra.run.dir={tmp}/one"], env)
+    one = _wall([*TRAIN, *common, f"hydra.run.dir={tmp}/one"], env, tmp / "one.log")
     packed_dir = tmp / f"packed-{n_jobs}"
     seeds = f"seed=range({n_jobs})"
-    packed = _wall([*TRAIN, "-m", "hydra/launcher=packed", seeds, *common, f"hydra.sweep.dir={packed_dir}"], env)
+    packed = _wall(
+        [*TRAIN, "-m", "hydra/launcher=packed", seeds, *common, f"hydra.sweep.dir={packed_dir}"],
+        env,
+        tmp / f"packed-{n_jobs}.log",
+    )
     records = [read_record(p.parent) or {} for p in packed_dir.glob(f"*/{RESULTS}")]
     completed = sum(r.get("status") == "completed" for r in records)
     row = {"jobs": n_jobs, "trainer": trainer, "one_run_s": one, "packed_s": packed, "completed": completed}
     if solo:
-        row["solo_s"] = _wall([*TRAIN, "-m", seeds, *common, f"hydra.sweep.dir={tmp}/solo-{n_jobs}"], env)
+        row["solo_s"] = _wall(
+            [*TRAIN, "-m", seeds, *common, f"hydra.sweep.dir={tmp}/solo-{n_jobs}"], env, tmp / f"solo-{n_jobs}.log"
+        )
     accuracies = [r.get("metrics", {}).get(TEST_ACC) for r in records]
     row["packed_test_acc"] = sorted(a for a in accuracies if a is not None)
     return row
@@ -198,7 +206,8 @@ def parallel_packs(tmp: Path, arms: str = "1,2,4,8", seeds: int = 4) -> dict:
     row = {"arms": arms, "seeds": seeds, "at_once": at_once}
     for n_jobs in (1, at_once):
         out = tmp / f"parallel-{n_jobs}"
-        row[f"s_{n_jobs}"] = _wall([*TRAIN, *common, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={out}"], env)
+        command = [*TRAIN, *common, f"hydra.launcher.n_jobs={n_jobs}", f"hydra.sweep.dir={out}"]
+        row[f"s_{n_jobs}"] = _wall(command, env, tmp / f"parallel-{n_jobs}.log")
         statuses = [(read_record(p.parent) or {}).get("status") for p in out.glob(f"*/{RESULTS}")]
         row[f"completed_{n_jobs}"] = statuses.count("completed")
     return row
