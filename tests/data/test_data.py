@@ -125,3 +125,26 @@ def test_a_loader_with_workers_nobody_holds_ends_its_workers_at_once():
         assert len(batches) == 2 and set(multiprocessing.active_children()) <= before
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("fused", [True, False])  # (n, 2) tokens with per-position labels; (n,) tokens
+def test_a_splits_digest_hashes_each_examples_ids_labels_and_a_bar_in_order(fused):
+    """The digest a resumed or reloaded run compares: sha256 over every example's int64 token ids, int64 labels and
+    b"|", example by example, written here naively; equal-shaped splits are hashed at once, ragged ones in turn."""
+    import hashlib
+
+    from headlab.data.datamodule import split_digest
+
+    def naive(examples):
+        digest = hashlib.sha256()
+        for ids, label in examples:
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes() + np.asarray(label, dtype=np.int64).tobytes())
+            digest.update(b"|")
+        return digest.hexdigest()
+
+    task = AssociativeRecall(n_keys=8, n_values=4, n_pairs=4, n_queries=4, lookups=2 if fused else 1, fused=fused)
+    generated = task.sample(np.random.default_rng(0), 50)
+    ragged = [(np.arange(1, 2 + i % 7, dtype=np.int32), i % 3) for i in range(20)]  # text: lengths vary, one label
+    for examples in (generated, ragged, [(t, int(y[y != IGNORE][0])) for t, y in generated], []):
+        assert split_digest(examples) == naive(examples)
+    assert split_digest(generated) != split_digest(generated[::-1])
