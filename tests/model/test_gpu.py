@@ -62,12 +62,14 @@ def test_the_triton_kernels_equal_the_chunked_path_on_cuda_and_store_no_weights(
     assert peak < chunked_peak / 8  # and a fraction of the chunked path's (B, H, c, m, d_k) hidden tensor
 
 
-def test_a_pack_under_vmap_computes_what_each_model_computes_alone():
+@pytest.mark.parametrize("E", [3, 1])  # under vmap; a pack of one runs its model as it is
+def test_a_pack_under_vmap_computes_what_each_model_computes_alone(E):
     torch.manual_seed(0)
-    models = [Encoder(30, 5, 12, readout="mean", d_model=32, n_layers=2).cuda().eval() for _ in range(3)]
+    models = [Encoder(30, 5, 12, readout="mean", d_model=32, n_layers=2).cuda().eval() for _ in range(E)]
     stack = Stacked(models).cuda().eval()
-    tokens = torch.randint(1, 30, (3, 8, 12), device="cuda")
-    mask = torch.zeros(3, 8, 12, dtype=torch.bool, device="cuda")
+    assert stack.one_after_another(torch.device("cuda")) == (E == 1)
+    tokens = torch.randint(1, 30, (E, 8, 12), device="cuda")
+    mask = torch.zeros(E, 8, 12, dtype=torch.bool, device="cuda")
     out = stack(tokens, mask)
     for e, model in enumerate(models):
         torch.testing.assert_close(out[e], model(tokens[e], mask[e])[0], atol=1e-5, rtol=1e-5)

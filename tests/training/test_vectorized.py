@@ -105,6 +105,15 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member(fused):
             torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)  # clipping's rounding
 
 
+def test_members_are_batched_only_on_an_accelerator_and_only_when_there_are_several():
+    """A pack of one (every headlab-train run) runs its model as it is, with its fused kernels, on any device; a CPU
+    runs members one after another; a GPU batches two or more (vmap). The GPU's side is tests/model/test_gpu.py."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device named, not used: no GPU needed
+    one, two = Stacked(models(1)), Stacked(models(2))
+    assert one.one_after_another(cpu) and one.one_after_another(cuda)
+    assert two.one_after_another(cpu) and not two.one_after_another(cuda)
+
+
 def test_a_frozen_member_does_not_move_and_the_others_do():
     stack = Stacked(models(2)).double()
     params = list(stack.parameters())

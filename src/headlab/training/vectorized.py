@@ -75,12 +75,18 @@ class Stacked(nn.Module):
         the load-balance loss asked for with need_balance=True: then (output (E, ...), balance (E,)).) Keyword
         arguments that are tensors are per member too (a head mask (E, B, L, H)); the others go to every member.
 
-        On a GPU the members run as one batched computation (torch.func.vmap): one kernel launch serves them all.
-        On a CPU, which is busy with any one member already, they run one after another (`each`)."""
-        if inputs[0].device.type == "cpu":
+        Members run as one_after_another says: on a GPU as one batched computation (torch.func.vmap), one kernel
+        launch serving them all; else one after another (`each`)."""
+        if self.one_after_another(inputs[0].device):
             per_member = {k: v.unbind(0) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             return stack_outputs(self.each(*(x.unbind(0) for x in inputs), **per_member))
         return self.batched(*inputs, **kwargs)
+
+    def one_after_another(self, device: torch.device) -> bool:
+        """Whether the members run one after another (`each`) rather than as one batched computation: on a CPU,
+        which is busy with any one member already, and a pack of one anywhere (a single run: nothing to batch, and
+        its own model's fused kernels, SDPA and Triton, which do not run under vmap)."""
+        return device.type == "cpu" or self.size == 1
 
     def batched(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
         """forward as one batched computation over the members (torch.func.vmap), on any device."""

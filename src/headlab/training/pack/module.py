@@ -38,12 +38,13 @@ class PackedModule(SharpnessAware, pl.LightningModule):
 
     def forward(self, batch: dict, need_balance: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(E, B, C) or (E, B, n, C) logits; with need_balance, and each member's weighted load-balance loss (E,)
-        (Encoder.forward). A batch is padded to the longest example of any member's batch; on the CPU, where
-        members run one after another, each runs on its own batch's positions, as its single run does (with
-        length-bucketed text, members' batches differ in length: the padding would multiply the work)."""
+        (Encoder.forward). A batch is padded to the longest example of any member's batch; where members run one
+        after another (Stacked.one_after_another), each runs on its own batch's positions, as its
+        single run does (with length-bucketed text, members' batches differ in length: the padding would multiply
+        the work)."""
         tokens, padding = batch["tokens"], batch["padding_mask"]  # (E, B, n[, c]), (E, B, n)
         wanted = {"need_balance": True} if need_balance else {}
-        if tokens.device.type != "cpu":
+        if not self.stack.one_after_another(tokens.device):
             return self.stack(tokens, padding, **wanted)
         n = tokens.shape[2]
         lengths = (~padding).sum(-1).amax(-1).tolist()  # (E,): each member's longest example
