@@ -111,12 +111,19 @@ class MemberWriter(pl.Callback):
         if snapshots:  # matplotlib is most of the logging: the members' figures are drawn in parallel
             started = time.perf_counter()
             for (member, snapshot), pngs in zip(
-                snapshots, self.render_pool().map(render_heads, [s for _, s in snapshots]), strict=True
+                snapshots, self.rendered(render_heads, [{"snapshot": s} for _, s in snapshots]), strict=True
             ):
                 AttentionLogger.log_media(member.loggers, snapshot, pngs)
             log.info(
                 "pack %s: figures of %d members in %.1f s", self.pack_id, len(snapshots), time.perf_counter() - started
             )
+
+    def rendered(self, render, jobs: list[dict]) -> list:
+        """render(**job) of each job: in worker processes where there are several, in this process for one (a
+        single run: nothing to draw beside it, and a worker's start costs more than its figures)."""
+        if len(jobs) == 1:
+            return [render(**jobs[0])]
+        return [future.result() for future in [self.render_pool().submit(render, **job) for job in jobs]]
 
     def render_pool(self):
         """Worker processes for figures, started once per pack (forkserver: clean children, matplotlib preloaded)."""
@@ -135,9 +142,9 @@ class MemberWriter(pl.Callback):
         if not jobs:
             return
         started = time.perf_counter()
-        rendered = [self.render_pool().submit(render_importance, **job["figures"]) for _, job in jobs]
+        rendered = self.rendered(render_importance, [job["figures"] for _, job in jobs])
         for (member, job), pngs in zip(jobs, rendered, strict=True):
-            AttentionLogger.log_importance_media(member.loggers, job, pngs.result())
+            AttentionLogger.log_importance_media(member.loggers, job, pngs)
         log.info(
             "pack %s: importance figures of %d members in %.1f s",
             self.pack_id,
