@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import interleaved, synchronized
+from headlab.files import write_text_atomic
 from headlab.model import Encoder
 from headlab.record import RESULTS, TEST_ACC, read_record
 from headlab.training import optim
@@ -167,9 +168,12 @@ def pack_throughput(
 def _wall(command: list[str], env: dict, log: Path) -> float:
     """Seconds of a command, start to end; its output in `log`."""
     started = time.perf_counter()
-    with log.open("w") as out:
-        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=3600)
-    return time.perf_counter() - started
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=3600
+    )
+    seconds = time.perf_counter() - started
+    write_text_atomic(log, done.stdout.decode(errors="replace"))
+    return seconds
 
 
 def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
