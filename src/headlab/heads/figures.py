@@ -3,7 +3,8 @@ talking heads' mixing matrices.
 
 Built as matplotlib Figure objects, without pyplot: no display, no backend to choose, nothing to close. Each is
 sized to its content (panels grow with the number of tokens, not the page), with constrained layout (no white
-margins), axis labels and a title that says what is plotted.
+margins; the attention maps, the figures drawn at every validation, with margins sized from their tokens instead),
+axis labels and a title that says what is plotted.
 """
 
 import io
@@ -43,8 +44,11 @@ def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = 
     side = _panel_inches(max(len(t) for t in tokens))
     columns = min(H, HEADS_PER_ROW)
     rows = math.ceil(H / columns)  # per example
-    fig = Figure(figsize=(side * columns + 1.2, side * E * rows + 0.9), dpi=DPI, layout="constrained")
-    axes = fig.subplots(E * rows, columns, squeeze=False)
+    shown = [s for t in tokens if len(t) <= MAX_LABELLED for s in t]  # the tokens on the axes
+    label_inches = 7 / 72 * 0.62 * max(map(len, shown), default=0)  # the longest at 7 pt
+    fig = Figure(figsize=(side * columns + 1.2, side * E * rows + 0.9), dpi=DPI)
+    grid, colorbar = _grid(fig, E * rows, columns, label_inches, titled_rows=rows > 1)
+    axes = fig.subplots(E * rows, columns, squeeze=False, gridspec_kw=grid)
     for e in range(E):  # the panels left over in each example's last row
         for ax in axes[e * rows : (e + 1) * rows].flat[H:]:
             ax.axis("off")
@@ -69,9 +73,36 @@ def attention_maps(weights, tokens: list[list[str]] | None = None, title: str = 
                 ax.set_ylabel(f"example {e}: query", fontsize=8)
                 ax.set_xlabel("key", fontsize=8)
     label = "attention weight (signed)" if signed else "attention weight (log scale)"
-    fig.colorbar(image, ax=axes, shrink=0.6 if E * rows > 1 else 0.9, label=label)
-    fig.suptitle(title or "attention weights (rows: queries, columns: keys)", fontsize=10)
+    fig.colorbar(image, cax=fig.add_axes(colorbar), label=label)
+    fig.suptitle(
+        title or "attention weights (rows: queries, columns: keys)", fontsize=10, y=1 - 0.06 / fig.get_figheight()
+    )
     return fig
+
+
+def _grid(fig: Figure, rows: int, columns: int, label_inches: float, titled_rows: bool) -> tuple[dict, list[float]]:
+    """Panel margins and gaps sized from the tick labels' length (each row's first panel carries its tokens), and
+    the colour bar's rectangle: a fixed layout, where matplotlib's constrained layout would measure every label
+    of every panel at each draw (half of drawing these figures). titled_rows: every row's panels have titles (an
+    example's heads wrap onto further rows). Returns (gridspec keywords, colour bar [l, b, w, h]), in figure
+    fractions."""
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    left, right, top = 0.3 + label_inches, 0.95, 0.5  # y label and tokens; colour bar and its label; title, heads
+    below = 0.3 + label_inches + (0.2 if titled_rows else 0.0)  # each row's x label, (rotated) tokens, titles
+    gap = 0.1  # between panels side by side
+    panel_w = (width - left - right - gap * (columns - 1)) / columns
+    panel_h = (height - top - below * rows) / rows
+    grid = {
+        "left": left / width, "right": 1 - right / width, "top": 1 - top / height, "bottom": below / height,
+        "wspace": gap / panel_w, "hspace": below / panel_h,
+    }  # fmt: skip
+    bar_h = 0.6 * (height - top - below)
+    return grid, [
+        1 - (right - 0.15) / width,
+        (below + 0.2 * (height - top - below)) / height,
+        0.15 / width,
+        bar_h / height,
+    ]
 
 
 def similarity_map(divergence, n_heads: int) -> Figure:
