@@ -46,8 +46,9 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         wanted = {"need_balance": True} if need_balance else {}
         if not self.stack.one_after_another(tokens.device):
             return self.stack(tokens, padding, **wanted)
-        n = tokens.shape[2]
-        lengths = (~padding).sum(-1).amax(-1).tolist()  # (E,): each member's longest example
+        n = tokens.shape[2]  # a pack of one's batch is cut to its own longest example already: no read of the
+        # device (a GPU's sync at every step) for it
+        lengths = (~padding).sum(-1).amax(-1).tolist() if len(tokens) > 1 else [n]  # (E,): each member's longest
         outputs = self.stack.each(
             [t[:, :k] for t, k in zip(tokens, lengths, strict=True)],
             [m[:, :k] for m, k in zip(padding, lengths, strict=True)],
