@@ -105,10 +105,10 @@ def _additive_layers(d: int, device: torch.device, n: int, batch: int) -> dict[s
     installed) and the chunked torch ops they replace. {path: (layer, Triton on)}."""
     from headlab.model import dispatch
 
+    paths = {"dot (SDPA)": (MultiHeadAttention(d, 4).to(device), True)}
     additive = MultiHeadAttention(d, 4, scoring="additive").to(device)
     if batch * 4 * n * n <= dispatch.FUSED_ABOVE:
-        return {"dot (SDPA)": (MultiHeadAttention(d, 4).to(device), True), "additive, stored weights": (additive, True)}
-    paths = {"dot (SDPA)": (MultiHeadAttention(d, 4).to(device), True)}
+        return paths | {"additive, stored weights": (additive, True)}
     if device.type == "cuda" and dispatch.triton_kernels() is not None:
         paths["additive, Triton"] = (additive, True)
     return paths | {"additive, chunked torch ops": (additive, False)}
@@ -120,7 +120,7 @@ def additive(
     """ms per forward + backward of one attention layer (fp32 and bf16 autocast) on each path, and peak memory."""
     from headlab.model import dispatch
 
-    rows = []
+    rows, given = [], os.environ.get("HEADLAB_TRITON")  # the caller's setting, put back at the end
     for n in lengths:
         x = torch.randn(batch, n, d, device=device, requires_grad=True)
         for path, (layer, triton) in _additive_layers(d, device, n, batch).items():
@@ -142,7 +142,10 @@ def additive(
                 seconds = _timed(step, max(3, repeats // max(1, n // 128)), device)
                 peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if on_gpu else float("nan")
                 rows.append({"n": n, "path": path, "precision": precision, "ms": seconds * 1e3, "peak_mib": peak})
-        os.environ.pop("HEADLAB_TRITON", None)
+        if given is None:
+            os.environ.pop("HEADLAB_TRITON", None)
+        else:
+            os.environ["HEADLAB_TRITON"] = given
         dispatch.triton_kernels.cache_clear()
     return rows
 
