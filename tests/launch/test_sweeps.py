@@ -41,11 +41,14 @@ OFFLINE_DATA = {  # experiments on hub data run here on the same data from local
     "text_defaults_search": [*SST2_FILES, f"data.files.test={SST2 / 'dev.tsv'}"],
     "sst2_scoring": [f"data.files.{s}={SST2 / f}" for s, f in SST2_SENTENCE_SPLITS],
 }
+# experiments on the repository's own files (relative to its root, where experiments are run from), a fold of them
+SENTENCES = ROOT / "experiments" / "data" / "sentences"
+REPO_DATA = {"text_defaults_unseen": [f"data.files.train={SENTENCES / 'amazon.all'}", "data.cv.fold=0"]}
 RECIPES = ("sst2_recipe", "head_roles", "differential_confound")  # one run; readings of heads at one chosen rate
 SCREENS = ("text_defaults_search",)  # a search's first stage: 3 seeds (or folds) a setting, its finalists then 10
 # at the defaults' own learning rate: a shipped default against its absence, or arms read in rounds (a rate chosen
 # on validation cannot be read at a look)
-DEFAULT_CHECKS = ("text_rdrop", "text_head_designs_2")
+DEFAULT_CHECKS = ("text_rdrop", "text_head_designs_2", "text_defaults_unseen")
 QUICK = [*TINY, "trainer.max_epochs=1", "callbacks.attention=null", "logger=csv"]
 
 
@@ -370,7 +373,8 @@ def test_every_arm_of_every_experiment_composes_and_validates(experiment):
         assert len(jobs) == len(arms(jobs)) * len(values["seed"]) * max(len(values["optim.lr"]), 1)
         assert compose_job(f"experiment={experiment}").hydra.launcher._target_.endswith("PackedLauncher")
     for job in arms(jobs):
-        cfg = compose_job(f"experiment={experiment}", *job, *OFFLINE_DATA.get(experiment, []))
+        local = OFFLINE_DATA.get(experiment, REPO_DATA.get(experiment, []))
+        cfg = compose_job(f"experiment={experiment}", *job, *local)
         cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         check_config(cfg)
 
@@ -380,22 +384,24 @@ def test_every_arm_of_every_experiment_composes_and_validates(experiment):
 def test_every_experiment_runs_its_first_job_for_a_few_batches(run_cli, tmp_path, experiment):
     job = sweep_jobs(experiment)[0]
     quick = [*QUICK, "+trainer.limit_train_batches=3", "+trainer.limit_val_batches=2"]
+    text = [
+        "trainer.max_epochs=1",
+        "callbacks.attention=null",
+        "logger=csv",
+        "+trainer.limit_train_batches=4",
+        "+trainer.limit_val_batches=2",
+        "+trainer.limit_test_batches=2",
+        "++trainer.val_check_interval=2",
+    ]
     if experiment in OFFLINE_DATA:
         if not SST2.exists():
             pytest.skip("../shared/data is absent")
         head = tmp_path / "train.tsv"  # SST-2 train's first 2,000 sentences: the same code, prepared in seconds
         with (SST2 / "train.tsv").open() as f:
             head.write_text("".join(itertools.islice(f, 2001)))
-        quick = [
-            *(a.replace(str(SST2 / "train.tsv"), str(head)) for a in OFFLINE_DATA[experiment]),
-            "trainer.max_epochs=1",
-            "callbacks.attention=null",
-            "logger=csv",
-            "+trainer.limit_train_batches=4",
-            "+trainer.limit_val_batches=2",
-            "+trainer.limit_test_batches=2",
-            "++trainer.val_check_interval=2",
-        ]
+        quick = [*(a.replace(str(SST2 / "train.tsv"), str(head)) for a in OFFLINE_DATA[experiment]), *text]
+    elif experiment in REPO_DATA:
+        quick = [*REPO_DATA[experiment], *text]
     result = run_cli(f"experiment={experiment}", *job, "hydra.mode=RUN", *quick, "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-2000:]
     record = status(tmp_path / "run")
