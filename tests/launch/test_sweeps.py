@@ -292,6 +292,17 @@ def test_a_dry_run_counts_the_steps_the_trainer_will_take(run_cli, tmp_path, lim
     assert f", {steps} steps each at " in line, line
 
 
+def test_a_dry_run_counts_each_jobs_own_budget_where_the_budget_follows_the_data(run_cli, tmp_path):
+    """trainer.max_epochs=auto: a job of twice the budget (auto_epochs.scale=2) trains twice the steps, though its
+    model and data are those of a job of the first budget (timed once, for both)."""
+    args = ["-m", *QUICK, "trainer.max_epochs=auto", "+auto_epochs.scale=1,2", "hydra.sweep.dir=sweep"]
+    result = run_cli(*args, "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = {job["overrides"][-1]: job["steps"] for job in json.loads(result.stdout)["jobs"]}
+    per_epoch = 256 // 32  # 5,000 steps within 5-10 epochs (x the scale): the most epochs, at 8 steps an epoch
+    assert steps == {"+auto_epochs.scale=1": 10 * per_epoch, "+auto_epochs.scale=2": 20 * per_epoch}
+
+
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_jobs_given_one_run_directory_are_refused_before_any_trains(run_cli, tmp_path, launcher):
     args = ["-m", *QUICK, "seed=0,1", f"hydra/launcher={launcher}", "hydra.sweep.subdir=same"]

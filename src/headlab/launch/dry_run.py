@@ -357,11 +357,11 @@ def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
 
 def _shape(cfg: DictConfig) -> str:
     """What a run's cost depends on: the model, the data but for its fold and seed (folds differ by a row or two),
-    R-Drop's and SAM's passes, the trainer's limits and the head analysis."""
+    R-Drop's and SAM's passes, the trainer's limits, the budget that max_epochs=auto follows and the head analysis."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("seed", None)
     (data.get("cv") or {}).pop("fold", None)
-    rest = {k: OmegaConf.select(cfg, k) for k in ("optim.rdrop", "optim.sam_rho", "callbacks.attention")}
+    rest = {k: OmegaConf.select(cfg, k) for k in ("optim.rdrop", "optim.sam_rho", "auto_epochs", "callbacks.attention")}
     limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches")
     trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet
     return repr((OmegaConf.to_container(cfg.model, resolve=True), data, trainer, repr(rest)))
