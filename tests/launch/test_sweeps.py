@@ -1,5 +1,6 @@
 """Sweeps: failures recorded and resumable, parallel and SLURM launchers, Optuna, W&B sweeps, experiments."""
 
+import csv
 import itertools
 import json
 import os
@@ -111,7 +112,7 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     steps = 3 * 256 // 32  # 3 epochs of 256 training examples in batches of 32
     lines = [line for line in said.splitlines() if line.startswith(("  pack", "  job"))]
     assert len(lines) == (2 if launcher == "packed" else 6)
-    assert all(f", {steps} steps each at " in line for line in lines)
+    assert all(f", {steps} steps and 3 validations each at " in line for line in lines)
     if launcher == "packed":
         assert lines[0].startswith("  pack 0: 3 run(s) of model.attention.n_heads=1,") and "seed" not in lines[0]
     assert said.splitlines()[-1].startswith("about ") and " on this machine (" in said
@@ -289,7 +290,7 @@ def test_a_dry_run_counts_the_steps_the_trainer_will_take(run_cli, tmp_path, lim
     result = run_cli(*QUICK, "trainer.max_epochs=50", limit, "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("  job 0: ")]
-    assert f", {steps} steps each at " in line, line
+    assert f", {steps} steps and " in line, line
 
 
 def test_a_dry_run_counts_each_jobs_own_budget_where_the_budget_follows_the_data(run_cli, tmp_path):
@@ -301,6 +302,35 @@ def test_a_dry_run_counts_each_jobs_own_budget_where_the_budget_follows_the_data
     steps = {job["overrides"][-1]: job["steps"] for job in json.loads(result.stdout)["jobs"]}
     per_epoch = 256 // 32  # 5,000 steps within 5-10 epochs (x the scale): the most epochs, at 8 steps an epoch
     assert steps == {"+auto_epochs.scale=1": 10 * per_epoch, "+auto_epochs.scale=2": 20 * per_epoch}
+
+
+@pytest.mark.parametrize(
+    "schedule, checks",
+    [
+        (["+trainer.check_val_every_n_epoch=2"], 2),  # of 4 epochs, the second and the fourth
+        (["+trainer.val_check_interval=0.5"], 8),  # at the 4th and 8th of an epoch's 8 batches
+        (["+trainer.val_check_interval=3"], 8),  # at the 3rd and 6th of them
+        (["+trainer.val_check_interval=3", "+trainer.check_val_every_n_epoch=null"], 10),  # every 3 of the 32
+        (["+trainer.max_steps=12"], 1),  # the run ends in its second epoch, before its validation
+    ],
+)
+def test_a_dry_run_counts_the_validations_lightning_schedules(run_cli, tmp_path, schedule, checks):
+    result = run_cli(*QUICK, "trainer.max_epochs=4", *schedule, "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (job,) = json.loads(result.stdout)["jobs"]
+    assert job["validations"] == checks
+
+
+def test_a_dry_runs_validations_are_the_runs(run_cli, tmp_path):
+    """Validations every 3 training batches across epochs: the dry run's count is the one the run makes (its
+    metrics.csv: a row of val/acc each)."""
+    every_3 = ["+trainer.val_check_interval=3", "+trainer.check_val_every_n_epoch=null"]
+    schedule = [*QUICK, "trainer.max_epochs=4", *every_3]
+    planned = json.loads(run_cli(*schedule, "--dry-run", "--json").stdout)["jobs"][0]["validations"]
+    assert run_cli(*schedule, "hydra.run.dir=run").returncode == 0
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        made = sum(1 for row in csv.DictReader(f) if row.get("val/acc"))
+    assert planned == made == 10
 
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])

@@ -25,7 +25,7 @@ from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
-SANITY_BATCHES = 2  # Lightning's validation batches before training
+SANITY_BATCHES = 2  # Lightning's validation batches before training (trainer.num_sanity_val_steps; -1: all)
 
 
 def pack_groups(jobs: list[list[str]], packed: bool, max_pack: int) -> list[list[list[str]]]:
@@ -45,7 +45,8 @@ class Cost:
     """What one run of a config costs here, in seconds (a pack of E members: about E times as much on a CPU)."""
 
     steps: int  # optimizer steps
-    epochs: int  # validations, one an epoch
+    epochs: int
+    validations: int  # as Lightning schedules them (validations), the sanity check aside
     step_s: float  # one training step
     evaluation_s: float  # every validation (one an epoch, and Lightning's sanity check) and the test
     analysis_s: float  # the head analysis after training
@@ -81,6 +82,24 @@ def steps_an_epoch(cfg: DictConfig, datamodule) -> int:
 def epochs_of(cfg: DictConfig, datamodule) -> int:
     """The epochs (each ending in a validation) of a run's steps."""
     return math.ceil(run_steps(cfg, datamodule) / steps_an_epoch(cfg, datamodule))
+
+
+def validations(cfg: DictConfig, datamodule) -> int:
+    """A run's validations as Lightning schedules them: in every check_val_every_n_epoch-th epoch (1), at every
+    val_check_batch-th training batch of it (trainer.val_check_interval: a fraction of the epoch's batches, 1.0 by
+    default, or every k batches; without check_val_every_n_epoch, every k batches across epochs), up to where the
+    run's steps end. An interval in time is counted as one validation an epoch."""
+    trainer = cfg.trainer
+    per_epoch, steps = steps_an_epoch(cfg, datamodule), run_steps(cfg, datamodule)
+    interval, every = trainer.get("val_check_interval", 1.0), trainer.get("check_val_every_n_epoch", 1)
+    if isinstance(interval, bool) or not isinstance(interval, int | float):
+        batch = per_epoch
+    else:
+        batch = interval if isinstance(interval, int) else max(1, int(per_epoch * interval))
+    if every is None:
+        return steps // batch
+    full, rest = divmod(steps, per_epoch)
+    return sum(b // batch for e, b in enumerate([per_epoch] * full + [rest]) if (e + 1) % every == 0)
 
 
 def _batches(datamodule, split: str, limit) -> int:
@@ -126,14 +145,16 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     trainer = cfg.trainer
     evaluation_s = 0.0
     if n := _batches(datamodule, "val", trainer.get("limit_val_batches")):
-        validations = epochs_of(cfg, datamodule) * n + min(SANITY_BATCHES, n)
-        evaluation_s += validations * _median_seconds(forward("val"))
+        sanity = trainer.get("num_sanity_val_steps", SANITY_BATCHES)
+        batches = validations(cfg, datamodule) * n + (n if sanity == -1 else min(sanity, n))
+        evaluation_s += batches * _median_seconds(forward("val"))
     if n := _batches(datamodule, "test", trainer.get("limit_test_batches")):
         evaluation_s += n * _median_seconds(forward("test"))
     analysis_s = 0.0
     if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
         analysis_s = _median_seconds(lambda: analyst.analyse(model, datamodule, torch.device("cpu")), repeats=1)
-    return Cost(run_steps(cfg, datamodule), epochs_of(cfg, datamodule), step_s, evaluation_s, analysis_s, prepare_s)
+    steps, epochs, checks = run_steps(cfg, datamodule), epochs_of(cfg, datamodule), validations(cfg, datamodule)
+    return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
@@ -316,6 +337,7 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
             "overrides": [o for o in job if not o.startswith(("sweep.dry_run=", "sweep.plan."))],
             "pack": k if packed else None,
             "steps": cost.steps,
+            "validations": cost.validations,
             "seconds": round(cost.seconds, 1),
         }
         for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
@@ -335,8 +357,9 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
         named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
         what = "pack" if len(group) > 1 else "job"
         lines.append(
-            f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps each at {cost.step_s * 1000:.0f} ms "
-            f"a step here; with validation, test and head analysis about {duration(len(group) * cost.seconds)}"
+            f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps and {cost.validations:,} validations "
+            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test and head analysis about "
+            f"{duration(len(group) * cost.seconds)}"
         )
     total = startup + _total([len(group) for group in groups], measured, n_jobs)
     lines.append(
@@ -362,7 +385,8 @@ def _shape(cfg: DictConfig) -> str:
     data.pop("seed", None)
     (data.get("cv") or {}).pop("fold", None)
     rest = {k: OmegaConf.select(cfg, k) for k in ("optim.rdrop", "optim.sam_rho", "auto_epochs", "callbacks.attention")}
-    limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches")
+    limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
+              "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps")  # fmt: skip
     trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet
     return repr((OmegaConf.to_container(cfg.model, resolve=True), data, trainer, repr(rest)))
 
