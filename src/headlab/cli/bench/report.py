@@ -189,8 +189,8 @@ def report(r: dict, args) -> str:
     if r.get("dry_run"):
         lines += [
             "",
-            "`--dry-run` against the sweep it prices (`headlab-train -m ... --dry-run --json`, then the sweep, start "
-            "to exit; docs/plan.md promises within 30%):",
+            "`--dry-run` against the sweep it prices (`headlab-train -m ... logger=csv --dry-run --json`, then the "
+            "sweep, start to exit; docs/plan.md says what it prices):",
             "",
             "| sweep | estimated | took | estimate / took |",
             "|---|---|---|---|",
