@@ -321,6 +321,17 @@ def test_a_dry_run_counts_the_validations_lightning_schedules(run_cli, tmp_path,
     assert job["validations"] == checks
 
 
+@pytest.mark.parametrize("logger, draws", [("csv", 0), ("tensorboard", 2)])
+def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli, tmp_path, logger, draws):
+    """TensorBoard (and W&B) get the attention maps at every figures_every_n_val_epochs-th validation and after the
+    last: of 4, the 3rd and the 4th; a CSV logger gets none. The dry run counts them and times a drawing."""
+    every_3 = "++callbacks.attention.figures_every_n_val_epochs=3"
+    result = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (job,) = json.loads(result.stdout)["jobs"]
+    assert job["figures"] == draws and (job["figures_seconds"] > 0) == (draws > 0)
+
+
 def test_a_dry_runs_validations_are_the_runs(run_cli, tmp_path):
     """Validations every 3 training batches across epochs: the dry run's count is the one the run makes (its
     metrics.csv: a row of val/acc each)."""

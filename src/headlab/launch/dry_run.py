@@ -10,7 +10,6 @@ pack trains many times faster than its members one by one: BENCHMARKS.md)."""
 import contextlib
 import json
 import logging
-import math
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.launch import estimates, planning
+from headlab.launch import estimates, planning, schedule
 from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
 
@@ -51,69 +50,32 @@ class Cost:
     evaluation_s: float  # every validation (one an epoch, and Lightning's sanity check) and the test
     analysis_s: float  # the head analysis after training
     prepare_s: float  # the data and the model built
+    figures: int  # the attention maps drawn for W&B or TensorBoard (figure_draws)
+    figures_s: float  # drawing them
 
     @property
     def seconds(self) -> float:
-        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s
+        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + self.figures_s
 
 
-def run_steps(cfg: DictConfig, datamodule) -> int:
-    """The optimizer steps one run of cfg trains: its epochs (auto: from the data's size) x the steps an epoch, at
-    most trainer.max_steps where that is set (as Lightning stops at whichever comes first). Early stopping may end a
-    run sooner: this is its worst case."""
-    from headlab.training import epochs
+def _figure_seconds(cfg: DictConfig, model, datamodule) -> float:
+    """One drawing of the attention maps of the run's probe batch, as its head logger draws them (the first, which
+    loads matplotlib's fonts, untimed)."""
+    from headlab.heads import figures, probe
 
-    per_epoch = steps_an_epoch(cfg, datamodule)
-    if cfg.trainer.get("max_epochs") == epochs.AUTO:
-        steps = per_epoch * epochs.auto_epochs(per_epoch, *epochs.budget(cfg))
-    else:
-        steps = per_epoch * int(cfg.trainer.max_epochs)
-    max_steps = cfg.trainer.get("max_steps")
-    return min(steps, max_steps) if isinstance(max_steps, int) and max_steps >= 0 else steps
+    attention = cfg.callbacks.attention
+    batch = datamodule.probe_batch(int(attention.get("n_probe", 16)), list(attention.get("sentences") or ()))
 
+    def draw():
+        seen = probe.attention(model, datamodule, batch)
+        figures.render_heads(probe.snapshot(model, datamodule, batch, seen, 0, figures.EXAMPLES))
 
-def steps_an_epoch(cfg: DictConfig, datamodule) -> int:
-    from headlab.training import epochs
-
-    batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
-    return epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
+    return _median_seconds(draw, repeats=1, warm_up=1)
 
 
-def epochs_of(cfg: DictConfig, datamodule) -> int:
-    """The epochs (each ending in a validation) of a run's steps."""
-    return math.ceil(run_steps(cfg, datamodule) / steps_an_epoch(cfg, datamodule))
-
-
-def validations(cfg: DictConfig, datamodule) -> int:
-    """A run's validations as Lightning schedules them: in every check_val_every_n_epoch-th epoch (1), at every
-    val_check_batch-th training batch of it (trainer.val_check_interval: a fraction of the epoch's batches, 1.0 by
-    default, or every k batches; without check_val_every_n_epoch, every k batches across epochs), up to where the
-    run's steps end. An interval in time is counted as one validation an epoch."""
-    trainer = cfg.trainer
-    per_epoch, steps = steps_an_epoch(cfg, datamodule), run_steps(cfg, datamodule)
-    interval, every = trainer.get("val_check_interval", 1.0), trainer.get("check_val_every_n_epoch", 1)
-    if isinstance(interval, bool) or not isinstance(interval, int | float):
-        batch = per_epoch
-    else:
-        batch = interval if isinstance(interval, int) else max(1, int(per_epoch * interval))
-    if every is None:
-        return steps // batch
-    full, rest = divmod(steps, per_epoch)
-    return sum(b // batch for e, b in enumerate([per_epoch] * full + [rest]) if (e + 1) % every == 0)
-
-
-def _batches(datamodule, split: str, limit) -> int:
-    """The batches of a split a validation or test reads, cut by trainer.limit_*_batches as Lightning cuts them."""
-    from headlab.training import epochs
-
-    if not datamodule.splits.get(split):
-        return 0
-    return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), 1, limit)
-
-
-def _median_seconds(action, repeats: int = TIMED) -> float:
-    """The median time of action() after WARM_UP untimed calls (a noisy machine's outliers aside)."""
-    for _ in range(WARM_UP):
+def _median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> float:
+    """The median time of action() after warm_up untimed calls (a noisy machine's outliers aside)."""
+    for _ in range(warm_up):
         action()
     times = []
     for _ in range(repeats):
@@ -144,17 +106,20 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     step_s = lightning_step_seconds(cfg, datamodule, model)
     trainer = cfg.trainer
     evaluation_s = 0.0
-    if n := _batches(datamodule, "val", trainer.get("limit_val_batches")):
+    if n := schedule.batches(datamodule, "val", trainer.get("limit_val_batches")):
         sanity = trainer.get("num_sanity_val_steps", SANITY_BATCHES)
-        batches = validations(cfg, datamodule) * n + (n if sanity == -1 else min(sanity, n))
+        batches = schedule.validations(cfg, datamodule) * n + (n if sanity == -1 else min(sanity, n))
         evaluation_s += batches * _median_seconds(forward("val"))
-    if n := _batches(datamodule, "test", trainer.get("limit_test_batches")):
+    if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches")):
         evaluation_s += n * _median_seconds(forward("test"))
     analysis_s = 0.0
     if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
         analysis_s = _median_seconds(lambda: analyst.analyse(model, datamodule, torch.device("cpu")), repeats=1)
-    steps, epochs, checks = run_steps(cfg, datamodule), epochs_of(cfg, datamodule), validations(cfg, datamodule)
-    return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s)
+    steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
+    checks = schedule.validations(cfg, datamodule)
+    draws = schedule.figure_draws(cfg, checks)
+    figures_s = draws * _figure_seconds(cfg, model, datamodule) if draws else 0.0
+    return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
@@ -338,6 +303,8 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
             "pack": k if packed else None,
             "steps": cost.steps,
             "validations": cost.validations,
+            "figures": cost.figures,
+            "figures_seconds": round(cost.figures_s, 1),
             "seconds": round(cost.seconds, 1),
         }
         for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
@@ -380,11 +347,14 @@ def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
 
 def _shape(cfg: DictConfig) -> str:
     """What a run's cost depends on: the model, the data but for its fold and seed (folds differ by a row or two),
-    R-Drop's and SAM's passes, the trainer's limits, the budget that max_epochs=auto follows and the head analysis."""
+    R-Drop's and SAM's passes, the trainer's limits, the budget that max_epochs=auto follows, the head analysis and
+    whether a logger gets figures."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("seed", None)
     (data.get("cv") or {}).pop("fold", None)
-    rest = {k: OmegaConf.select(cfg, k) for k in ("optim.rdrop", "optim.sam_rho", "auto_epochs", "callbacks.attention")}
+    keys = ("optim.rdrop", "optim.sam_rho", "auto_epochs", "callbacks.attention")
+    rest = {k: OmegaConf.select(cfg, k) for k in keys}
+    rest["figures for"] = [name for name in schedule.MEDIA_LOGGERS if (cfg.get("logger") or {}).get(name)]
     limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
               "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps")  # fmt: skip
     trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet

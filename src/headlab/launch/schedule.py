@@ -1,0 +1,72 @@
+"""A run's schedule, from its config and its data: its optimizer steps, epochs, validations and the figures it
+draws, as Lightning and headlab's head logger make them (what a dry run prices: headlab.launch.dry_run)."""
+
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+MEDIA_LOGGERS = ("wandb", "tensorboard")  # the loggers a run draws its figures for (attention_logging)
+
+
+def run_steps(cfg: DictConfig, datamodule) -> int:
+    """The optimizer steps one run of cfg trains: its epochs (auto: from the data's size) x the steps an epoch, at
+    most trainer.max_steps where that is set (as Lightning stops at whichever comes first). Early stopping may end a
+    run sooner: this is its worst case."""
+    from headlab.training import epochs
+
+    per_epoch = steps_an_epoch(cfg, datamodule)
+    if cfg.trainer.get("max_epochs") == epochs.AUTO:
+        steps = per_epoch * epochs.auto_epochs(per_epoch, *epochs.budget(cfg))
+    else:
+        steps = per_epoch * int(cfg.trainer.max_epochs)
+    max_steps = cfg.trainer.get("max_steps")
+    return min(steps, max_steps) if isinstance(max_steps, int) and max_steps >= 0 else steps
+
+
+def steps_an_epoch(cfg: DictConfig, datamodule) -> int:
+    from headlab.training import epochs
+
+    batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
+    return epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
+
+
+def epochs_of(cfg: DictConfig, datamodule) -> int:
+    """The epochs (each ending in a validation) of a run's steps."""
+    return math.ceil(run_steps(cfg, datamodule) / steps_an_epoch(cfg, datamodule))
+
+
+def validations(cfg: DictConfig, datamodule) -> int:
+    """A run's validations as Lightning schedules them: in every check_val_every_n_epoch-th epoch (1), at every
+    val_check_batch-th training batch of it (trainer.val_check_interval: a fraction of the epoch's batches, 1.0 by
+    default, or every k batches; without check_val_every_n_epoch, every k batches across epochs), up to where the
+    run's steps end. An interval in time is counted as one validation an epoch."""
+    trainer = cfg.trainer
+    per_epoch, steps = steps_an_epoch(cfg, datamodule), run_steps(cfg, datamodule)
+    interval, every = trainer.get("val_check_interval", 1.0), trainer.get("check_val_every_n_epoch", 1)
+    if isinstance(interval, bool) or not isinstance(interval, int | float):
+        batch = per_epoch
+    else:
+        batch = interval if isinstance(interval, int) else max(1, int(per_epoch * interval))
+    if every is None:
+        return steps // batch
+    full, rest = divmod(steps, per_epoch)
+    return sum(b // batch for e, b in enumerate([per_epoch] * full + [rest]) if (e + 1) % every == 0)
+
+
+def batches(datamodule, split: str, limit) -> int:
+    """The batches of a split a validation or test reads, cut by trainer.limit_*_batches as Lightning cuts them."""
+    from headlab.training import epochs
+
+    if not datamodule.splits.get(split):
+        return 0
+    return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), 1, limit)
+
+
+def figure_draws(cfg: DictConfig, checks: int) -> int:
+    """How often a run of `checks` validations draws its attention maps: with the head logger and a W&B or
+    TensorBoard logger, at every figures_every_n_val_epochs-th validation and after the last (AttentionLogger.due)."""
+    attention, loggers = OmegaConf.select(cfg, "callbacks.attention"), cfg.get("logger") or {}
+    if attention is None or not any(loggers.get(name) for name in MEDIA_LOGGERS):
+        return 0
+    every = int(attention.get("figures_every_n_val_epochs", 5))
+    return checks // every + (1 if checks % every else 0)
