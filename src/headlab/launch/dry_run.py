@@ -1,17 +1,19 @@
 """headlab-train -m ... --dry-run (sweep.dry_run=true; --dry-run --json: sweep.dry_run=json): what a sweep would run,
 said before anything starts: its jobs, the packs they form (jobs that differ only in their seeds and per-member
-optimizer settings), each run's training steps, and about how long the sweep takes here. Each pack's model is
-built and timed on this machine, with the threads a pack gets: its training steps (R-Drop's and SAM's second pass
-included), a validation and a test batch, and the head analysis (importance and pruning curves, as the run makes
-them); the data's preparation and this process's own start-up are measured too. Nothing trains and nothing is
-written but the prepared data's cache. On a CPU a pack's step costs about its members' steps together (on a GPU, a
-pack trains many times faster than its members one by one: BENCHMARKS.md)."""
+optimizer settings), each run's training steps, and about how long the sweep takes here. Each pack's model is built
+and timed on this machine, with the threads a pack gets: its training steps (R-Drop's and SAM's second pass
+included), a validation and a test batch, the head analysis (importance, pruning curves, ablations and patching, as
+the run makes them) and the attention maps drawn for W&B or TensorBoard; the data's preparation and this process's
+own start-up are measured too. Nothing trains and nothing is written but the prepared data's cache. On a CPU a pack's
+step costs about its members' steps together (on a GPU, a pack trains many times faster than its members one by one:
+BENCHMARKS.md)."""
 
 import contextlib
 import json
 import logging
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -114,12 +116,27 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
         evaluation_s += n * _median_seconds(forward("test"))
     analysis_s = 0.0
     if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
-        analysis_s = _median_seconds(lambda: analyst.analyse(model, datamodule, torch.device("cpu")), repeats=1)
+        analysis_s = _analysis_seconds(analyst, model, datamodule)
     steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
     checks = schedule.validations(cfg, datamodule)
     draws = schedule.figure_draws(cfg, checks)
     figures_s = draws * _figure_seconds(cfg, model, datamodule) if draws else 0.0
     return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s)
+
+
+def _analysis_seconds(analyst, model, datamodule) -> float:
+    """The head analysis a run makes after training: importance and pruning curves (analyse), then heads.json with
+    the ablations and patching beside them and the head view (publish, into a folder removed after, no logger)."""
+    import torch
+
+    cpu = torch.device("cpu")
+
+    def analyse_and_publish():
+        with tempfile.TemporaryDirectory() as folder:
+            analyst.out_dir = Path(folder)
+            analyst.publish(model, datamodule, [], cpu, 0, None, analyst.analyse(model, datamodule, cpu))
+
+    return _median_seconds(analyse_and_publish, repeats=1)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
@@ -185,7 +202,8 @@ def _analyst(cfg: DictConfig):
 
     if not OmegaConf.select(cfg, "callbacks.attention.importance", default=False):
         return None
-    keys = ("pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines", "seed")
+    keys = ("pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines", "seed",
+            "causal_batches", "n_probe", "sentences")  # fmt: skip
     settings = {k: OmegaConf.select(cfg, f"callbacks.attention.{k}") for k in keys}  # not out_dir: no run dir yet
     return AttentionLogger(out_dir=".", **{k: v for k, v in settings.items() if v is not None})
 
