@@ -330,6 +330,8 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = json.loads(result.stdout)["jobs"]
     assert job["figures"] == draws and (job["figures_seconds"] > 0) == (draws > 0)
+    said = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run").stdout
+    assert (", 2 drawings of the attention maps and head analysis about " in said) == (draws > 0), said
     written = [p.name for p in tmp_path.rglob("*") if p.suffix in (".json", ".html", ".png")]  # its head analysis
     assert written == []  # timed as the run makes it (heads.json, the head view) in a folder removed after
 

@@ -341,9 +341,10 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
     for k, (group, cost) in enumerate(zip(groups, measured, strict=True)):
         named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
         what = "pack" if len(group) > 1 else "job"
+        drawn = f", {cost.figures} drawings of the attention maps" if cost.figures else ""
         lines.append(
             f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps and {cost.validations:,} validations "
-            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test and head analysis about "
+            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test{drawn} and head analysis about "
             f"{duration(len(group) * cost.seconds)}"
         )
     total = startup + _total([len(group) for group in groups], measured, n_jobs)
