@@ -49,7 +49,7 @@ class Cost:
     epochs: int
     validations: int  # as Lightning schedules them (validations), the sanity check aside
     step_s: float  # one training step
-    evaluation_s: float  # every validation (one an epoch, and Lightning's sanity check) and the test
+    evaluation_s: float  # every validation (validations, and Lightning's sanity check) and the test
     analysis_s: float  # the head analysis after training
     prepare_s: float  # the data and the model built
     figures: int  # the attention maps drawn for W&B or TensorBoard (figure_draws)
@@ -60,13 +60,12 @@ class Cost:
         return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + self.figures_s
 
 
-def _figure_seconds(cfg: DictConfig, model, datamodule) -> float:
+def _figure_seconds(logger, model, datamodule) -> float:
     """One drawing of the attention maps of the run's probe batch, as its head logger draws them (the first, which
     loads matplotlib's fonts, untimed)."""
     from headlab.heads import figures, probe
 
-    attention = cfg.callbacks.attention
-    batch = datamodule.probe_batch(int(attention.get("n_probe", 16)), list(attention.get("sentences") or ()))
+    batch = datamodule.probe_batch(logger.n_probe, logger.sentences)
 
     def draw():
         seen = probe.attention(model, datamodule, batch)
@@ -108,19 +107,20 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     step_s = lightning_step_seconds(cfg, datamodule, model)
     trainer = cfg.trainer
     evaluation_s = 0.0
+    checks = schedule.validations(cfg, datamodule)
     if n := schedule.batches(datamodule, "val", trainer.get("limit_val_batches")):
         sanity = trainer.get("num_sanity_val_steps", SANITY_BATCHES)
-        batches = schedule.validations(cfg, datamodule) * n + (n if sanity == -1 else min(sanity, n))
+        batches = checks * n + (n if sanity == -1 else min(sanity, n))
         evaluation_s += batches * _median_seconds(forward("val"))
     if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches")):
         evaluation_s += n * _median_seconds(forward("test"))
-    analysis_s = 0.0
-    if (analyst := _analyst(cfg)) is not None:  # the run's own analysis, on the untrained model: its cost alike
-        analysis_s = _analysis_seconds(analyst, model, datamodule)
+    analysis_s, draws, figures_s, logger = 0.0, 0, 0.0, _head_logger(cfg)
+    if logger is not None and logger.importance:  # the run's own analysis, on the untrained model: its cost alike
+        analysis_s = _analysis_seconds(logger, model, datamodule)
+    if logger is not None and schedule.draws_figures(cfg):
+        draws = schedule.figure_draws(checks, logger.figures_every)
+        figures_s = draws * _figure_seconds(logger, model, datamodule)
     steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
-    checks = schedule.validations(cfg, datamodule)
-    draws = schedule.figure_draws(cfg, checks)
-    figures_s = draws * _figure_seconds(cfg, model, datamodule) if draws else 0.0
     return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s)
 
 
@@ -196,14 +196,14 @@ def _quiet():
         logging.disable(logging.NOTSET)
 
 
-def _analyst(cfg: DictConfig):
-    """The run's head analysis (callbacks.attention) with the settings that decide its cost, or None without it."""
+def _head_logger(cfg: DictConfig):
+    """The run's head logger (callbacks.attention) with the settings that decide its cost, or None without it."""
     from headlab.training.attention_logging import AttentionLogger
 
-    if not OmegaConf.select(cfg, "callbacks.attention.importance", default=False):
+    if OmegaConf.select(cfg, "callbacks.attention") is None:
         return None
-    keys = ("pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines", "seed",
-            "causal_batches", "n_probe", "sentences")  # fmt: skip
+    keys = ("importance", "pruning_step", "analysis_batches", "importance_split", "pruning_split", "pruning_baselines",
+            "seed", "causal_batches", "n_probe", "sentences", "figures_every_n_val_epochs")  # fmt: skip
     settings = {k: OmegaConf.select(cfg, f"callbacks.attention.{k}") for k in keys}  # not out_dir: no run dir yet
     return AttentionLogger(out_dir=".", **{k: v for k, v in settings.items() if v is not None})
 
@@ -373,7 +373,7 @@ def _shape(cfg: DictConfig) -> str:
     (data.get("cv") or {}).pop("fold", None)
     keys = ("optim.rdrop", "optim.sam_rho", "auto_epochs", "callbacks.attention")
     rest = {k: OmegaConf.select(cfg, k) for k in keys}
-    rest["figures for"] = [name for name in schedule.MEDIA_LOGGERS if (cfg.get("logger") or {}).get(name)]
+    rest["figures"] = schedule.draws_figures(cfg)
     limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
               "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps")  # fmt: skip
     trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet

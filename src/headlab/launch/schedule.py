@@ -3,7 +3,7 @@ draws, as Lightning and headlab's head logger make them (what a dry run prices: 
 
 import math
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 MEDIA_LOGGERS = ("wandb", "tensorboard")  # the loggers a run draws its figures for (attention_logging)
 
@@ -62,11 +62,13 @@ def batches(datamodule, split: str, limit) -> int:
     return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), 1, limit)
 
 
-def figure_draws(cfg: DictConfig, checks: int) -> int:
-    """How often a run of `checks` validations draws its attention maps: with the head logger and a W&B or
-    TensorBoard logger, at every figures_every_n_val_epochs-th validation and after the last (AttentionLogger.due)."""
-    attention, loggers = OmegaConf.select(cfg, "callbacks.attention"), cfg.get("logger") or {}
-    if attention is None or not any(loggers.get(name) for name in MEDIA_LOGGERS):
-        return 0
-    every = int(attention.get("figures_every_n_val_epochs", 5))
+def draws_figures(cfg: DictConfig) -> bool:
+    """Whether a run draws figures: for a W&B or TensorBoard logger (attention_logging)."""
+    loggers = cfg.get("logger") or {}
+    return any(loggers.get(name) for name in MEDIA_LOGGERS)
+
+
+def figure_draws(checks: int, every: int) -> int:
+    """How often a run of `checks` validations draws its attention maps: at every `every`-th validation and after
+    the last (AttentionLogger.due)."""
     return checks // every + (1 if checks % every else 0)
