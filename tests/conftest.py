@@ -129,15 +129,15 @@ def _process_state_kept(cwd: Path):
     from headlab.launch import job as job_
     from headlab.launch import rundir
     from headlab.model import dispatch
+    from headlab.training import cores
     from headlab.training import loggers as loggers_
-    from headlab.training import run
 
     environ, argv, here = dict(os.environ), list(sys.argv), os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     known = {name: lg for name, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
     loggers = {name: (lg.level, list(lg.handlers), lg.disabled, lg.propagate) for name, lg in known.items()}
     root = (logging.root.level, list(logging.root.handlers))
-    threads, threaded = torch.get_num_threads(), run._threaded
+    threads, threaded = torch.get_num_threads(), cores.threaded
     randomness = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     determinism = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     precision = torch.get_float32_matmul_precision()
@@ -163,7 +163,7 @@ def _process_state_kept(cwd: Path):
                 lg.handlers[:] = kept
                 lg.disabled, lg.propagate = disabled, propagate
             torch.set_num_threads(threads)
-            run._threaded = threaded
+            cores.threaded = threaded
             random.setstate(randomness[0])
             np.random.set_state(randomness[1])
             torch.set_rng_state(randomness[2])

@@ -1,14 +1,16 @@
-"""DDP for real on CPU (2 processes, gloo): one run directory, results written once, and inside sweeps."""
+"""DDP for real on CPU (2 processes, gloo), a pack of one on two devices: one run directory, results written once,
+the ranks' metrics over the whole split, and inside sweeps."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import TINY, cli_env
+from conftest import TINY, cli_env, cli_here
 from headlab.launch.wandb_offline import read_run
 
 DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
@@ -39,6 +41,15 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_process, tmp_
     assert (results["epochs"], results["global_step"]) == (1, 4)  # 256 examples / (32 x 2 ranks)
     assert [(p["epoch"], p["step"]) for p in results["curve"]] == [(0, 4)]
     assert results["curve"][0]["val/acc"] == pytest.approx(results["metrics"]["val/acc"])
+    assert results["curve"][0]["tokens"] == 256 * 32  # every training token, over both ranks' shares
+    tested = [r for r in rows if r.get("test/acc")]
+    assert [(r["epoch"], r["step"]) for r in tested] == [("1", "4")]  # where training ended, as a single run's
+    # the ranks' sums are the whole split's: the best checkpoint evaluated again in one process gives the same numbers
+    for split, key in (("test", "test/acc"), ("val", "val/acc_best")):
+        again = cli_here("eval", str(run), split, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        written = json.loads((run / "eval" / f"{split}-{Path(results['checkpoints']['best']).stem}.json").read_text())
+        assert written["metrics"][f"{split}/acc"] == pytest.approx(results["metrics"][key], abs=1e-6)
 
 
 @pytest.mark.e2e

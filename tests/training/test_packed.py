@@ -525,13 +525,16 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("first_attempt", ["pack of one", "lightning"])
+@pytest.mark.parametrize("first_attempt", ["pack of one", "lightning", "two devices"])
 def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tmp_path, first_attempt):
     """headlab-train's run is a pack of one: SIGKILL in its second epoch leaves the first epoch's last.ckpt, its
     training row written with it; resumed with resume=, its metrics.csv holds every row once, as its twin left alone,
     and so do its learning curve and its numbers. A first attempt on Lightning's single path (how every run trained
-    before packs of one: its callback taken out of its records before the resume) continues as a pack of one."""
-    command = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null"]
+    before packs of one: its callback taken out of its records before the resume) continues as a pack of one. So
+    does a run on two devices (DDP, its ranks forked), killed with its ranks."""
+    ranks = 2 if first_attempt == "two devices" else 1
+    devices = ["trainer=ddp_cpu"] if ranks == 2 else []
+    command = [*FLOAT64, *devices, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null"]
     alone = train_here(*command, "hydra.run.dir=alone", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-2000:]
     run = tmp_path / "killed"
@@ -544,7 +547,7 @@ def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tm
         deadline = time.time() + 240
         while time.time() < deadline and process.poll() is None:
             progress = run / "progress.json"
-            if progress.is_file() and json.loads(progress.read_text())["step"] > 80:  # in its second epoch
+            if progress.is_file() and json.loads(progress.read_text())["step"] > 80 // ranks:  # its second epoch
                 break
             time.sleep(0.1)
         os.killpg(process.pid, signal.SIGKILL)

@@ -315,12 +315,18 @@ PACKED_TARGETS = {  # callbacks a pack runs for each member (headlab.training.pa
 
 
 def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
-    """Why a pack cannot train this run, as (key, value, the value a pack takes, why); None where it can: one
-    device, no strategy that starts ranks, and headlab's own callbacks and Lightning's early
-    stopping only (a pack would build any other and never call it)."""
+    """Why a pack of several members cannot train this run, as (key, value, the value a pack takes, why); None
+    where it can: one device, and headlab's own callbacks and Lightning's early stopping only (callbacks_refusal).
+    A pack of one (headlab-train's run) trains on several devices too."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
         return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
+    return callbacks_refusal(cfg)
+
+
+def callbacks_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
+    """A callback of the run's own, which a pack would build and never call, as pack_refusal says it; None where
+    every callback is headlab's own or Lightning's early stopping."""
     callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
     for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
         target = str(callbacks[name].get("_target_", ""))

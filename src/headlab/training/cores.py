@@ -3,9 +3,13 @@
 Only Hydra and the standard library are imported here: this runs before torch in every job.
 """
 
+import logging
 import os
 
 from hydra.core.hydra_config import HydraConfig
+
+log = logging.getLogger("headlab")
+threaded = False  # whether this process has run torch on more than one CPU thread (run.configure_torch sets it)
 
 
 def usable_cores() -> int:
@@ -44,3 +48,36 @@ def process_rank() -> int:
         if key in os.environ:
             return int(os.environ[key])
     return 0
+
+
+def rank_start(trainer_cfg) -> str | None:
+    """How Lightning starts a run's ranks from this process: "fork" (ddp_fork, ddp_notebook) or "spawn"
+    (ddp_spawn); None when this process trains itself (one device, or rank 0 of ddp's relaunched command)."""
+    strategy = str(trainer_cfg.get("strategy", "auto"))
+    if "spawn" in strategy:
+        return "spawn"
+    return "fork" if "fork" in strategy or "notebook" in strategy else None
+
+
+def rank_threads(trainer_cfg, threads: int) -> int:
+    """Torch threads for each forked rank. A process forked after torch has run on several OpenMP threads hangs
+    at its first parallel operation (GNU libgomp is not fork-safe; seen as DDP ranks asleep after the model
+    summary on many-core hosts): the job process prepares on one thread and every rank sets its own, or, when
+    an earlier job of this process ran multi-threaded, the ranks run on one thread each."""
+    if rank_start(trainer_cfg) != "fork" or not threaded:
+        return threads
+    if threads > 1:
+        log.warning(
+            "trainer.strategy=%s: one torch thread per rank, not %d: an earlier job of this process ran torch on "
+            "several threads, and ranks forked after that would hang (run such jobs in their own sweep)",
+            trainer_cfg.strategy,
+            threads,
+        )
+    return 1
+
+
+def rank_share(trainer_cfg, threads: int) -> int:
+    """A rank's torch threads: a multi-device CPU run's ranks share the job's threads (rank_threads)."""
+    devices = trainer_cfg.devices
+    ranks_here = devices if trainer_cfg.accelerator == "cpu" and isinstance(devices, int) else 1
+    return rank_threads(trainer_cfg, max(1, threads // max(1, ranks_here)))

@@ -27,7 +27,6 @@ from headlab.training.module import HeadLabModule
 from headlab.training.progress_record import ProgressRecord
 
 log = logging.getLogger("headlab")
-_threaded = False  # whether this process has run torch on more than one CPU thread (see train)
 
 
 def _resume_checkpoint(cfg: DictConfig) -> str | None:
@@ -141,12 +140,11 @@ def configure_torch(cfg: DictConfig, threads: int) -> None:
     repeat what headlab chose (few DataLoader workers: measured faster here, docs/speed.md; metrics.csv in the run
     directory) or are wrong (the model summary's size under mixed precision), and malloc keeping freed memory for
     the next step (headlab.training.allocator)."""
-    global _threaded
     allocator.keep_freed_memory()
     logging.getLogger("lightning").handlers.clear()  # Hydra logs to the console and train.log already: Lightning's
     # own console handler would double each line
     torch.set_num_threads(threads)
-    _threaded |= threads > 1
+    cores.threaded |= threads > 1
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high" if cfg.get("tf32", True) else "highest")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -154,32 +152,6 @@ def configure_torch(cfg: DictConfig, threads: int) -> None:
     warnings.filterwarnings("ignore", message=r"Precision .*-mixed is not supported by the model summary")
     # the CSV logger writes metrics.csv into the run directory, which holds results.json already: nothing is lost
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
-
-
-def _rank_start(cfg: DictConfig) -> str | None:
-    """How Lightning starts this run's ranks from this process: "fork" (ddp_fork, ddp_notebook) or "spawn"
-    (ddp_spawn); None when this process trains itself (one device, or rank 0 of ddp's relaunched command)."""
-    strategy = str(cfg.trainer.get("strategy", "auto"))
-    if "spawn" in strategy:
-        return "spawn"
-    return "fork" if "fork" in strategy or "notebook" in strategy else None
-
-
-def _rank_threads(cfg: DictConfig, threads: int) -> int:
-    """Torch threads for each forked rank. A process forked after torch has run on several OpenMP threads hangs
-    at its first parallel operation (GNU libgomp is not fork-safe; seen as DDP ranks asleep after the model
-    summary on many-core hosts): the job process prepares on one thread and every rank sets its own, or, when
-    an earlier job of this process ran multi-threaded, the ranks run on one thread each."""
-    if _rank_start(cfg) != "fork" or not _threaded:
-        return threads
-    if threads > 1:
-        log.warning(
-            "trainer.strategy=%s: one torch thread per rank, not %d: an earlier job of this process ran torch on "
-            "several threads, and ranks forked after that would hang (run such jobs in their own sweep)",
-            cfg.trainer.strategy,
-            threads,
-        )
-    return 1
 
 
 def _fit_progress(trainer: pl.Trainer, checkpoint, curve: LearningCurve, elsewhere: bool) -> dict:
@@ -199,10 +171,8 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep);
     run_dir: where it writes (its data/ folder is kept there first; a resume reads it back).
     """
-    ranks_here = cfg.trainer.devices if cfg.trainer.accelerator == "cpu" and isinstance(cfg.trainer.devices, int) else 1
-    threads = max(1, threads // max(1, ranks_here))  # CPU ranks share this job's cores
-    elsewhere = _rank_start(cfg) is not None
-    threads = _rank_threads(cfg, threads)
+    threads = cores.rank_share(cfg.trainer, threads)  # CPU ranks share this job's cores
+    elsewhere = cores.rank_start(cfg.trainer) is not None
     configure_torch(cfg, 1 if elsewhere else threads)  # a job that starts its ranks only prepares and waits
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, model = build(cfg, run_dir / "data" if cfg.get("resume") else None)

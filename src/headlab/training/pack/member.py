@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.training import records
+from headlab.training import cores, records
 from headlab.training.callbacks import LearningCurve
 from headlab.training.module import HeadLabModule
 from headlab.training.run import build, instantiate_all
@@ -35,13 +35,15 @@ class Member:
     metrics: dict = field(default_factory=dict)
     wandb: dict | None = None
     stopped: tuple[int, int] | None = None  # (epochs, step) where its early stopping ended it (pack.stopping)
+    ended: tuple[int, int] | None = None  # (epochs, step) where its ranks' own processes left the pack (pack.ranks)
 
     def callback(self, kind):
         return next((c for c in self.callbacks if isinstance(c, kind)), None)
 
     def position(self, trainer) -> tuple[int, int]:
-        """(epochs trained, global step) where its training ended: where it stopped early, else where the pack is."""
-        return self.stopped or (trainer.current_epoch, trainer.global_step)
+        """(epochs trained, global step) where its training ended: where it stopped early, else where the pack is
+        (in the ranks' own processes, where they were: pack.ranks)."""
+        return self.stopped or self.ended or (trainer.current_epoch, trainer.global_step)
 
 
 def build_member(member: Member) -> None:
@@ -53,7 +55,7 @@ def build_member(member: Member) -> None:
     member.datamodule, model = build(member.cfg, member.run_dir / "data" if resuming else None)
     if resuming:
         records.check_same_data(member.run_dir, member.datamodule)
-    else:
+    elif cores.process_rank() == 0:  # the other ranks of a run that re-runs its command write nothing
         member.datamodule.keep_in(member.run_dir)
     member.module = HeadLabModule(model, member.datamodule.n_classes, **OmegaConf.to_container(member.cfg.optim))
     member.callbacks = [*instantiate_all(member.cfg.get("callbacks"), "callbacks"), LearningCurve()]

@@ -35,6 +35,7 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         self.register_buffer("diverged_in_loss", torch.zeros(E, dtype=torch.bool), persistent=False)
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
         self.kept = KeptPredictions()  # each member's test predictions, for its results.json
+        self.tested: dict[str, list[float]] = {}  # the test metrics of each member (on_test_epoch_end)
 
     def forward(self, batch: dict, need_balance: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(E, B, C) or (E, B, n, C) logits; with need_balance, and each member's weighted load-balance loss (E,)
@@ -74,10 +75,13 @@ class PackedModule(SharpnessAware, pl.LightningModule):
             total[k] = total[k] + v if k in total else v
 
     def epoch_metrics(self, split: str) -> dict[str, torch.Tensor]:
-        """{split}/loss and {split}/acc per member (E,) over the epoch so far; the sums start again."""
+        """{split}/loss and {split}/acc per member (E,) over the epoch so far, over every rank's share of it (DDP:
+        called by every rank, inside the loop); the sums start again."""
         sums = self.sums.pop(split, {})
         if not sums:
             return {}
+        if self._trainer is not None and self.trainer.world_size > 1:
+            sums = {k: self.trainer.strategy.reduce(v, reduce_op="sum") for k, v in sums.items()}
         return {f"{split}/loss": sums["loss"] / sums["examples"], f"{split}/acc": sums["correct"] / sums["scored"]}
 
     def lr_scale(self, step: int) -> torch.Tensor:
@@ -112,6 +116,9 @@ class PackedModule(SharpnessAware, pl.LightningModule):
 
     def on_test_epoch_start(self):
         self.kept.start()
+
+    def on_test_epoch_end(self):
+        self.tested = {k: v.tolist() for k, v in self.epoch_metrics("test").items()}  # {metric: a value per member}
 
     def test_step(self, batch, batch_idx):
         logits = self(batch)

@@ -18,19 +18,20 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from headlab.config import memory
-from headlab.config.check import pack_refusal
+from headlab.config.check import callbacks_refusal
 from headlab.errors import TrainingError
 from headlab.record import VAL_ACC_BEST
 from headlab.training import cores, epochs, objective, records, run
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
-from headlab.training.callbacks import ExactResume, LearningCurve, ThroughputMeter
+from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, ThroughputMeter
 from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
 from headlab.training.pack.progress import PackBar, PackProgress
+from headlab.training.pack.ranks import Handover
 from headlab.training.pack.stopping import MembersStopping
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.progress_record import ProgressRecord
@@ -58,11 +59,12 @@ def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | No
 
 
 def pack_fields(
-    member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str | None, predictions
-) -> dict:
+    member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str | None, predictions,
+    threads: int,
+) -> dict:  # fmt: skip
     """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
-    (rate: the pack's training tokens/s; predictions: the member's test predictions); a run of headlab-train (no
-    pack_id) is a run, not a member."""
+    (rate: the pack's training tokens/s over every rank; predictions: the member's test predictions); a run of
+    headlab-train (no pack_id) is a run, not a member."""
     packed, (epochs_trained, step) = pack_id is not None, member.position(trainer)
     return records.run_fields(
         metrics=member.metrics,
@@ -72,7 +74,11 @@ def pack_fields(
             **({"pack_train_tokens_per_s": rate} if packed else {}),
             "fit_s": round(fit_seconds, 3),
         },
-        resources={"threads": torch.get_num_threads(), "devices": 1, "accelerator": member.cfg.trainer.accelerator},
+        resources={
+            "threads": threads,
+            "devices": trainer.num_devices,
+            "accelerator": member.cfg.trainer.accelerator,
+        },
         checkpoints={
             "best": str(member.best["path"]) if member.best["path"] else None,
             "last": run.existing(member.run_dir / "checkpoints" / "last.ckpt"),
@@ -124,7 +130,12 @@ def pack_progress(members: list[Member], pack_id: str | None, alone: bool) -> li
 def progress_record(members: list[Member], pack_id: str | None) -> ProgressRecord:
     """Each member's progress.json: the pack's step, the member's own curve, and whether it still trains."""
     runs = [(m.run_dir, m.callback(LearningCurve)) for m in members]
-    return ProgressRecord(runs, pack=pack_id, alive=lambda module: module.alive.tolist())
+    return ProgressRecord(runs, pack=pack_id, alive=members_alive)
+
+
+def members_alive(module: PackedModule) -> list[bool]:
+    """Which members still train (a function of its own: spawned ranks take the callbacks pickled)."""
+    return module.alive.tolist()
 
 
 def start_loggers(members: list[Member], pack_id: str | None) -> list[dict]:
@@ -146,16 +157,19 @@ def start_loggers(members: list[Member], pack_id: str | None) -> list[dict]:
     return configs
 
 
-def test_best(module: PackedModule, trainer, members: list[Member]) -> tuple[dict, list]:
+def test_best(module: PackedModule, trainer, members: list[Member], handover: Handover | None) -> tuple[dict, list]:
     """Each member's best checkpoint tested, as its single run's: the test metrics ({metric: a value per member})
-    and each member's kept predictions; none without a test split."""
+    and each member's kept predictions (none with several devices, where each rank tests a share); none without a
+    test split."""
     for member in members:
         if member.best["state"] is not None:
             module.stack.load_member(member.index, member.best["state"])
     if not all(m.datamodule.splits.get("test") for m in members):
         return {}, [None] * len(members)
     trainer.test(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
-    return {k: v.tolist() for k, v in module.epoch_metrics("test").items()}, module.kept.fields()
+    if handover:
+        handover.take_back(module)
+    return module.tested, module.kept.fields() if trainer.world_size == 1 else [None] * len(members)
 
 
 def debug_limits(trainer_cfg) -> dict:
@@ -190,17 +204,42 @@ def pack_trainer(members: list[Member], callbacks: list[pl.Callback]) -> pl.Trai
     return trainer
 
 
-def train_pack(members: list[Member], pack_id: str | None, progress: bool = True) -> list[dict | BaseException]:
+def fit_pack(trainer, module: PackedModule, members: list[Member], handover: Handover | None) -> float:
+    """Fit the pack, continuing its members where they continue (resume.pack_checkpoint), and validate once more a
+    pack continued after its training ended; with ranks in processes of their own, take back what rank 0 learned
+    (Handover) and teach the loggers the rows it wrote. Returns the fit's seconds."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:  # the pack's checkpoint, when its members continue
+        ckpt_path = resume.pack_checkpoint(members, module, Path(folder) / "pack.ckpt")
+        data = PackedData([m.datamodule for m in members], shuffle=not members[0].cfg.trainer.get("overfit_batches"))
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+    fit_seconds = time.perf_counter() - started
+    if handover:
+        handover.take_back(module)
+        for member in members:
+            loggers_.resync_csv(member.loggers)
+    if ckpt_path and not all("val/acc" in m.metrics for m in members):  # continued after training ended:
+        trainer.validate(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
+        if handover:
+            handover.take_back(module)
+    return fit_seconds
+
+
+def train_pack(
+    members: list[Member], pack_id: str | None, progress: bool = True, threads: int | None = None
+) -> list[dict | BaseException]:
     """Train built members (build_member) of one shape as one model; return each member's results.json fields,
     or the error that ended it. progress=False: packs side by side share a console (plain lines, pack_progress).
-    pack_id None: the one run of headlab-train."""
+    pack_id None: the one run of headlab-train. threads: each rank's torch threads where ranks run in processes of
+    their own (cores.rank_share), else this process's."""
     configure_torch(members[0].cfg, torch.get_num_threads())
+    threads = threads or torch.get_num_threads()
     line = records.model_line(records.model_fields(members[0].module.model, members[0].datamodule))
     log.info(line if pack_id is None else f"pack {pack_id}: {line}")
     for index, member in enumerate(members):
         member.index = index
-    size = len(members)
-    pl.seed_everything(members[0].cfg.seed, workers=True)
+    size, writes = len(members), cores.process_rank() == 0  # the other ranks of a run that re-runs its command
+    pl.seed_everything(members[0].cfg.seed, workers=True)  # write nothing
     models, streams = [m.module.model for m in members], [m.stream for m in members]
     compiled = bool(members[0].cfg.model.get("compile"))  # one value for the pack (pack_key)
     module = PackedModule(models, [m.module.hparams for m in members], streams, compiled)
@@ -208,21 +247,18 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
     stopping, bars = MembersStopping(members, pack_id), pack_progress(members, pack_id, progress)
-    trainer = pack_trainer(members, [meter, outputs, stopping, ExactResume(), *bars, progress_record(members, pack_id)])
+    elsewhere = cores.rank_start(members[0].cfg.trainer) is not None
+    handover = Handover(members, meter) if elsewhere else None
+    ranks = [handover, RankThreads(threads)] if elsewhere else []
+    trainer = pack_trainer(
+        members, [meter, outputs, stopping, ExactResume(), *bars, progress_record(members, pack_id), *ranks]
+    )
     failed = True
     try:
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory() as folder:  # the pack's checkpoint, when its members continue
-            ckpt_path = resume.pack_checkpoint(members, module, Path(folder) / "pack.ckpt")
-            data = PackedData(
-                [m.datamodule for m in members], shuffle=not members[0].cfg.trainer.get("overfit_batches")
-            )
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
-        fit_seconds = time.perf_counter() - started
-        if ckpt_path and not all("val/acc" in m.metrics for m in members):  # continued after training ended:
-            trainer.validate(module, datamodule=PackedData([m.datamodule for m in members]), verbose=False)
-        test, kept = test_best(module, trainer, members)
-        analysed, jobs, results = measure_heads(module, members), [], []
+        fit_seconds = fit_pack(trainer, module, members, handover)
+        test, kept = test_best(module, trainer, members, handover)
+        rate = meter.rate * trainer.world_size if meter.rate else None  # over every rank
+        analysed, jobs, results = measure_heads(module, members) if writes else [None] * size, [], []
         for member in members:
             if module.diverged_at[member.index] >= 0:
                 results.append(diverged(member, module, size))
@@ -231,7 +267,7 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
                 member.metrics[VAL_ACC_BEST] = member.best["score"]
             member.metrics.update({k: v[member.index] for k, v in test.items()})
             attention = member.callback(AttentionLogger)
-            if attention:  # on the weights its test evaluated, as a single run's
+            if attention and writes:  # on the weights its test evaluated, as a single run's
                 model = outputs.member_model(member, module)
                 checkpoint = member.best["path"] if member.best["state"] is not None else None
                 job = attention.publish(
@@ -244,11 +280,14 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
                 tested = {k: v[member.index] for k, v in test.items()}
                 epoch, step = member.position(trainer)
                 logger.log_metrics({**tested, "epoch": epoch}, step=step)
-            results.append(pack_fields(member, meter.rate, trainer, fit_seconds, size, pack_id, kept[member.index]))
+            fields = pack_fields(member, rate, trainer, fit_seconds, size, pack_id, kept[member.index], threads)
+            results.append(fields)
         outputs.render_importance(jobs)
         failed = False
     finally:
         outputs.close()
+        if handover:
+            handover.close()
         with ThreadPoolExecutor(8) as pool:  # W&B runs finish while they flush: in parallel
             identities = list(
                 pool.map(
@@ -265,23 +304,27 @@ def train_pack(members: list[Member], pack_id: str | None, progress: bool = True
 
 
 def train_run(cfg, flat_config: dict, threads: int, run_dir: Path) -> dict:
-    """The run of headlab-train: a pack of one wherever a pack can train it (headlab.config.check.pack_refusal), else
-    (several devices, callbacks of its own) Lightning's single path (headlab.training.run); its results.json fields.
+    """The run of headlab-train: a pack of one, on one device or several (DDP: pack.ranks), unless it has callbacks
+    of its own (headlab.config.check.callbacks_refusal), which train on Lightning's single path
+    (headlab.training.run); its results.json fields.
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep)."""
-    if pack_refusal(cfg) is not None:
+    if callbacks_refusal(cfg) is not None:
         return run.train(cfg, flat_config, threads, run_dir)
     if cfg.trainer.get("accelerator") == "gpu" and cores.parallel_jobs() > 1:  # one GPU per job of a local sweep
         with open_dict(cfg):
             cfg.trainer.devices = [cores.gpu_for_job(torch.cuda.device_count())]
-    configure_torch(cfg, threads)  # before the data and model are built, as the single path does
-    (result,) = train_members([(cfg, run_dir, flat_config)], None)
+    threads = cores.rank_share(cfg.trainer, threads)  # CPU ranks share this job's cores
+    elsewhere = cores.rank_start(cfg.trainer) is not None
+    configure_torch(cfg, 1 if elsewhere else threads)  # before the data and model are built; a job that starts its
+    # ranks only prepares and waits
+    (result,) = train_members([(cfg, run_dir, flat_config)], None, threads=threads)
     if isinstance(result, BaseException):
         raise result
     return result
 
 
-def train_members(specs: list[tuple], pack_id: str | None, progress: bool = True) -> list:
+def train_members(specs: list[tuple], pack_id: str | None, progress: bool = True, threads: int | None = None) -> list:
     """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
     and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
     trains: in the launcher's process, or in a worker of its own (headlab.launch.workers); pack_id None: the one
@@ -310,7 +353,7 @@ def train_members(specs: list[tuple], pack_id: str | None, progress: bool = True
         if part_id is not None:
             log.info("pack %s: %d members", part_id, len(part))
         try:
-            trained = train_pack([members[i] for i in part], part_id, progress)
+            trained = train_pack([members[i] for i in part], part_id, progress, threads)
         except Exception as error:  # the pack itself failed: each member records it; the sweep goes on
             trained = [error] * len(part)
         for i, result in zip(part, trained, strict=True):

@@ -53,9 +53,10 @@ class MemberWriter(pl.Callback):
             if alive:
                 values = {k: v[member.index] for k, v in metrics.items()}
                 member.metrics.update({k: v for k, v in values.items() if k in TRAIN_METRICS})
-                values["data/global_batch_size"] = float(member.datamodule.batch_size * trainer.accumulate_grad_batches)
-                if rate:
-                    values["perf/train_tokens_per_s"] = rate / len(self.members)  # this member's share
+                batch = member.datamodule.batch_size * trainer.accumulate_grad_batches * trainer.world_size
+                values["data/global_batch_size"] = float(batch)
+                if rate:  # this member's share of the pack's rate, over every rank
+                    values["perf/train_tokens_per_s"] = rate * trainer.world_size / len(self.members)
                 for logger in member.loggers:
                     logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
 
@@ -70,7 +71,8 @@ class MemberWriter(pl.Callback):
         return curve
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.tokens += (~batch["padding_mask"]).sum((1, 2))  # (E, B, n) -> (E,): each member's own batch
+        self.tokens += (~batch["padding_mask"]).sum((1, 2)) * trainer.world_size  # (E, B, n) -> (E,): each
+        # member's own batch, its share on this rank times the ranks (as LearningCurve counts a run's)
         if trainer.global_step % trainer.log_every_n_steps or not any(m.loggers for m in self.members):
             return
         losses = pl_module.last_losses.tolist()
@@ -98,7 +100,7 @@ class MemberWriter(pl.Callback):
             statistics_due, figures_due = (
                 attention.due(trainer.current_epoch, trainer.max_epochs) if attention else (0, 0)
             )
-            if statistics_due:
+            if statistics_due and trainer.is_global_zero:
                 model = self.member_model(member, pl_module)
                 step, device = trainer.global_step - 1, pl_module.device  # the step of the epoch's metrics
                 snapshot = attention.log_heads(
@@ -161,8 +163,8 @@ class MemberWriter(pl.Callback):
             return
         if trainer.state.fn == "fit" and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             self._log_train_epoch(trainer, pl_module)  # before the checkpoints, and saved with them
-        if trainer.fast_dev_run:  # debug=fast writes no checkpoint, as Lightning's fast_dev_run in a single run
-            return
+        if trainer.fast_dev_run or not trainer.is_global_zero:  # debug=fast writes no checkpoint, as Lightning's
+            return  # fast_dev_run in a single run; with several devices rank 0 writes
         pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         with signals_held.held():  # every member's last.ckpt at this step, or none: a requeue continues them as one
             for member, alive in zip(self.members, self._alive(pl_module), strict=True):
@@ -176,7 +178,8 @@ class MemberWriter(pl.Callback):
         last.ckpt where training stopped, as a single run's SaveOnInterrupt. Anywhere else, and after Ctrl-C (which
         can land inside an optimizer step), last.ckpt stays the one of the last validation. Either way each
         member's logged rows are written out (a resume keeps those before its checkpoint's step)."""
-        if isinstance(exception, SIGTERMException) and trainer.training and not trainer.fast_dev_run:
+        between_steps = trainer.training and trainer.world_size == 1  # with DDP the ranks may stop at other steps
+        if isinstance(exception, SIGTERMException) and between_steps and not trainer.fast_dev_run:
             pack_checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             with signals_held.held():
                 for member, alive in zip(self.members, self._alive(pl_module), strict=True):
