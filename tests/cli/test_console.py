@@ -19,18 +19,24 @@ pytestmark = pytest.mark.e2e
 NOISE = ("Tip:", "srun", "Total FLOPs", "LeafSpec", "anonymous", "GPU available", "Warning", "warn(")
 
 
-def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp_path):
-    done = run_cli(*TINY, "logger=csv", "callbacks.progress_bar=null", "+callbacks.plain._target_="
-                   "headlab.training.progress.PlainProgress", "hydra.run.dir=run")  # fmt: skip
+@pytest.mark.parametrize("path", ["pack of one", "lightning"])
+def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp_path, path):
+    """Plain lines where output is not a terminal, as a run trains (a pack of one) and on Lightning's single path
+    (a callback of its own: the plain progress given as one)."""
+    own = ["callbacks.progress_bar=null", "+callbacks.plain._target_=headlab.training.progress.PlainProgress"]
+    done = run_cli(*[o for o in TINY if o != "callbacks.progress_bar=null"], "logger=csv",
+                   *(own if path == "lightning" else []), "hydra.run.dir=run")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     lines = done.stdout.splitlines()
-    assert any(f"model: {record['params']['total']:,} parameters" in line for line in lines)
-    assert sum("validated: val/loss" in line for line in lines) == 2 and any(
-        "tested: test/loss" in line for line in lines
-    )
-    outcome = lines[-1].split(" - ", 1)[1]
     metrics = record["metrics"]
+    assert any(f"model: {record['params']['total']:,} parameters" in line for line in lines)
+    validated = [line for line in lines if " validated: val/" in line]
+    tested = [line.split(" - ", 1)[1] for line in lines if " - tested: " in line]
+    assert len(validated) == 2 and f"val/acc {record['curve'][-1]['val/acc']:.4f}" in validated[-1]
+    assert len(tested) == 1 and re.fullmatch(r"tested: (test/\w+ [0-9.]+(, | )?){2} \(\d+ s\)", tested[0])
+    assert f"test/acc {metrics['test/acc']:.4f}" in tested[0] and f"test/loss {metrics['test/loss']:.4f}" in tested[0]
+    outcome = lines[-1].split(" - ", 1)[1]
     assert outcome == (
         f"{tmp_path / 'run'}: completed in {record['duration_s']:.0f} s: val/acc_best {metrics['val/acc_best']:.4f}, "
         f"test/acc {metrics['test/acc']:.4f}, test/loss {metrics['test/loss']:.4f}"

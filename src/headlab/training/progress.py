@@ -64,7 +64,7 @@ class PlainProgress(LightningProgressBar):
     def __init__(self, every_s: float = 30.0, name: str = ""):
         super().__init__()
         self.every_s, self.name, self._enabled = every_s, name, True
-        self._started = self._said = 0.0
+        self._started = self._said = time.monotonic()  # until training starts (a test in ranks forked after it)
         self._first_step = 0
 
     def disable(self) -> None:
