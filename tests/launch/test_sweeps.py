@@ -283,10 +283,14 @@ def test_a_dry_run_that_cannot_price_its_jobs_says_why_in_one_line(tmp_path, mon
     assert result.stderr.strip().splitlines()[-1].startswith(said), result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("limit, steps", [("+trainer.max_steps=2", 2), ("++trainer.limit_train_batches=3", 3 * 50)])
+@pytest.mark.parametrize(
+    "limit, steps",
+    [("+trainer.max_steps=2", 2), ("++trainer.limit_train_batches=3", 3 * 50), ("trainer=ddp_cpu", 8 // 2 * 50)],
+)
 def test_a_dry_run_counts_the_steps_the_trainer_will_take(run_cli, tmp_path, limit, steps):
-    """max_steps=2 with max_epochs=50 trains 2 steps (Lightning stops at whichever comes first), and
-    limit_train_batches=3 trains 3 steps an epoch: the dry run says so."""
+    """max_steps=2 with max_epochs=50 trains 2 steps (Lightning stops at whichever comes first), limit_train_batches=3
+    trains 3 steps an epoch, and two ranks share an epoch's 8 batches, 4 steps (as the DDP run of
+    test_distributed trains): the dry run says so."""
     result = run_cli(*QUICK, "trainer.max_epochs=50", limit, "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("  job 0: ")]

@@ -87,11 +87,16 @@ def _median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> flo
 
 
 def measure(cfg: DictConfig, threads: int) -> Cost:
-    """Build cfg's data and model here and time what a run of it does, on `threads` threads."""
+    """Build cfg's data and model here and time what a run of it does, on `threads` threads: with several CPU
+    ranks (DDP) what one rank does on its share of them, its share of the steps and batches (the ranks' all-reduce
+    of gradients is not priced), and the head analysis as the job's process makes it (on one thread where the
+    ranks were forked: cores.rank_start)."""
     import torch
 
+    from headlab.training import cores
     from headlab.training.run import build, compile_in_place
 
+    world, threads = schedule.ranks(cfg), cores.rank_share(cfg.trainer, threads)
     torch.set_num_threads(threads)
     started = time.perf_counter()
     datamodule, model = build(cfg)
@@ -108,15 +113,17 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     trainer = cfg.trainer
     evaluation_s = 0.0
     checks = schedule.validations(cfg, datamodule)
-    if n := schedule.batches(datamodule, "val", trainer.get("limit_val_batches")):
+    if n := schedule.batches(datamodule, "val", trainer.get("limit_val_batches"), world):
         sanity = trainer.get("num_sanity_val_steps", SANITY_BATCHES)
         batches = checks * n + (n if sanity == -1 else min(sanity, n))
         evaluation_s += batches * _median_seconds(forward("val"))
-    if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches")):
+    if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches"), world):
         evaluation_s += n * _median_seconds(forward("test"))
     analysis_s, draws, figures_s, logger = 0.0, 0, 0.0, _head_logger(cfg)
     if logger is not None and logger.importance:  # the run's own analysis, on the untrained model: its cost alike
+        torch.set_num_threads(1 if cores.rank_start(trainer) else threads)
         analysis_s = _analysis_seconds(logger, model, datamodule)
+        torch.set_num_threads(threads)
     if logger is not None and schedule.draws_figures(cfg):
         draws = schedule.figure_draws(checks, logger.figures_every)
         figures_s = draws * _figure_seconds(logger, model, datamodule)
@@ -366,8 +373,8 @@ def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
 
 def _shape(cfg: DictConfig) -> str:
     """What a run's cost depends on: the model, the data but for its fold and seed (folds differ by a row or two),
-    R-Drop's and SAM's passes, the trainer's limits, the budget that max_epochs=auto follows, the head analysis and
-    whether a logger gets figures."""
+    R-Drop's and SAM's passes, the trainer's limits and devices, the budget that max_epochs=auto follows, the head
+    analysis and whether a logger gets figures."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     data.pop("seed", None)
     (data.get("cv") or {}).pop("fold", None)
@@ -375,7 +382,8 @@ def _shape(cfg: DictConfig) -> str:
     rest = {k: OmegaConf.select(cfg, k) for k in keys}
     rest["figures"] = schedule.draws_figures(cfg)
     limits = ("max_epochs", "max_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
-              "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps")  # fmt: skip
+              "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps", "devices", "num_nodes",
+              "strategy")  # fmt: skip
     trainer = {k: OmegaConf.select(cfg, f"trainer.{k}") for k in limits}  # not its directories: no run yet
     return repr((OmegaConf.to_container(cfg.model, resolve=True), data, trainer, repr(rest)))
 

@@ -27,7 +27,24 @@ def steps_an_epoch(cfg: DictConfig, datamodule) -> int:
     from headlab.training import epochs
 
     batches = math.ceil(len(datamodule.splits["train"]) / datamodule.batch_size)
-    return epochs.steps_per_epoch(batches, 1, cfg.trainer.get("limit_train_batches"))
+    return epochs.steps_per_epoch(batches, ranks(cfg), cfg.trainer.get("limit_train_batches"))
+
+
+def ranks(cfg: DictConfig) -> int:
+    """The processes a run trains in (DDP's world size): its devices (a count, a list of them, or all GPUs for -1
+    and auto) on each of its nodes; one on a single device."""
+    trainer = cfg.trainer
+    devices = trainer.get("devices", 1)
+    if isinstance(devices, str):
+        devices = int(devices) if devices.strip().lstrip("-").isdigit() else -1  # "auto"
+    elif not isinstance(devices, int):  # a list of device indices
+        devices = len(devices)
+    if devices == -1:
+        import torch
+
+        gpu = str(trainer.get("accelerator")) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+        devices = torch.cuda.device_count() if gpu else 1
+    return max(1, devices) * max(1, int(trainer.get("num_nodes") or 1))
 
 
 def epochs_of(cfg: DictConfig, datamodule) -> int:
@@ -53,13 +70,14 @@ def validations(cfg: DictConfig, datamodule) -> int:
     return sum(b // batch for e, b in enumerate([per_epoch] * full + [rest]) if (e + 1) % every == 0)
 
 
-def batches(datamodule, split: str, limit) -> int:
-    """The batches of a split a validation or test reads, cut by trainer.limit_*_batches as Lightning cuts them."""
+def batches(datamodule, split: str, limit, world: int = 1) -> int:
+    """The batches of a split a validation or test reads on each of `world` ranks (a share of the split's), cut by
+    trainer.limit_*_batches as Lightning cuts them."""
     from headlab.training import epochs
 
     if not datamodule.splits.get(split):
         return 0
-    return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), 1, limit)
+    return epochs.steps_per_epoch(math.ceil(len(datamodule.splits[split]) / datamodule.batch_size), world, limit)
 
 
 def draws_figures(cfg: DictConfig) -> bool:
