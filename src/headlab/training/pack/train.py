@@ -238,8 +238,9 @@ def train_pack(
     log.info(line if pack_id is None else f"pack {pack_id}: {line}")
     for index, member in enumerate(members):
         member.index = index
-    size, writes = len(members), cores.process_rank() == 0  # the other ranks of a run that re-runs its command
-    pl.seed_everything(members[0].cfg.seed, workers=True)  # write nothing
+    size = len(members)
+    writes = cores.process_rank() == 0  # the other ranks of a run that re-runs its command write nothing
+    pl.seed_everything(members[0].cfg.seed, workers=True)
     models, streams = [m.module.model for m in members], [m.stream for m in members]
     compiled = bool(members[0].cfg.model.get("compile"))  # one value for the pack (pack_key)
     module = PackedModule(models, [m.module.hparams for m in members], streams, compiled)
