@@ -166,6 +166,23 @@ def test_a_command_says_what_it_took_against_its_dry_runs_estimate(run_cli, tmp_
     assert re.search(r"run took \d+ s start to exit \(its dry run of ", priced.stdout + priced.stderr)
 
 
+def test_a_packed_sweep_after_its_dry_run_starts_with_the_dry_runs_estimate_of_its_packs(run_cli, tmp_path):
+    """The packed launcher says when it starts how long its packs will take: measured again where no dry run of the
+    same command was made, else the dry run's (its packs' seconds, the process's start-up aside), not measured
+    twice."""
+    sweep = ["-m", *QUICK, "seed=0,1", "hydra/launcher=packed"]
+    unpriced = run_cli(*sweep, "hydra.sweep.dir=first")
+    assert unpriced.returncode == 0, unpriced.stderr[-2000:]
+    said = unpriced.stdout + unpriced.stderr
+    assert re.search(r"packed launcher: 2 jobs to train in 1 pack\(s\) of at most 64, 1 at a time, about \d+ s here$",
+                     said, re.MULTILINE)  # fmt: skip
+    priced = json.loads(run_cli(*sweep, "hydra.sweep.dir=second", "--dry-run", "--json").stdout)
+    ran = run_cli(*sweep, "hydra.sweep.dir=second")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = re.search(r"1 at a time, about (\d+) s \(its dry run of \S+\)", ran.stdout + ran.stderr)
+    assert said and abs(int(said[1]) - sum(job["seconds"] for job in priced["jobs"])) <= 1, ran.stdout[-2000:]
+
+
 def test_a_dry_run_of_a_sweep_in_rounds_prices_every_round_and_the_first_alone(run_cli, tmp_path):
     """sweep.sequential.looks=2 over 4 seeds: the sweep's seconds price every round (its most), seconds_first_look
     its first round alone (2 seeds an arm: where every arm is decided at the first look, its least)."""
@@ -328,14 +345,17 @@ def test_a_dry_run_counts_the_validations_lightning_schedules(run_cli, tmp_path,
 @pytest.mark.parametrize("logger, draws", [("csv", 0), ("tensorboard", 2)])
 def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli, tmp_path, logger, draws):
     """TensorBoard (and W&B) get the attention maps at every figures_every_n_val_epochs-th validation and after the
-    last: of 4, the 3rd and the 4th; a CSV logger gets none. The dry run counts them and times a drawing."""
+    last: of 4, the 3rd and the 4th, and the head analysis' figures after training; a CSV logger gets none. The dry
+    run counts them and times a drawing of each."""
     every_3 = "++callbacks.attention.figures_every_n_val_epochs=3"
     result = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = json.loads(result.stdout)["jobs"]
     assert job["figures"] == draws and (job["figures_seconds"] > 0) == (draws > 0)
+    assert (job["importance_figures_seconds"] > 0) == (draws > 0)
     said = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run").stdout
-    assert (", 2 drawings of the attention maps and head analysis about " in said) == (draws > 0), said
+    drawn = ", 2 drawings of the attention maps and head analysis with its figures about "
+    assert (drawn in said) == (draws > 0) and (" and head analysis about " in said) == (draws == 0), said
     written = [p.name for p in tmp_path.rglob("*") if p.suffix in (".json", ".html", ".png")]  # its head analysis
     assert written == []  # timed as the run makes it (heads.json, the head view) in a folder removed after
 

@@ -54,10 +54,12 @@ class Cost:
     prepare_s: float  # the data and the model built
     figures: int  # the attention maps drawn for W&B or TensorBoard (figure_draws)
     figures_s: float  # drawing them
+    importance_figures_s: float  # the head analysis' figures for W&B or TensorBoard (importance, pruning, causal)
 
     @property
     def seconds(self) -> float:
-        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + self.figures_s
+        drawn = self.figures_s + self.importance_figures_s
+        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + drawn
 
 
 def _figure_seconds(logger, model, datamodule) -> float:
@@ -119,31 +121,44 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
         evaluation_s += batches * _median_seconds(forward("val"))
     if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches"), world):
         evaluation_s += n * _median_seconds(forward("test"))
-    analysis_s, draws, figures_s, logger = 0.0, 0, 0.0, _head_logger(cfg)
+    analysis_s, draws, figures_s, importance_figures_s, logger = 0.0, 0, 0.0, 0.0, _head_logger(cfg)
+    drawing = logger is not None and schedule.draws_figures(cfg)
     if logger is not None and logger.importance:  # the run's own analysis, on the untrained model: its cost alike
         torch.set_num_threads(1 if cores.rank_start(trainer) else threads)
-        analysis_s = _analysis_seconds(logger, model, datamodule)
+        analysis_s, importance_figures_s = _analysis_seconds(logger, model, datamodule, drawing)
         torch.set_num_threads(threads)
-    if logger is not None and schedule.draws_figures(cfg):
+    if drawing:
         draws = schedule.figure_draws(checks, logger.figures_every)
         figures_s = draws * _figure_seconds(logger, model, datamodule)
     steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
-    return Cost(steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s)
+    return Cost(
+        steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s, importance_figures_s
+    )
 
 
-def _analysis_seconds(analyst, model, datamodule) -> float:
+def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float, float]:
     """The head analysis a run makes after training: importance and pruning curves (analyse), then heads.json with
-    the ablations and patching beside them and the head view (publish, into a folder removed after, no logger)."""
+    the ablations and patching beside them and the head view (publish, into a folder removed after, no logger);
+    and, where the run draws figures (drawing: W&B or TensorBoard), its figures (the first drawing, which loads
+    matplotlib's fonts, untimed). Returns (the analysis' seconds, its figures' seconds)."""
     import torch
 
-    cpu = torch.device("cpu")
+    from headlab.heads.figures import render_importance
+
+    cpu, drawn = torch.device("cpu"), []
 
     def analyse_and_publish():
         with tempfile.TemporaryDirectory() as folder:
             analyst.out_dir = Path(folder)
-            analyst.publish(model, datamodule, [], cpu, 0, None, analyst.analyse(model, datamodule, cpu))
+            analysis = analyst.analyse(model, datamodule, cpu)
+            analyst.publish(model, datamodule, [], cpu, 0, None, analysis)
+            rows = json.loads((Path(folder) / "heads.json").read_text())["rows"]
+            drawn[:] = [analyst.importance_figures(rows, analysis.scores, analysis.curves)]
 
-    return _median_seconds(analyse_and_publish, repeats=1)
+    seconds = _median_seconds(analyse_and_publish, repeats=1)
+    if not drawing:
+        return seconds, 0.0
+    return seconds, _median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=1)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
@@ -277,10 +292,11 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
                 check_config(cfg)
             n_jobs = int(launcher.get("n_jobs") or 1)
             measured = costs(configs, _threads(n_jobs))
-            total = startup + _total([len(g) for g in groups], measured, n_jobs)
+            packs_seconds = _total([len(g) for g in groups], measured, n_jobs)
+            total = startup + packs_seconds
             planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
             first = first_look_seconds(config, groups, measured, n_jobs, startup)
-            estimates.keep(config, total)  # said again beside what the command takes, when it is run
+            estimates.keep(config, total, packs_seconds)  # said again beside what the command takes, when it is run
     skipped = f"; {done} completed before with the same config, skipped (sweep.resume=true)" if done else ""
     if as_object:
         found = (
@@ -330,6 +346,7 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
             "validations": cost.validations,
             "figures": cost.figures,
             "figures_seconds": round(cost.figures_s, 1),
+            "importance_figures_seconds": round(cost.importance_figures_s, 1),
             "seconds": round(cost.seconds, 1),
         }
         for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
@@ -348,11 +365,12 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
     for k, (group, cost) in enumerate(zip(groups, measured, strict=True)):
         named = " ".join(f"{key}={given[k][key]}" for key in varied) or "the configuration as given"
         what = "pack" if len(group) > 1 else "job"
-        drawn = f", {cost.figures} drawings of the attention maps" if cost.figures else ""
+        drawn = f", {cost.figures} drawing{'s' * (cost.figures > 1)} of the attention maps" if cost.figures else ""
+        analysed = " with its figures" if cost.importance_figures_s else ""
         lines.append(
             f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps and {cost.validations:,} validations "
-            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test{drawn} and head analysis about "
-            f"{duration(len(group) * cost.seconds)}"
+            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test{drawn} and head analysis"
+            f"{analysed} about {duration(len(group) * cost.seconds)}"
         )
     total = startup + _total([len(group) for group in groups], measured, n_jobs)
     lines.append(

@@ -39,20 +39,27 @@ def _path(config: DictConfig) -> Path:
     return cache_root() / "estimates" / f"{_key(config)}.json"
 
 
-def keep(config: DictConfig, seconds: float) -> None:
-    """Keep a dry run's estimate (seconds, start to exit) for the command it priced; a cache that cannot be written
-    loses only this line of the command's end."""
-    made = {"seconds": round(seconds, 1), "at": datetime.now().isoformat(timespec="minutes")}
+def keep(config: DictConfig, seconds: float, packs_seconds: float) -> None:
+    """Keep a dry run's estimate (seconds, start to exit; packs_seconds, its jobs or packs alone, which the packed
+    launcher says when it starts instead of measuring them again) for the command it priced; a cache that cannot be
+    written loses only these lines."""
+    made = {
+        "seconds": round(seconds, 1),
+        "packs_seconds": round(packs_seconds, 1),
+        "at": datetime.now().isoformat(timespec="minutes"),
+    }
     with contextlib.suppress(OSError, DiskFull):
         write_json_atomic(_path(config), made)
 
 
 def kept(config: DictConfig) -> dict | None:
-    """{seconds, at} of the dry run of this command, or None (none made here, or not readable as one)."""
+    """{seconds, packs_seconds, at} of the dry run of this command (packs_seconds None where an older headlab kept
+    none), or None (none made here, or not readable as one)."""
     try:
         found = json.loads(_path(config).read_text())
-        return {"seconds": float(found["seconds"]), "at": str(found["at"])}
-    except (OSError, ValueError, KeyError, TypeError):
+        packs = found.get("packs_seconds")
+        return {"seconds": float(found["seconds"]), "packs_seconds": packs and float(packs), "at": str(found["at"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

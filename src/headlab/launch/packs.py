@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.launch import console
+from headlab.launch import console, estimates
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
 from headlab.launch.plan import plan
 from headlab.printing import duration
@@ -149,8 +149,14 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     specs = [(pack.id, pack.members()) for pack in packs]
     ledger = PackLedger(packs, ready, n_jobs)
     try:
-        ledger.estimated += _estimate(packs, n_jobs)
-        log.info(said + (f", about {duration(ledger.estimated[0])} here" if ledger.estimated else ""))
+        known = estimates.kept(config)
+        if known and known["packs_seconds"] is not None:  # its dry run measured them: not measured again
+            ledger.estimated.append(known["packs_seconds"])
+            said += f", about {duration(known['packs_seconds'])} (its dry run of {known['at']})"
+        elif estimated := _estimate(packs, n_jobs):
+            ledger.estimated += estimated
+            said += f", about {duration(estimated[0])} here"
+        log.info(said)
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded

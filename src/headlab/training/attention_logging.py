@@ -264,13 +264,19 @@ class AttentionLogger(pl.Callback):
             "heads/importance": (columns, rows),
             "heads/pruning_table": (["order", "fraction_pruned", "heads_pruned", "acc"], pruning),
         }
+        return {"figures": self.importance_figures(rows, scores, curves), "tables": tables, "step": step}
+
+    def importance_figures(self, rows: list[dict], scores, curves: dict[str, list[dict]]) -> dict:
+        """What figures.render_importance draws of a model's analysis (publish's rows, analyse's scores and
+        curves): plain arrays and lists, for a worker process."""
+        causal = causal_report.measured(rows)
         plain = {order: [{k: p[k] for k in ("fraction_pruned", "metric")} for p in c] for order, c in curves.items()}
         figure_args = {"scores": scores.cpu().numpy(), "curves": plain, "split": self.importance_split}
         figure_args["causal"] = (
             [{k: r[k] for k in ("layer", "head", "importance", *causal)} for r in rows] if causal else None
         )
         figure_args["metric"] = f"{self.pruning_split} accuracy"
-        return {"figures": figure_args, "tables": tables, "step": step}
+        return figure_args
 
     @staticmethod
     def log_importance_media(loggers: list, job: dict, pngs: dict[str, bytes]) -> None:
