@@ -151,12 +151,18 @@ def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tm
     """callbacks=early_stopping in a pack: each member stops after its own validations stop improving, at the epoch
     and step where Lightning's single path stops its run, with the same numbers (float64) and the same metrics.csv;
     the pack ends when every member has stopped."""
-    stopping = [*FLOAT64, "callbacks=early_stopping", "callbacks.early_stopping.patience=1", "trainer.max_epochs=30"]
+    stopping = [o for o in FLOAT64 if o != "callbacks.progress_bar=null"]  # plain lines: output is not a terminal
+    stopping += ["callbacks=early_stopping", "callbacks.early_stopping.patience=1", "trainer.max_epochs=30"]
     stopping.append("callbacks.attention=null")  # the head analysis, measured otherwise in a pack: test_pack_analysis
     packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1,2", *stopping, "hydra.sweep.dir=sweep")
     assert packed.returncode == 0, packed.stderr[-3000:]
     members = records(tmp_path / "sweep")
     assert [m["pack"]["size"] for m in members] == [3] * 3
+    said = [line.split("] ", 1)[1] for line in packed.stdout.splitlines() if "] pack sweep-pack0: " in line]
+    validated = [line for line in said if " validated" in line]  # the last: where the last member stops
+    assert len(validated) == max(m["epochs"] for m in members) and all("validated: val/acc " in v for v in validated)
+    tested = [line for line in said if ": tested: " in line]  # every member, those stopped early too
+    assert len(tested) == 1 and "test/acc " in tested[0] and " over 3)" in tested[0], tested
     for seed, member in enumerate(members):
         alone = run_cli(f"seed={seed}", *stopping, LIGHTNING_PATH, f"hydra.run.dir=alone{seed}")
         assert alone.returncode == 0, alone.stderr[-3000:]

@@ -40,15 +40,16 @@ class PackBar(ProgressBar):
 
 
 def member_values(members: list[Member], pl_module, prefix: str) -> dict[str, list[float]]:
-    """{metric: a value per member still training} (a diverged one is frozen: its numbers would be stale): the last
-    step's loss (prefix train/), the metrics of the latest validation (val/) as pack.writer set them, or of the
-    test (test/: PackedModule.tested)."""
+    """{metric: a value per member still training} (a diverged or stopped one is frozen: its numbers would be stale):
+    the last step's loss (prefix train/), the metrics of the latest validation (val/) as pack.writer set them, or of
+    the test (test/: PackedModule.tested), which tests every member but the diverged ones."""
     alive = pl_module.alive.tolist()
     if prefix == "train/":
         losses = getattr(pl_module, "last_losses", None)
         return {"train/loss": [] if losses is None else [v for v, a in zip(losses.tolist(), alive, strict=True) if a]}
     living = [m for m, a in zip(members, alive, strict=True) if a]
     if prefix == "test/":
-        return {k: [v[m.index] for m in living] for k, v in sorted(getattr(pl_module, "tested", {}).items())}
+        tested = [m for m, d in zip(members, pl_module.diverged_at.tolist(), strict=True) if d < 0]
+        return {k: [v[m.index] for m in tested] for k, v in sorted(pl_module.tested.items())}
     keys = sorted({k for m in living for k in m.metrics if k.startswith(prefix)})
     return {k: [m.metrics[k] for m in living if k in m.metrics] for k in keys}

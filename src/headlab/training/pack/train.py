@@ -252,8 +252,8 @@ def train_pack(
     handover = Handover(members, meter) if elsewhere else None
     ranks = [handover, RankThreads(threads)] if elsewhere else []
     trainer = pack_trainer(
-        members, [meter, outputs, stopping, ExactResume(), *bars, progress_record(members, pack_id), *ranks]
-    )
+        members, [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
+    )  # the bars before the stopping: a validation's line still counts the members that stop at it
     failed = True
     try:
         fit_seconds = fit_pack(trainer, module, members, handover)
