@@ -159,10 +159,12 @@ class Job:
                 write_atomic(self.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
         self._write()  # "running" until the run ends (or is killed)
 
-    def member(self) -> tuple:
-        """What a pack trains of this job (headlab.training.pack.train.train_members): (config, run directory, flat
-        config)."""
-        return self.cfg, self.run_dir, self.record["config"]
+    def member(self):
+        """This job as a pack trains it (headlab.training.pack.train.train_members): a Member of its config, run
+        directory and flat config (torch and Lightning are imported: call it once every job is checked)."""
+        from headlab.training.pack.member import Member
+
+        return Member(cfg=self.cfg, run_dir=self.run_dir, flat_config=self.record["config"])
 
     def start(self, pack: str) -> None:
         """A pack's member begins, when its pack starts: it is "running" from now (its started_at and duration_s

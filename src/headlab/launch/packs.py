@@ -146,7 +146,6 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         for ret, job in ready:  # each pack's SLURM job closed its members' records
             ret.return_value = objective(job.cfg, read_record(job.run_dir) or job.record)
         return returns
-    specs = [(pack.id, pack.members()) for pack in packs]
     ledger = PackLedger(packs, ready, n_jobs)
     try:
         known = estimates.kept(config)
@@ -159,9 +158,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         log.info(said)
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
+        trained = [(pack.id, pack.members()) for pack in packs]
+
         console.quiet()  # Hydra's logging was set up anew after the jobs were prepared; Lightning's is now loaded
         if n_jobs == 1:
-            for k, (pack_id, members) in enumerate(specs):
+            for k, (pack_id, members) in enumerate(trained):
                 ledger.start(k)
                 ledger.close(k, train_members(members, pack_id))
         else:
@@ -171,7 +172,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
             accelerator = str(ready[0][1].cfg.trainer.get("accelerator"))
             n_gpus = _gpu_count() if accelerator in ("gpu", "cuda", "auto") else 0
             run_parallel(
-                specs, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, ledger.start, ledger.close
+                trained, train_members, n_jobs, max(1, usable_cores() // n_jobs), n_gpus, ledger.start, ledger.close
             )
     except BaseException as error:  # an interrupt: every job started and not closed records it, a queued one
         # too where no pack had begun (the sweep was preparing: the estimate's data), else it stays queued

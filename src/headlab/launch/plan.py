@@ -38,8 +38,8 @@ class Pack:
     jobs: list[Job]
     returns: list[JobReturn]
 
-    def members(self) -> list[tuple]:
-        """What train_members takes: each job's member (Job.member)."""
+    def members(self) -> list:
+        """What train_members takes: each job's Member (Job.member)."""
         return [job.member() for job in self.jobs]
 
     def mem_gb(self) -> int:

@@ -81,7 +81,7 @@ def _stop_with(launcher: int) -> None:
 
 
 def _work(
-    conn, train: Callable, specs: list, pack_id: str, threads: int, gpu: str | None, environ: dict, launcher: int
+    conn, train: Callable, members: list, pack_id: str, threads: int, gpu: str | None, environ: dict, launcher: int
 ) -> None:
     """A worker: train one pack and send each member's result."""
     os.environ.clear()  # the launcher's now, not the forkserver's when it started
@@ -98,16 +98,16 @@ def _work(
 
     torch.set_num_threads(threads)
     try:
-        results = train(specs, pack_id, progress=False)
+        results = train(members, pack_id, progress=False)
     except BaseException as error:  # an interrupt before or after the fit
-        results = [error] * len(specs)
+        results = [error] * len(members)
     conn.send([_portable(r) for r in results])
 
 
 def run_parallel(
     packs: list, train: Callable, n_jobs: int, threads: int, n_gpus: int, start: Callable, done: Callable
 ) -> None:
-    """Train packs [(pack id, specs)] n_jobs at a time; start(k) as each pack k starts and done(k, results) as it
+    """Train packs [(pack id, members)] n_jobs at a time; start(k) as each pack k starts and done(k, results) as it
     ends, in the parent.
     An interrupt of the parent (or an error raised by done) stops every worker with SIGTERM, each saving its
     members' last.ckpt, and is raised once they have exited."""
@@ -119,12 +119,12 @@ def run_parallel(
     try:
         while pending or running:
             while pending and len(running) < n_jobs:
-                k, (pack_id, specs) = pending.pop(0)
+                k, (pack_id, members) = pending.pop(0)
                 start(k)
                 slot = min(set(range(n_jobs)) - {s for _, _, s in running.values()})  # a free one
                 gpu = gpu_for_slot(slot, n_gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if n_gpus else None
                 receive, send = context.Pipe(duplex=False)
-                args = (send, train, specs, pack_id, threads, gpu, dict(os.environ), os.getpid())
+                args = (send, train, members, pack_id, threads, gpu, dict(os.environ), os.getpid())
                 process = context.Process(target=_work, args=args)
                 process.start()
                 send.close()

@@ -319,21 +319,20 @@ def train_run(cfg, flat_config: dict, threads: int, run_dir: Path) -> dict:
     elsewhere = cores.rank_start(cfg.trainer) is not None
     configure_torch(cfg, 1 if elsewhere else threads)  # before the data and model are built; a job that starts its
     # ranks only prepares and waits
-    (result,) = train_members([(cfg, run_dir, flat_config)], None, threads=threads)
+    (result,) = train_members([Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)], None, threads=threads)
     if isinstance(result, BaseException):
         raise result
     return result
 
 
-def train_members(specs: list[tuple], pack_id: str | None, progress: bool = True, threads: int | None = None) -> list:
-    """Build the members of a pack [(cfg, run dir, flat config)], split them by shape and by what fits in memory,
-    and train each part; each member's results.json fields, or the error that ended it. Runs where the pack
-    trains: in the launcher's process, or in a worker of its own (headlab.launch.workers); pack_id None: the one
-    run of headlab-train (train_run)."""
-    results: list = [None] * len(specs)
+def train_members(given: list[Member], pack_id: str | None, progress: bool = True, threads: int | None = None) -> list:
+    """Build the members of a pack (each a config, a run directory and a flat config: Job.member), split them by
+    shape and by what fits in memory, and train each part; each member's results.json fields, or the error that
+    ended it. Runs where the pack trains: in the launcher's process, or in a worker of its own
+    (headlab.launch.workers); pack_id None: the one run of headlab-train (train_run)."""
+    results: list = [None] * len(given)
     members = {}
-    for i, (cfg, run_dir, flat_config) in enumerate(specs):
-        member = Member(cfg=cfg, run_dir=run_dir, flat_config=flat_config)
+    for i, member in enumerate(given):
         try:
             build_member(member)
             if member.cfg.get("resume"):
