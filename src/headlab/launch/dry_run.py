@@ -92,7 +92,7 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     """Build cfg's data and model here and time what a run of it does, on `threads` threads: with several CPU
     ranks (DDP) what one rank does on its share of them, its share of the steps and batches (the ranks' all-reduce
     of gradients is not priced), and the head analysis as the job's process makes it (on one thread where the
-    ranks were forked: cores.rank_start)."""
+    ranks were forked: pack.ranks.Handover.analyse_here)."""
     import torch
 
     from headlab.training import cores
@@ -124,7 +124,7 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     analysis_s, draws, figures_s, importance_figures_s, logger = 0.0, 0, 0.0, 0.0, _head_logger(cfg)
     drawing = logger is not None and schedule.draws_figures(cfg)
     if logger is not None and logger.importance:  # the run's own analysis, on the untrained model: its cost alike
-        torch.set_num_threads(1 if cores.rank_start(trainer) else threads)
+        torch.set_num_threads(1 if cores.rank_start(trainer) == "fork" else threads)
         analysis_s, importance_figures_s = _analysis_seconds(logger, model, datamodule, drawing)
         torch.set_num_threads(threads)
     if drawing:

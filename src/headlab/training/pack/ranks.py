@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
+from headlab.training import cores
 from headlab.training.callbacks import ThroughputMeter
 from headlab.training.checkpoints import model_state
 from headlab.training.pack.member import Member
@@ -25,8 +26,8 @@ class Handover(pl.Callback):
     tracking, early stopping) and where it stopped; the pack's frozen members, test metrics, throughput and
     position. `take_back` puts them into the job process's members, module and meter."""
 
-    def __init__(self, members: list[Member], meter: ThroughputMeter):
-        self.members, self.meter = members, meter
+    def __init__(self, members: list[Member], meter: ThroughputMeter, threads: int):
+        self.members, self.meter, self.threads = members, meter, threads
         self.folder = Path(tempfile.mkdtemp(prefix="headlab-ranks-"))
         self.path = self.folder / "rank0.pt"
 
@@ -81,6 +82,15 @@ class Handover(pl.Callback):
             getattr(pl_module, key).copy_(pack[key])
         pl_module.tested, pl_module.last_losses = pack["tested"], pack["last_losses"]
         self.meter.tokens, self.meter.seconds = state["meter"]["tokens"], state["meter"]["seconds"]
+
+    def analyse_here(self, pl_module, trainer) -> None:
+        """The ranks are done: this process analyses the heads, on the run's device (a GPU's, with ddp_spawn) and,
+        where its ranks were spawned, on their threads (forked ranks leave it on one: a process forked after torch
+        ran on several threads hangs, cores.rank_threads, and a later job of a sweep forks again)."""
+        pl_module.to(trainer.strategy.root_device)
+        if cores.rank_start(self.members[0].cfg.trainer) == "spawn":
+            torch.set_num_threads(self.threads)
+            cores.threaded |= self.threads > 1
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -249,7 +249,7 @@ def train_pack(
     outputs = MemberWriter(members, pack_id, meter)
     stopping, bars = MembersStopping(members, pack_id), pack_progress(members, pack_id, progress)
     elsewhere = cores.rank_start(members[0].cfg.trainer) is not None
-    handover = Handover(members, meter) if elsewhere else None
+    handover = Handover(members, meter, threads) if elsewhere else None
     ranks = [handover, RankThreads(threads)] if elsewhere else []
     trainer = pack_trainer(
         members, [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
@@ -258,6 +258,8 @@ def train_pack(
     try:
         fit_seconds = fit_pack(trainer, module, members, handover)
         test, kept = test_best(module, trainer, members, handover)
+        if handover:
+            handover.analyse_here(module, trainer)
         rate = meter.rate * trainer.world_size if meter.rate else None  # over every rank
         analysed, jobs, results = measure_heads(module, members) if writes else [None] * size, [], []
         for member in members:
