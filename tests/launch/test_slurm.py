@@ -94,6 +94,23 @@ def test_a_job_sweep_on_slurm_requeues_a_job_warned_of_its_time_limit_and_it_end
     assert "this job is timed-out" in log and "requeued by SLURM: resuming" in log
 
 
+def test_a_run_whose_strategy_starts_its_ranks_is_one_slurm_task_that_numbers_them_itself(cluster, tmp_path):
+    """trainer=ddp_cpu (the job forks its two ranks) on SLURM: one task, not one per device (each would fork both
+    again), and its ranks numbered by Lightning's own environment, not SLURM's (each forked rank would read the
+    task's rank, 0, and claim the rendezvous port: EADDRINUSE); the run completes as on two devices here."""
+    slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
+    slurm += ["hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5"]
+    tiny = ["data.n_train=256", "data.n_val=64", "data.n_test=64", "model.d_model=16", "trainer.max_epochs=2"]
+    process = start(cluster, tmp_path, *slurm, "trainer=ddp_cpu", *tiny, "logger=csv", "hydra.sweep.dir=sweep")
+    _, stderr = process.communicate(timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    (record,) = records(tmp_path / "sweep", 1)
+    assert record["status"] == "completed" and record["resources"]["devices"] == 2
+    assert record["global_step"] == 2 * 256 // 64 // 2  # 2 epochs of 4 batches of 64, each rank one batch in two
+    script = next((tmp_path / "sweep" / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --ntasks-per-node=1\n" in script
+
+
 def test_packs_on_slurm_each_a_job_and_a_requeued_pack_ends_as_if_uninterrupted(cluster, tmp_path):
     """Two packs (two copies of seeds 0 and 1) as a SLURM job array; pack a is warned mid-training, requeued,
     continues every member from its own last.ckpt, and its members end as pack b's."""

@@ -498,6 +498,10 @@ def test_slurm_launcher_asks_for_what_the_trainer_uses():
     assert launcher._target_.endswith("SlurmLauncher")
     cpu = compose_job("hydra/launcher=slurm").hydra.launcher
     assert (cpu.nodes, cpu.tasks_per_node, cpu.gpus_per_node) == (1, 1, 0)
+    # a strategy that starts its ranks itself is one task: SLURM starting one per device, each would start them all
+    for strategy, tasks in (("ddp", 4), ("ddp_fork", 1), ("ddp_spawn", 1), ("ddp_notebook", 1)):
+        ranks = ["trainer=ddp_cpu", "trainer.devices=4", f"trainer.strategy={strategy}"]
+        assert compose_job("hydra/launcher=slurm", *ranks).hydra.launcher.tasks_per_node == tasks, strategy
 
 
 def test_wandb_sweep_passes_hydra_overrides_to_headlab_train():

@@ -14,7 +14,16 @@ def gpus_per_node(accelerator: str, devices) -> int:
     return len(devices) if isinstance(devices, list | tuple) else int(devices)
 
 
+def tasks_per_node(strategy: str, devices):
+    """SLURM tasks a job runs on each node: one per device, each a rank, where Lightning takes its ranks from SLURM
+    (ddp); one where the strategy starts its ranks itself (ddp_fork, ddp_spawn: each task would start them again)."""
+    from headlab.training.cores import rank_start
+
+    return 1 if rank_start({"strategy": strategy}) else devices
+
+
 def configure() -> None:
     OmegaConf.register_new_resolver("headlab.gpus_per_node", gpus_per_node, replace=True)
+    OmegaConf.register_new_resolver("headlab.tasks_per_node", tasks_per_node, replace=True)
     OmegaConf.register_new_resolver("headlab.data_dir", lambda: str(data_dir()), replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)

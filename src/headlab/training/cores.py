@@ -59,6 +59,17 @@ def rank_start(trainer_cfg) -> str | None:
     return "fork" if "fork" in strategy or "notebook" in strategy else None
 
 
+def rank_environment(trainer_cfg) -> dict:
+    """The Trainer's plugins for ranks the strategy starts itself (ddp_fork, ddp_spawn): Lightning's own cluster
+    environment, which numbers them; inside a SLURM job Lightning would take SLURM's, where every rank it starts reads
+    the job's one task as its rank and all would be rank 0 (each then claims the rendezvous port)."""
+    if rank_start(trainer_cfg) is None:
+        return {}
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    return {"plugins": [LightningEnvironment()]}
+
+
 def rank_threads(trainer_cfg, threads: int) -> int:
     """Torch threads for each forked rank. A process forked after torch has run on several OpenMP threads hangs
     at its first parallel operation (GNU libgomp is not fork-safe; seen as DDP ranks asleep after the model

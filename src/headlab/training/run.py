@@ -194,8 +194,9 @@ def train(cfg: DictConfig, flat_config: dict, threads: int, run_dir: Path) -> di
     devices = {}
     if cfg.trainer.get("accelerator") == "gpu" and cores.parallel_jobs() > 1:  # one GPU per job of a local sweep
         devices = {"devices": [cores.gpu_for_job(torch.cuda.device_count())]}
+    plugins = [AtomicCheckpointIO(), *cores.rank_environment(cfg.trainer).get("plugins", [])]
     trainer: pl.Trainer = instantiate_node(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()],
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=plugins,
         **devices, **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg),
     )  # fmt: skip
     epochs.resolve(trainer, cfg, datamodule)

@@ -199,6 +199,7 @@ def pack_trainer(members: list[Member], callbacks: list[pl.Callback]) -> pl.Trai
     trainer = instantiate_node(
         cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False,
         **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg), **debug_limits(cfg.trainer),
+        **cores.rank_environment(cfg.trainer),
     )  # fmt: skip
     epochs.resolve(trainer, cfg, members[0].datamodule)
     return trainer
