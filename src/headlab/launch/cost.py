@@ -54,10 +54,10 @@ def _figure_seconds(logger, model, datamodule) -> float:
         seen = probe.attention(model, datamodule, batch)
         figures.render_heads(probe.snapshot(model, datamodule, batch, seen, 0, figures.EXAMPLES))
 
-    return _median_seconds(draw, repeats=1, warm_up=1)
+    return median_seconds(draw, repeats=1, warm_up=1)
 
 
-def _median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> float:
+def median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> float:
     """The median time of action() after warm_up untimed calls (a noisy machine's outliers aside)."""
     for _ in range(warm_up):
         action()
@@ -99,9 +99,9 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     if n := schedule.batches(datamodule, "val", trainer.get("limit_val_batches"), world):
         sanity = trainer.get("num_sanity_val_steps", SANITY_BATCHES)
         batches = checks * n + (n if sanity == -1 else min(sanity, n))
-        evaluation_s += batches * _median_seconds(forward("val"))
+        evaluation_s += batches * median_seconds(forward("val"))
     if n := schedule.batches(datamodule, "test", trainer.get("limit_test_batches"), world):
-        evaluation_s += n * _median_seconds(forward("test"))
+        evaluation_s += n * median_seconds(forward("test"))
     analysis_s, draws, figures_s, importance_figures_s, logger = 0.0, 0, 0.0, 0.0, _head_logger(cfg)
     drawing = logger is not None and schedule.draws_figures(cfg)
     if logger is not None and logger.importance:  # the run's own analysis, on the untrained model: its cost alike
@@ -136,10 +136,10 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
             rows = json.loads((Path(folder) / "heads.json").read_text())["rows"]
             drawn[:] = [analyst.importance_figures(rows, analysis.scores, analysis.curves)]
 
-    seconds = _median_seconds(analyse_and_publish, repeats=1)
+    seconds = median_seconds(analyse_and_publish, repeats=1)
     if not drawing:
         return seconds, 0.0
-    return seconds, _median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=1)
+    return seconds, median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=1)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:

@@ -12,7 +12,8 @@ from torch import nn
 
 from headlab.cli.bench import micro, overhead, packing
 from headlab.cli.bench.micro import HeadlabStack, torch_stack
-from headlab.cli.bench.timing import interleaved, median_time, synchronized
+from headlab.cli.bench.timing import interleaved, synchronized
+from headlab.launch.cost import median_seconds
 from headlab.model import MultiHeadAttention, training_flops_per_token
 from headlab.printing import duration
 
@@ -21,7 +22,7 @@ ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model /
 
 def _timed(step, repeats: int, device: torch.device) -> float:
     """Median seconds of a synchronised step."""
-    return median_time(synchronized(step, device), repeats, warmup=3)
+    return median_seconds(synchronized(step, device), repeats, warm_up=3)
 
 
 def bf16_peak(n: int = 8192) -> float:

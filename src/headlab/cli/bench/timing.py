@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from headlab.launch.cost import median_seconds
 from headlab.training.cores import usable_cores
 
 
@@ -28,21 +29,10 @@ def synchronized(step, device: torch.device):
     return run
 
 
-def median_time(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def matmul_peak(n: int = 1024, repeats: int = 10) -> float:
     """fp32 GFLOP/s of a square matmul: the machine's practical peak."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+    return 2 * n**3 / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict:
