@@ -16,15 +16,17 @@ import pytest
 from conftest import TINY, cli_env, train_here
 
 pytestmark = pytest.mark.e2e
-NOISE = ("Tip:", "srun", "Total FLOPs", "LeafSpec", "anonymous", "GPU available", "Warning", "warn(")
+NOISE = ("Tip:", "srun", "Total FLOPs", "LeafSpec", "anonymous", "GPU available", "Warning", "warn(", "pack None")
 
 
 @pytest.mark.parametrize("path", ["pack of one", "lightning"])
 def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp_path, path):
-    """Plain lines where output is not a terminal, as a run trains (a pack of one) and on Lightning's single path
-    (a callback of its own: the plain progress given as one)."""
+    """Plain lines where output is not a terminal, as a run trains (a pack of one, with TensorBoard: the time its
+    figures took, a run's, not a pack's) and on Lightning's single path (a callback of its own: the plain progress
+    given as one)."""
     own = ["callbacks.progress_bar=null", "+callbacks.plain._target_=headlab.training.progress.PlainProgress"]
-    done = run_cli(*[o for o in TINY if o != "callbacks.progress_bar=null"], "logger=csv",
+    logger = "logger=csv" if path == "lightning" else "logger=[csv,tensorboard]"
+    done = run_cli(*[o for o in TINY if o != "callbacks.progress_bar=null"], logger,
                    *(own if path == "lightning" else []), "hydra.run.dir=run")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -36,6 +38,9 @@ def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp
     assert len(validated) == 2 and f"val/acc {record['curve'][-1]['val/acc']:.4f}" in validated[-1]
     assert len(tested) == 1 and re.fullmatch(r"tested: (test/\w+ [0-9.]+(, | )?){2} \(\d+ s\)", tested[0])
     assert f"test/acc {metrics['test/acc']:.4f}" in tested[0] and f"test/loss {metrics['test/loss']:.4f}" in tested[0]
+    if path == "pack of one":  # the maps after the last validation, the head analysis' figures after the test
+        drawn = [line.split(" - ", 1)[1] for line in lines if "figures in " in line]
+        assert [re.sub(r"[0-9.]+ s$", "N s", line) for line in drawn] == ["figures in N s", "importance figures in N s"]
     outcome = lines[-1].split(" - ", 1)[1]
     assert outcome == (
         f"{tmp_path / 'run'}: completed in {record['duration_s']:.0f} s: val/acc_best {metrics['val/acc_best']:.4f}, "

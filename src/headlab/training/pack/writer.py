@@ -116,9 +116,7 @@ class MemberWriter(pl.Callback):
                 snapshots, self.rendered(render_heads, [{"snapshot": s} for _, s in snapshots]), strict=True
             ):
                 AttentionLogger.log_media(member.loggers, snapshot, pngs)
-            log.info(
-                "pack %s: figures of %d members in %.1f s", self.pack_id, len(snapshots), time.perf_counter() - started
-            )
+            self._drew("figures", len(snapshots), started)
 
     def rendered(self, render, jobs: list[dict]) -> list:
         """render(**job) of each job: in worker processes where there are several, in this process for one (a
@@ -147,12 +145,15 @@ class MemberWriter(pl.Callback):
         rendered = self.rendered(render_importance, [job["figures"] for _, job in jobs])
         for (member, job), pngs in zip(jobs, rendered, strict=True):
             AttentionLogger.log_importance_media(member.loggers, job, pngs)
-        log.info(
-            "pack %s: importance figures of %d members in %.1f s",
-            self.pack_id,
-            len(jobs),
-            time.perf_counter() - started,
-        )
+        self._drew("importance figures", len(jobs), started)
+
+    def _drew(self, what: str, members: int, started: float) -> None:
+        """'pack P: figures of 8 members in 11.4 s'; for the run of headlab-train (no pack id) 'figures in 1.6 s'."""
+        seconds = time.perf_counter() - started
+        if self.pack_id is None:
+            log.info("%s in %.1f s", what, seconds)
+        else:
+            log.info("pack %s: %s of %d members in %.1f s", self.pack_id, what, members, seconds)
 
     def close(self) -> None:
         if self._pool is not None:
