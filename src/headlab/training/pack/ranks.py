@@ -18,6 +18,7 @@ from headlab.training import cores
 from headlab.training.callbacks import ThroughputMeter
 from headlab.training.checkpoints import model_state
 from headlab.training.pack.member import Member
+from headlab.training.run import configure_torch
 
 
 class Handover(pl.Callback):
@@ -88,9 +89,9 @@ class Handover(pl.Callback):
         where its ranks were spawned, on their threads (forked ranks leave it on one: a process forked after torch
         ran on several threads hangs, cores.rank_threads, and a later job of a sweep forks again)."""
         pl_module.to(trainer.strategy.root_device)
-        if cores.rank_start(self.members[0].cfg.trainer) == "spawn":
-            torch.set_num_threads(self.threads)
-            cores.threaded |= self.threads > 1
+        cfg = self.members[0].cfg
+        if cores.rank_start(cfg.trainer) == "spawn":
+            configure_torch(cfg, self.threads)  # which notes the threads for the forks of later jobs
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
