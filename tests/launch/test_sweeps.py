@@ -314,6 +314,24 @@ def test_a_dry_run_counts_the_steps_the_trainer_will_take(run_cli, tmp_path, lim
     assert f", {steps} steps and " in line, line
 
 
+@pytest.mark.parametrize(
+    "trainer, ranks",
+    [
+        ({"devices": 1}, 1),
+        ({"devices": 2, "strategy": "ddp_fork"}, 2),
+        ({"devices": "3"}, 3),
+        ({"devices": [0, 2]}, 2),
+        ({"devices": 4, "num_nodes": 2}, 8),
+        ({"devices": -1, "accelerator": "cpu"}, 1),  # all GPUs: none on a CPU
+        ({"devices": "auto", "accelerator": "cpu"}, 1),
+    ],
+)
+def test_a_dry_run_counts_the_ranks_a_run_trains_in_whatever_form_its_devices_take(trainer, ranks):
+    from headlab.launch import schedule
+
+    assert schedule.ranks(OmegaConf.create({"trainer": trainer})) == ranks
+
+
 def test_a_dry_run_counts_each_jobs_own_budget_where_the_budget_follows_the_data(run_cli, tmp_path):
     """trainer.max_epochs=auto: a job of twice the budget (auto_epochs.scale=2) trains twice the steps, though its
     model and data are those of a job of the first budget (timed once, for both)."""
