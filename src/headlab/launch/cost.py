@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.launch import schedule
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
+_WARMED: set[str] = set()  # what has run once in this process (warm_up_once)
 SANITY_BATCHES = 2  # Lightning's validation batches before training (trainer.num_sanity_val_steps; -1: all)
 
 
@@ -54,7 +55,16 @@ def _figure_seconds(logger, model, datamodule) -> float:
         seen = probe.attention(model, datamodule, batch)
         figures.render_heads(probe.snapshot(model, datamodule, batch, seen, 0, figures.EXAMPLES))
 
-    return median_seconds(draw, repeats=1, warm_up=1)
+    return median_seconds(draw, repeats=1, warm_up=warm_up_once("figures"))
+
+
+def warm_up_once(what: str) -> int:
+    """1 the first time a process times `what` (the head analysis, a figure), 0 after: its one-off costs
+    (imports, templates, matplotlib's fonts) come once a process, as in the runs, whatever the shape, and each
+    shape after the first is timed on its first call (a new design's first analysis takes what its repeats do)."""
+    first = what not in _WARMED
+    _WARMED.add(what)
+    return int(first)
 
 
 def median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> float:
@@ -136,10 +146,11 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
             rows = json.loads((Path(folder) / "heads.json").read_text())["rows"]
             drawn[:] = [analyst.importance_figures(rows, analysis.scores, analysis.curves)]
 
-    seconds = median_seconds(analyse_and_publish, repeats=1)
+    seconds = median_seconds(analyse_and_publish, repeats=1, warm_up=warm_up_once("analysis"))
     if not drawing:
         return seconds, 0.0
-    return seconds, median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=1)
+    once = warm_up_once("importance")
+    return seconds, median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=once)
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
