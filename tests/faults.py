@@ -15,9 +15,9 @@ from headlab.model.rules import same
 
 class SignalAt(pl.Callback):
     """`signum` at `moment` ('train_batch', 'validation_batch', 'train_end' (just before the head analysis),
-    'test_batch', or 'checkpoint': while the `batch`-th checkpoint of the run is being made, so after the ones
-    before it were written), at `epoch` and `batch` where they apply; never again once `once_file` exists (a
-    resumed run)."""
+    'test_batch', or 'checkpoint': while the checkpoints of the run's `batch`-th validation are being made,
+    before any of their files is written), at `epoch` and `batch` where they apply; never again once `once_file`
+    exists (a resumed run)."""
 
     def __init__(self, moment: str, once_file: str, epoch: int = 0, batch: int = 0, signum: int = signal.SIGTERM):
         self.moment, self.once_file, self.epoch, self.batch = moment, Path(once_file), epoch, batch

@@ -15,17 +15,15 @@ pytestmark = pytest.mark.e2e
 def test_quick_bench_writes_every_section(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = tmp_path / "BENCHMARKS.md"
-    keys = (
-        "peak encoder dropout freed_memory additive designs hooks memory capture startup default_run one_run dry_run "
-    )
+    keys = "peak encoder dropout freed_memory additive designs hooks memory capture startup default_run dry_run "
     keys += "sst2 "
     keys += "sst2_recipe sst2_overhead packs sweep parallel_packs"
     timed = ", ".join(f"{key}=60" for key in keys.split())  # the last run's line: each section took a minute
-    out.write_text(f"<!-- section: cpu -->\n# Benchmarks\n{report.TIMES}{timed}; in all 19 min.\n")
+    out.write_text(f"<!-- section: cpu -->\n# Benchmarks\n{report.TIMES}{timed}; in all 18 min.\n")
     main(["--quick", "--out", str(out)])
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("headlab-bench: [")]
-    assert said[0] == "headlab-bench: [1/19] matmul peak (0 s so far, about 19 min left by the last run's times)"
-    assert len(said) == 19 and said[-1].endswith(", about 60 s left by the last run's times)")  # as it goes
+    assert said[0] == "headlab-bench: [1/18] matmul peak (0 s so far, about 18 min left by the last run's times)"
+    assert len(said) == 18 and said[-1].endswith(", about 60 s left by the last run's times)")  # as it goes
     text = out.read_text()
     assert list(report.section_times(text)) == keys.split() and "; in all " in text  # what the next run reads
     for section in ("## Encoder training throughput", "## Additive scoring", "## Attention capture", "## Start-up"):

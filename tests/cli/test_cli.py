@@ -149,9 +149,9 @@ def test_the_progress_bar_reads_the_metrics_every_n_steps_not_every_batch(monkey
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import RichProgressBar
 
+    from headlab.training.build import build
     from headlab.training.module import HeadLabModule
     from headlab.training.progress import ProgressBar
-    from headlab.training.run import build
 
     reads = []
     original = RichProgressBar.get_metrics

@@ -4,6 +4,7 @@ configurations."""
 import csv
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -38,8 +39,8 @@ FAULTED = [  # 32 training, 8 validation and 2 test batches an epoch, dropout on
 
 @pytest.fixture(scope="module")
 def left_alone(tmp_path_factory) -> Path:
-    """The run every interrupted one is compared with. A fault is a callback of the tests, so the faulted runs train
-    on Lightning's single path (a pack runs headlab's callbacks only): this one too, its fault never due."""
+    """The run every interrupted one is compared with, with the faulted runs' callback (a run's own: faults.SignalAt)
+    never due."""
     where = tmp_path_factory.mktemp("alone")
     never = signal_at(where, "train_batch", epoch=99)
     alone = train_here(*FAULTED, *never, "hydra.run.dir=run", cwd=where, env=FAULTS_ENV)
@@ -321,19 +322,27 @@ def short_epochs_alone(tmp_path_factory) -> Path:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("moment", "epoch", "batch"),
+    ("moment", "epoch", "batch", "between"),
     [
-        ("train_batch", 1, 0),  # the first step after epoch 0's checkpoints (an epoch shorter than its loader)
-        ("checkpoint", 0, 1),  # epoch 0's best checkpoint written, its last.ckpt not: no last.ckpt at all
-        ("checkpoint", 0, 3),  # epoch 1's best checkpoint written, its last.ckpt not: epoch 0's last.ckpt
+        ("train_batch", 1, 0, ""),  # the first step after epoch 0's checkpoints (an epoch shorter than its loader)
+        ("checkpoint", 0, 0, ""),  # epoch 0's checkpoints being made, none written yet: no last.ckpt at all
+        ("checkpoint", 0, 1, ""),  # epoch 1's being made: epoch 0's last.ckpt and best checkpoint
+        ("checkpoint", 0, 1, "best"),  # killed after epoch 1's best checkpoint was written, before its last.ckpt
+        ("checkpoint", 0, 1, "best, the previous removed"),  # ... and after epoch 0's best was removed
     ],
 )
 def test_a_kill_at_any_moment_around_a_checkpoint_then_resume_ends_like_the_run_left_alone(
-    short_epochs_alone, tmp_path, moment, epoch, batch
+    short_epochs_alone, tmp_path, moment, epoch, batch, between
 ):
     fault = signal_at(tmp_path, moment, epoch, batch, signal.SIGKILL)
     killed = headlab_train(*SHORT_EPOCHS, *fault, "hydra.run.dir=run", cwd=tmp_path, env=FAULTS_ENV)
     assert killed.returncode == -signal.SIGKILL
+    checkpoints = tmp_path / "run" / "checkpoints"
+    if between:  # what a kill between a validation's files leaves (each written whole or not at all): a best
+        # checkpoint of epoch 1 (its stand-in: epoch 0's weights), which the resume repeats and writes again
+        shutil.copy(checkpoints / "last.ckpt", checkpoints / "best-epoch1-step20.ckpt")
+        if "removed" in between:
+            (checkpoints / "best-epoch0-step10.ckpt").unlink()
     resumed = train_here("resume=run", "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=FAULTS_ENV)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     run = tmp_path / "run"

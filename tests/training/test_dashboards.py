@@ -254,7 +254,7 @@ def probe_attention(run: Path, checkpoint: str) -> tuple[list[str], list]:
     """Example 0 of the probe set, computed here from the checkpoint: its tokens and every layer's weights."""
     from omegaconf import OmegaConf
 
-    from headlab.training.run import build
+    from headlab.training.build import build
 
     datamodule, model = build(OmegaConf.load(run / ".hydra" / "config.yaml"))
     state = torch.load(checkpoint, weights_only=True)["state_dict"]
@@ -395,7 +395,7 @@ def probe_vectors(run: Path, checkpoint: str, layer: int, head: int) -> tuple:
     (after any QK-norm), and the scale of their dot product."""
     from omegaconf import OmegaConf
 
-    from headlab.training.run import build
+    from headlab.training.build import build
 
     datamodule, model = build(OmegaConf.load(run / ".hydra" / "config.yaml"))
     state = torch.load(checkpoint, weights_only=True)["state_dict"]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
+from conftest import TESTS, TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
 from headlab.launch.plan import pack_key
 from headlab.launch.workers import gpu_for_slot
 from headlab.training import signals_held
 from headlab.training.cores import usable_cores
+from lightning_reference import lightning_run
 
 pytestmark = pytest.mark.e2e
 FLOAT64 = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.log_every_n_steps=1"]
-LIGHTNING_PATH = "+callbacks.single_path._target_=lightning.pytorch.callbacks.Callback"  # keeps a run off packs
 DROPOUT = ["model.dropout=0.1", "model.attention.dropout=0.1"]  # each member draws from its own stream
 
 
@@ -42,17 +43,17 @@ def test_pack_key_ignores_what_members_may_differ_in():
 
 
 def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_path):
-    """float64 on the CPU, dropout 0.1: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job run
-    alone on Lightning's single path (a callback of its own keeps it there; it draws its single run's dropout masks
-    from its own stream), and so does headlab-train's pack of one. The losses agree to rounding (1e-15 at the first
-    step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size)."""
+    """float64 on the CPU, dropout 0.1: the member with seed 1 and lr 1e-2 of a 2 x 2 pack against that job trained
+    on Lightning's own loop (lightning_reference: it draws its dropout masks from its own stream, as the member
+    does), and so does headlab-train's run of it (a pack of one). The losses agree to rounding (1e-15 at the first
+    step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size). Then the member is its
+    run of headlab-train: the same record, curve, head analysis and checkpoints."""
     sweep = tmp_path / "sweep"
     packed = run_cli(
         "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, *DROPOUT, f"hydra.sweep.dir={sweep}"
     )
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, LIGHTNING_PATH, "hydra.run.dir=alone")
-    assert alone.returncode == 0, alone.stderr[-3000:]
+    reference = lightning_run(["seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT], tmp_path / "alone")
     one = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, "hydra.run.dir=one")
     assert one.returncode == 0, one.stderr[-3000:]
     solo, lightning = step_losses(tmp_path / "one"), step_losses(tmp_path / "alone")
@@ -71,7 +72,9 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     assert len(ours) == len(theirs) == 16
     assert abs(ours[0] - theirs[0]) < 1e-12
     assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-7
-    single = json.loads((tmp_path / "alone" / "results.json").read_text())
+    for key in ("val/acc_best", "test/acc", "test/loss"):
+        assert runs[member]["metrics"][key] == pytest.approx(reference["metrics"][key], abs=1e-7), key
+    single = json.loads((tmp_path / "one" / "results.json").read_text())
     for key in ("val/acc_best", "test/acc", "train/acc", "train/loss_epoch"):
         assert runs[member]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9)
     assert set(single) - set(runs[member]) == set()  # the single run's schema, plus "pack"
@@ -84,7 +87,7 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
 
     # its head analysis (measured for all members at once) is its single run's
     ours_heads, theirs_heads = (
-        json.loads((d / "heads.json").read_text()) for d in (sweep / str(member), tmp_path / "alone")
+        json.loads((d / "heads.json").read_text()) for d in (sweep / str(member), tmp_path / "one")
     )
     assert [r["importance"] for r in ours_heads["rows"]] == pytest.approx(
         [r["importance"] for r in theirs_heads["rows"]], abs=1e-9
@@ -104,12 +107,12 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     assert len(list((run / "checkpoints").glob("best-*.ckpt"))) == 1 and (run / "checkpoints" / "last.ckpt").is_file()
     ours_state, theirs_state = (
         torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["random_state"]["torch"]
-        for d in (run, tmp_path / "alone")
+        for d in (run, tmp_path / "one")
     )
     assert torch.equal(ours_state, theirs_state)  # its own dropout stream, where its single run's stands: resumable
     ours_design, theirs_design = (
         torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["design"]
-        for d in (run, tmp_path / "alone")
+        for d in (run, tmp_path / "one")
     )
     assert ours_design == theirs_design and ours_design["attention"]["n_heads"] == 4  # what a resume checks
     heads = cli_here("heads", str(run), cwd=tmp_path)
@@ -149,8 +152,8 @@ def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp
 
 def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tmp_path):
     """callbacks=early_stopping in a pack: each member stops after its own validations stop improving, at the epoch
-    and step where Lightning's single path stops its run, with the same numbers (float64) and the same metrics.csv;
-    the pack ends when every member has stopped."""
+    and step where Lightning's own loop stops its run (lightning_reference), with the same numbers (float64) and the
+    same metrics.csv; the pack ends when every member has stopped."""
     stopping = [o for o in FLOAT64 if o != "callbacks.progress_bar=null"]  # plain lines: output is not a terminal
     stopping += ["callbacks=early_stopping", "callbacks.early_stopping.patience=1", "trainer.max_epochs=30"]
     stopping.append("callbacks.attention=null")  # the head analysis, measured otherwise in a pack: test_pack_analysis
@@ -164,9 +167,7 @@ def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tm
     tested = [line for line in said if ": tested: " in line]  # every member, those stopped early too
     assert len(tested) == 1 and "test/acc " in tested[0] and " over 3)" in tested[0], tested
     for seed, member in enumerate(members):
-        alone = run_cli(f"seed={seed}", *stopping, LIGHTNING_PATH, f"hydra.run.dir=alone{seed}")
-        assert alone.returncode == 0, alone.stderr[-3000:]
-        own = json.loads((tmp_path / f"alone{seed}" / "results.json").read_text())
+        own = lightning_run([f"seed={seed}", *stopping], tmp_path / f"alone{seed}")
         assert (member["epochs"], member["global_step"]) == (own["epochs"], own["global_step"]) and own["epochs"] < 30
         assert member["metrics"] == pytest.approx(own["metrics"], rel=1e-9)
         rows, twin = csv_rows(tmp_path / "sweep" / str(seed)), csv_rows(tmp_path / f"alone{seed}")
@@ -530,24 +531,12 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
         ]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("first_attempt", ["pack of one", "lightning", "two devices"])
-def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tmp_path, first_attempt):
-    """headlab-train's run is a pack of one: SIGKILL in its second epoch leaves the first epoch's last.ckpt, its
-    training row written with it; resumed with resume=, its metrics.csv holds every row once, as its twin left alone,
-    and so do its learning curve and its numbers. A first attempt on Lightning's single path (how every run trained
-    before packs of one: its callback taken out of its records before the resume) continues as a pack of one. So
-    does a run on two devices (DDP, its ranks forked), killed with its ranks."""
-    ranks = 2 if first_attempt == "two devices" else 1
-    devices = ["trainer=ddp_cpu"] if ranks == 2 else []
-    command = [*FLOAT64, *devices, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null"]
-    alone = train_here(*command, "hydra.run.dir=alone", cwd=tmp_path)
-    assert alone.returncode == 0, alone.stderr[-2000:]
-    run = tmp_path / "killed"
-    first = [LIGHTNING_PATH] if first_attempt == "lightning" else []
+def kill_in_second_epoch(argv: list[str], run: Path, ranks: int, cwd: Path) -> None:
+    """headlab-train with argv in a process of its own, killed (SIGKILL, with its forked ranks) in its second epoch
+    of 64 steps (32 for each of two ranks)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "headlab.cli.train", *command, *first, f"hydra.run.dir={run}"],
-        cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [sys.executable, "-m", "headlab.cli.train", *argv],
+        cwd=cwd, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.time() + 240
@@ -562,17 +551,32 @@ def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tm
         if process.poll() is None:
             process.kill()
     assert process.returncode == -signal.SIGKILL, process.stderr.read().decode()[-2000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("first_attempt", ["pack of one", "lightning", "two devices"])
+def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tmp_path, first_attempt):
+    """headlab-train's run is a pack of one: SIGKILL in its second epoch leaves the first epoch's last.ckpt, its
+    training row written with it; resumed with resume=, its metrics.csv holds every row once, as its twin left alone,
+    and so do its learning curve and its numbers. A run killed in its second epoch on Lightning's single path (how
+    an older headlab trained every run: tests/fixtures/lightning_run_killed.tar.xz, this command's run, killed by a
+    callback taken out of its records) continues as a pack of one. So does a run on two devices (DDP, its ranks
+    forked), killed with its ranks."""
+    ranks = 2 if first_attempt == "two devices" else 1
+    devices = ["trainer=ddp_cpu"] if ranks == 2 else []
+    command = [*FLOAT64, *devices, "data.n_train=2048", "trainer.max_epochs=3", "callbacks.attention=null"]
+    alone = train_here(*command, "hydra.run.dir=alone", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    run = tmp_path / "killed"
+    if first_attempt == "lightning":
+        with tarfile.open(TESTS / "fixtures" / "lightning_run_killed.tar.xz") as archive:
+            archive.extractall(tmp_path, filter="data")
+        (tmp_path / "headlab-lightning-run").rename(run)
+    else:
+        kill_in_second_epoch([*command, f"hydra.run.dir={run}"], run, ranks, tmp_path)
     checkpointed = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     before = [r for r in csv_rows(run) if int(r["step"]) < checkpointed]  # the rows a resume keeps as they were
     assert len(before) >= 2  # the first epoch's validation and training rows
-    if first:  # the records of a run with the default callbacks, as an older headlab's single path wrote them
-        saved = (run / ".hydra" / "config.yaml").read_text()
-        (run / ".hydra" / "config.yaml").write_text(
-            saved.replace("  single_path:\n    _target_: lightning.pytorch.callbacks.Callback\n", "")
-        )
-        record = json.loads((run / "results.json").read_text())
-        record["config"] = {k: v for k, v in record["config"].items() if not k.startswith("callbacks.single_path")}
-        (run / "results.json").write_text(json.dumps(record))
     resumed = train_here(f"resume={run}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows, twin = csv_rows(run), csv_rows(tmp_path / "alone")
@@ -581,7 +585,7 @@ def test_a_run_of_headlab_train_killed_and_resumed_equals_its_twin_left_alone(tm
     ]
     numbers = lambda rows: [float(v) for r in rows for k, v in r.items() if v and k not in ("epoch", "step")]  # noqa: E731
     # float64; Lightning's path logs its learning rate through float32 (0.001 as 0.0010000000298)
-    assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8 if not first else 1e-7)
+    assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8 if first_attempt != "lightning" else 1e-7)
     got, expected = (json.loads((d / "results.json").read_text()) for d in (run, tmp_path / "alone"))
     assert "pack" not in got and got["metrics"] == pytest.approx(expected["metrics"], rel=1e-8)
     assert [(p["step"], p["tokens"]) for p in got["curve"]] == [(p["step"], p["tokens"]) for p in expected["curve"]]

@@ -60,8 +60,8 @@ def load(run_dir: Path, which: str, prog: str):
         pass
     from headlab.config import trust
     from headlab.training import records
+    from headlab.training.build import build
     from headlab.training.checkpoints import model_state
-    from headlab.training.run import build
 
     runtime.configure()  # the resolvers a saved config may use (${headlab.data_dir:} of the benchmarks' configs)
     cfg = OmegaConf.create(config_text)

@@ -87,7 +87,7 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
     import torch
 
     from headlab.training import cores
-    from headlab.training.run import build, compile_in_place
+    from headlab.training.build import build, compile_in_place
 
     world, threads = schedule.ranks(cfg), cores.rank_share(cfg.trainer, threads)
     torch.set_num_threads(threads)

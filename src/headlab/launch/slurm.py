@@ -101,7 +101,7 @@ def stop_when_warned() -> Callable[[], None]:
     """In a SLURM job, before training: SLURM warns a job before its time limit with USR2, on which submitit
     requeues it and exits at once, wherever training is: work since the last validation is lost, and an epoch
     longer than the warning's lead would restart from the same place at every requeue. Here the warning stops the
-    job as SIGTERM does (at its next training step, saving last.ckpt there: SaveOnInterrupt, a pack's writer), and
+    job as SIGTERM does (at its next training step, saving last.ckpt there: pack.writer.MemberWriter), and
     the returned function, called once the job has stopped, has submitit requeue it then."""
     import signal
 

@@ -4,7 +4,6 @@ what both draw from: the probe snapshot, the head view page, and figures for W&B
 Shapes: B probe examples, L layers, H heads, n positions.
 """
 
-import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -16,8 +15,6 @@ import torch
 
 from headlab.files import write_json_atomic
 from headlab.heads import causal_report, figures, head_view, importance, probe, statistics
-from headlab.training import checkpoints
-from headlab.training.callbacks import stop_if_signalled
 
 # The head analysis runs the model outside Lightning's autocast, with weights returned and heads masked: with
 # model.compile=true each of those states would be one more compilation (enough of them hit torch's recompile
@@ -127,16 +124,6 @@ class AttentionLogger(pl.Callback):
         columns = ["layer", "head", *statistics.measured(snapshot["rows"])]
         log_images(loggers, pngs, snapshot["step"], tables={"heads/table": (columns, snapshot["rows"])})
 
-    def write_report(self, model, datamodule, loggers: list, device, step: int, checkpoint=None, stop=None) -> None:
-        """heads.json: every head's statistics on the probe batch, its importance and the pruning curves, of the
-        model as given (checkpoint: the file its weights come from, recorded). stop() is called between steps of
-        the analysis (it raises to stop it)."""
-        stop = stop or (lambda: None)
-        stop()
-        analysis = self.analyse(model, datamodule, device, stop) if self.importance else None
-        stop()
-        self.publish(model, datamodule, loggers, device, step, checkpoint, analysis)
-
     @property
     def orders(self) -> list[str]:
         """The pruning orders measured: by importance, then the baselines."""
@@ -164,7 +151,7 @@ class AttentionLogger(pl.Callback):
         return causal_report.measure(model, datamodule, measured_on, reference, rows, roles, self.seed, scores)
 
     @run_eagerly
-    def analyse(self, model, datamodule, device, stop=None) -> HeadAnalysis:
+    def analyse(self, model, datamodule, device) -> HeadAnalysis:
         """Head importance (L, H) and the pruning curves of the model as given, for publish."""
         ranked_on, scored_on = self.analysis_batches(datamodule, device)
         was_training = model.training
@@ -173,9 +160,7 @@ class AttentionLogger(pl.Callback):
         scores = importance.head_importance(model, ranked_on)  # (L, H)
         masks = importance.curve_masks(scores, self.pruning_step, self.orders, self.seed)  # by key, (L, H) each
         keys, metrics = list(masks), {}
-        for start in range(0, len(keys), importance.MASKS_PER_FORWARD):  # stop() between forward passes' worth
-            if stop:
-                stop()
+        for start in range(0, len(keys), importance.MASKS_PER_FORWARD):
             chunk = keys[start : start + importance.MASKS_PER_FORWARD]
             metrics.update(zip(chunk, importance.accuracies(model, scored_on, [masks[k] for k in chunk]), strict=True))
         curves = importance.pruning_curves(scores, metrics, self.pruning_step, self.orders, self.seed)
@@ -288,30 +273,6 @@ class AttentionLogger(pl.Callback):
         self.val_epochs += 1
         last = epoch + 1 >= (max_epochs or 0)
         return last or self.val_epochs % self.every == 0, last or self.val_epochs % self.figures_every == 0
-
-    # the hooks of a single run
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        statistics_due, figures_due = self.due(trainer.current_epoch, trainer.max_epochs)
-        if statistics_due:  # at the step of the epoch's own metrics (Lightning's: the last training step's), so
-            step = trainer.global_step - 1  # steps never go back
-            self.log_heads(pl_module.model, trainer.datamodule, trainer.loggers, step, pl_module.device, figures_due)
-
-    def on_fit_end(self, trainer, pl_module):
-        if not trainer.is_global_zero:
-            return
-        model, best = pl_module.model, trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_path
-        final = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if best:  # the weights the test evaluates; the final ones are put back after
-            model.load_state_dict(checkpoints.model_state(best, pl_module.device))
-        try:
-            stop = functools.partial(stop_if_signalled, trainer)
-            self.write_report(
-                model, trainer.datamodule, trainer.loggers, pl_module.device, trainer.global_step, best or None, stop
-            )
-        finally:
-            model.load_state_dict(final)
 
 
 def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:

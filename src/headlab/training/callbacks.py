@@ -3,12 +3,10 @@ stop cleanly and use its share of the CPU. (Per-head attention logging: headlab.
 
 import random
 import time
-from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 CURVE_METRICS = ("val/acc", "val/loss")
 
@@ -17,9 +15,8 @@ class ThroughputMeter(pl.Callback):
     """Real (non-padding) training tokens per second of training.
 
     Timed from the second training step of each epoch to its last, with validation left out, and with one device
-    synchronisation at each end of a timed stretch and none per step: the tokens are counted on the device.
-    Logged as perf/train_tokens_per_s at each epoch's end: rank 0's rate times the number of ranks, so that it also
-    reaches the main process of a forked or spawned DDP run.
+    synchronisation at each end of a timed stretch and none per step: the tokens are counted on the device (one
+    rank's: pack.writer.MemberWriter logs the rate times the ranks as perf/train_tokens_per_s).
     """
 
     def __init__(self):
@@ -57,32 +54,21 @@ class ThroughputMeter(pl.Callback):
     def rate(self) -> float | None:
         return float(self.tokens) / self.seconds if self.seconds else None
 
-    def on_train_epoch_end(self, trainer, pl_module):
-        if self.rate:
-            pl_module.log("perf/train_tokens_per_s", self.rate * trainer.world_size, rank_zero_only=True)
-
 
 class LearningCurve(pl.Callback):
     """The validation metrics of every validation and the real (non-padding) training tokens seen by then, for
     results.json's `curve`: [{epoch, step, tokens, val/acc, val/loss}] (tokens: over all ranks, each rank's count
     times the ranks). Kept in checkpoints, so that a resumed run's curve and count start where they were left.
-    A pack counts its members' tokens itself (headlab.training.pack.writer) and sets `tokens`."""
+    A run's pack counts the tokens (headlab.training.pack.writer) and sets `tokens`; this callback only keeps them."""
 
     def __init__(self):
         self.points: list[dict] = []
-        self.tokens = 0  # real training tokens so far: a device tensor while training (no sync a step)
+        self.tokens = 0  # real training tokens so far
 
     def add(self, epoch: int, step: int, metrics: dict) -> None:
         point = {"epoch": epoch, "step": step, "tokens": int(self.tokens)}
         point.update({k: float(v) for k, v in metrics.items() if k in CURVE_METRICS})
         self.points = [p for p in self.points if p["step"] < step] + [point]  # a validation repeated on resume
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.tokens = self.tokens + (~batch["padding_mask"]).sum() * trainer.world_size
-
-    def on_validation_epoch_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self.add(trainer.current_epoch, trainer.global_step, trainer.callback_metrics)
 
     def state_dict(self) -> dict:
         return {"points": self.points, "tokens": int(self.tokens)}
@@ -131,26 +117,3 @@ class RankThreads(pl.Callback):
 
     def setup(self, trainer, pl_module, stage):
         torch.set_num_threads(self.threads)
-
-
-class SaveOnInterrupt(pl.Callback):
-    """SIGTERM (how SLURM preempts) while training: save checkpoints/last.ckpt at the step where Lightning stopped,
-    so that `resume=<run dir>` (or the requeued SLURM job) continues from there, as the run left alone would have
-    (the random states are in the checkpoint; EpochLoader skips the batches trained on).
-
-    Anywhere else (in a validation, the head analysis, the test, a multi-device run) and after Ctrl-C or another
-    exit, which can land inside an optimizer step, last.ckpt stays the one written after the last validation: a
-    resume repeats the work since then, and ends the same."""
-
-    def on_exception(self, trainer, pl_module, exception):
-        checkpoint = trainer.checkpoint_callback
-        between_steps = trainer.training and trainer.world_size == 1  # not validating, testing or sanity checking
-        if isinstance(exception, SIGTERMException) and between_steps and checkpoint and checkpoint.dirpath:
-            trainer.save_checkpoint(Path(checkpoint.dirpath) / "last.ckpt")
-
-
-def stop_if_signalled(trainer) -> None:
-    """Lightning notes a SIGTERM and stops at its next step or batch; work of ours that runs long inside a fit
-    (the head analysis) asks the same question between its own steps."""
-    if trainer.received_sigterm:
-        raise SIGTERMException

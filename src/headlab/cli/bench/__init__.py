@@ -73,8 +73,6 @@ def main(argv: list[str] | None = None) -> None:
         ("capture", "attention capture", lambda: micro.capture_cost(args)),
         ("startup", "start-up", lambda: commands.startup(tmp, 1 if quick else 3)),
         ("default_run", "the default run", lambda: None if quick else commands.default_run(tmp)),
-        ("one_run", "a run as a pack of one and on Lightning's single path",
-         lambda: None if quick else commands.one_run_paths(tmp, 3)),
         ("dry_run", "the dry run against the sweeps it prices",
          lambda: None if quick else commands.dry_run_against_sweeps(tmp, args.data_dir)),
         ("sst2", "SST-2 preparation", lambda: commands.sst2_preparation(tmp, args.data_dir, 2000 if quick else None)),

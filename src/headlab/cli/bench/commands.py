@@ -5,7 +5,6 @@ SST-2 figures need the SST-2 files (train.tsv, dev.tsv, test_labeled_senteval.ts
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -57,33 +56,6 @@ def default_run(tmp: Path) -> dict:
         "logging_s": heads["logging_seconds"],
         "logging_share": heads["logging_seconds"] / fit,
         "analysis_s": heads["analysis_seconds"],
-    }
-
-
-LIGHTNING_PATH = "+callbacks.single_path._target_=lightning.pytorch.callbacks.Callback"  # a callback of its own
-
-
-def one_run_paths(tmp: Path, repeats: int) -> dict:
-    """The default run start to exit as headlab-train trains it (a pack of one) and on Lightning's single path
-    (where a callback of its own keeps a run), in turns: each path's median seconds and training tokens/s, and the
-    median of the paired ratios (a drifting machine moves both of a pair)."""
-    seconds: dict[str, list[float]] = {"pack": [], "lightning": []}
-    rates: dict[str, list[float]] = {"pack": [], "lightning": []}
-    for k in range(repeats):
-        for path, extra in (("pack", []), ("lightning", [LIGHTNING_PATH])):
-            run = tmp / "one_run" / f"{path}{k}"
-            argv = [*TRAIN, "logger=csv", "callbacks.progress_bar=null", *extra, f"hydra.run.dir={run}"]
-            seconds[path].append(command_seconds(argv, 1))
-            rates[path].append(read_record(run)["throughput"]["train_tokens_per_s"])
-    ratios = [a / b for a, b in zip(seconds["pack"], seconds["lightning"], strict=True)]
-    median = statistics.median
-    return {
-        "repeats": repeats,
-        "pack_s": median(seconds["pack"]),
-        "lightning_s": median(seconds["lightning"]),
-        "ratio": median(ratios),
-        "pack_tokens_per_s": median(rates["pack"]),
-        "lightning_tokens_per_s": median(rates["lightning"]),
     }
 
 

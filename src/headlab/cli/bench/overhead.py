@@ -24,7 +24,7 @@ def bare_step(cfg: DictConfig) -> dict:
 
     from headlab.launch import runtime
     from headlab.training import optim
-    from headlab.training.run import build, configure_torch
+    from headlab.training.build import build, configure_torch
 
     runtime.configure()
     configure_torch(cfg, torch.get_num_threads())

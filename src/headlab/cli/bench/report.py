@@ -177,15 +177,6 @@ def report(r: dict, args) -> str:
             f"{d['analysis_s']:.2f} s.",
         ]
     )
-    if r.get("one_run"):
-        o = r["one_run"]
-        lines += [
-            "",
-            f"A run as headlab-train trains it, a pack of one, against Lightning's single path (where a callback of "
-            f"its own keeps a run; docs/runs.md), the default run start to exit in turns, {o['repeats']} each: "
-            f"{o['pack_s']:.1f} s against {o['lightning_s']:.1f} s (median of the paired ratios {o['ratio']:.2f}x), "
-            f"{o['pack_tokens_per_s']:,.0f} against {o['lightning_tokens_per_s']:,.0f} training tokens/s.",
-        ]
     if r.get("dry_run"):
         lines += [
             "",

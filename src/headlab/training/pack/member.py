@@ -11,9 +11,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.training import cores, records
+from headlab.training.build import build, instantiate_all
 from headlab.training.callbacks import LearningCurve
 from headlab.training.module import HeadLabModule
-from headlab.training.run import build, instantiate_all
 
 
 @dataclass

@@ -28,6 +28,8 @@ class PackedModule(SharpnessAware, pl.LightningModule):
     ):
         super().__init__()
         self.stack = Stacked(models, streams, compile)
+        object.__setattr__(self, "members", models)  # the members' own Encoders, not submodules: no state of the pack
+        self._log_hyperparams = False  # a run's loggers get its config from headlab (loggers.start), not Lightning
         self.optim = optim
         E = len(models)
         self.register_buffer("alive", torch.ones(E, dtype=torch.bool), persistent=False)
@@ -36,6 +38,24 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         self.sums: dict[str, dict[str, torch.Tensor]] = {}  # split -> epoch sums, each (E,)
         self.kept = KeptPredictions()  # each member's test predictions, for its results.json
         self.tested: dict[str, list[float]] = {}  # the test metrics of each member (on_test_epoch_end)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """A pack of one's Encoder, as a single run's module holds it (pl_module.model, for a run's own callbacks):
+        its parameters and their gradients are views of the pack's (1, P) row, so that what a callback reads is
+        what trains, and what it changes in place changes the run."""
+        if len(self.members) != 1:
+            raise AttributeError(f"a pack of {len(self.members)} members has no one model (pack.stack holds them)")
+        model = self.members[0]
+        flat = self.stack.flat
+        weights = self.stack.views(flat.detach())
+        grads = self.stack.views(flat.grad) if flat.grad is not None else {}
+        for name, parameter in model.named_parameters():
+            parameter.data = weights[name][0]
+            parameter.grad = grads[name][0] if grads else None
+        for name, buffer in self.stack.stacked_buffers().items():
+            model.get_buffer(name).data = buffer[0]
+        return model
 
     def forward(self, batch: dict, need_balance: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(E, B, C) or (E, B, n, C) logits; with need_balance, and each member's weighted load-balance loss (E,)
@@ -89,11 +109,22 @@ class PackedModule(SharpnessAware, pl.LightningModule):
         total, warmups = self.schedule
         return torch.tensor([optim.warmup_cosine(step, warmup, total) for warmup in warmups])
 
+    def on_train_start(self):
+        self.show_lr(self.optimizers().optimizer, self.global_step)  # its state restored (a resume) or not
+
     def on_train_batch_start(self, batch, batch_idx):
         self.optimizers().optimizer.scale = self.lr_scale(self.global_step).double()
 
+    def show_lr(self, optimizer: PackedAdamW, step: int) -> None:
+        """A pack of one's learning rate at a step where torch's optimizers show theirs, param_groups' "lr" (what
+        LearningRateMonitor and a run's own callbacks read), as a single run's schedule leaves it after each step."""
+        if len(self.optim) == 1:
+            for group in optimizer.param_groups:
+                group["lr"] = float(optimizer.lr[0] * self.lr_scale(step)[0])
+
     def on_train_batch_end(self, outputs, batch, batch_idx):
         """Every member frozen: training stops (read at the logging cadence: no host-device wait at every step)."""
+        self.show_lr(self.optimizers().optimizer, self.global_step)
         if self.global_step % self.trainer.log_every_n_steps == 0 and not self.alive.any():
             self.trainer.should_stop = True
 

@@ -15,10 +15,10 @@ import lightning.pytorch as pl
 import torch
 
 from headlab.training import cores
+from headlab.training.build import configure_torch
 from headlab.training.callbacks import ThroughputMeter
 from headlab.training.checkpoints import model_state
 from headlab.training.pack.member import Member
-from headlab.training.run import configure_torch
 
 
 class Handover(pl.Callback):

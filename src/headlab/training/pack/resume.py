@@ -22,7 +22,7 @@ MEMBER_ONLY = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "
 def load(member: Member) -> None:
     """The member's last.ckpt (if it has one) into the member: its step, its dropout stream, its callbacks' states
     (learning curve, checkpoint tracking) and its best checkpoint so far."""
-    from headlab.training.run import check_fits
+    from headlab.training.build import check_fits
 
     path = member.run_dir / "checkpoints" / "last.ckpt"
     if not os.path.lexists(path):

@@ -15,16 +15,18 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf, open_dict
 
 from headlab.config import memory
-from headlab.config.check import callbacks_refusal
 from headlab.errors import TrainingError
 from headlab.record import VAL_ACC_BEST
-from headlab.training import cores, epochs, objective, records, run
+from headlab.training import cores, epochs, objective, records
 from headlab.training import loggers as loggers_
 from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
+from headlab.training.build import configure_torch, existing, instantiate_all, instantiate_node
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, ThroughputMeter
 from headlab.training.pack import analysis, resume
 from headlab.training.pack.data import PackedData, stack_split
@@ -35,7 +37,6 @@ from headlab.training.pack.ranks import Handover
 from headlab.training.pack.stopping import MembersStopping
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.progress_record import ProgressRecord
-from headlab.training.run import configure_torch, instantiate_all, instantiate_node
 
 log = logging.getLogger("headlab")
 
@@ -81,7 +82,7 @@ def pack_fields(
         },
         checkpoints={
             "best": str(member.best["path"]) if member.best["path"] else None,
-            "last": run.existing(member.run_dir / "checkpoints" / "last.ckpt"),
+            "last": existing(member.run_dir / "checkpoints" / "last.ckpt"),
         },
         progress={
             "epochs": epochs_trained,
@@ -191,13 +192,24 @@ def diverged(member: Member, module: PackedModule, size: int) -> TrainingError:
     return TrainingError(message + (" (the other members of its pack went on)" if size > 1 else ""))
 
 
-def pack_trainer(members: list[Member], callbacks: list[pl.Callback]) -> pl.Trainer:
-    """The pack's Trainer, from its members' trainer config: its callbacks, none of Lightning's loggers or
-    checkpoints (MemberWriter writes each member's), its epochs resolved from the data its members share (pack_key),
-    Lightning's debug runs as a pack takes them (debug_limits)."""
+def own_callbacks(members: list[Member]) -> list[pl.Callback]:
+    """A run's own callbacks (+callbacks.<name>=...: anything a pack does not do itself), which a pack of one runs
+    in its Trainer as a single run would; packs of several are refused them (headlab.config.check.pack_refusal)."""
+    if len(members) != 1:
+        return []
+    done = (ModelCheckpoint, EarlyStopping, pl.callbacks.ProgressBar, AttentionLogger, LearningCurve)
+    return [c for c in members[0].callbacks if not isinstance(c, done)]
+
+
+def pack_trainer(members: list[Member], callbacks: list[pl.Callback], own: list[pl.Callback]) -> pl.Trainer:
+    """The pack's Trainer, from its members' trainer config: its callbacks, then a run's own (own_callbacks), with
+    the run's loggers where it has some (what such a callback logs goes where a single run's would), else none of
+    Lightning's; no checkpoints (MemberWriter writes each member's), its epochs resolved from the data its members
+    share (pack_key), Lightning's debug runs as a pack takes them (debug_limits)."""
     cfg = members[0].cfg
+    loggers = members[0].loggers if own else []
     trainer = instantiate_node(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=False, enable_checkpointing=False,
+        cfg.trainer, "trainer", callbacks=[*callbacks, *own], logger=loggers or False, enable_checkpointing=False,
         **progress_.none_without_a_bar(callbacks, cfg.trainer), **epochs.placeholder(cfg), **debug_limits(cfg.trainer),
         **cores.rank_environment(cfg.trainer),
     )  # fmt: skip
@@ -208,12 +220,15 @@ def pack_trainer(members: list[Member], callbacks: list[pl.Callback]) -> pl.Trai
 def fit_pack(trainer, module: PackedModule, members: list[Member], handover: Handover | None) -> float:
     """Fit the pack, continuing its members where they continue (resume.pack_checkpoint), and validate once more a
     pack continued after its training ended; with ranks in processes of their own, take back what rank 0 learned
-    (Handover) and teach the loggers the rows it wrote. Returns the fit's seconds."""
+    (Handover) and teach the loggers the rows it wrote; a SIGTERM the fit took note of stops the pack here. Returns the
+    fit's seconds."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:  # the pack's checkpoint, when its members continue
         ckpt_path = resume.pack_checkpoint(members, module, Path(folder) / "pack.ckpt")
         data = PackedData([m.datamodule for m in members], shuffle=not members[0].cfg.trainer.get("overfit_batches"))
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+    if trainer.received_sigterm:  # in the fit's last moments (its last hooks): Lightning stops at a next step or
+        raise SIGTERMException  # batch, which never came; the test and the head analysis are not begun
     fit_seconds = time.perf_counter() - started
     if handover:
         handover.take_back(module)
@@ -252,9 +267,9 @@ def train_pack(
     elsewhere = cores.rank_start(members[0].cfg.trainer) is not None
     handover = Handover(members, meter, threads) if elsewhere else None
     ranks = [handover, RankThreads(threads)] if elsewhere else []
-    trainer = pack_trainer(
-        members, [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
-    )  # the bars before the stopping: a validation's line still counts the members that stop at it
+    callbacks = [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
+    trainer = pack_trainer(members, callbacks, own_callbacks(members))  # the bars before the stopping: a
+    # validation's line still counts the members that stop at it
     failed = True
     try:
         fit_seconds = fit_pack(trainer, module, members, handover)
@@ -308,13 +323,10 @@ def train_pack(
 
 
 def train_run(cfg, flat_config: dict, threads: int, run_dir: Path) -> dict:
-    """The run of headlab-train: a pack of one, on one device or several (DDP: pack.ranks), unless it has callbacks
-    of its own (headlab.config.check.callbacks_refusal), which train on Lightning's single path
-    (headlab.training.run); its results.json fields.
+    """The run of headlab-train: a pack of one, on one device or several (DDP: pack.ranks), with its own callbacks
+    (own_callbacks) if it has some; its results.json fields.
 
     threads: torch CPU threads for this job (the machine's cores shared among the jobs of a parallel sweep)."""
-    if callbacks_refusal(cfg) is not None:
-        return run.train(cfg, flat_config, threads, run_dir)
     if cfg.trainer.get("accelerator") == "gpu" and cores.parallel_jobs() > 1:  # one GPU per job of a local sweep
         with open_dict(cfg):
             cfg.trainer.devices = [cores.gpu_for_job(torch.cuda.device_count())]

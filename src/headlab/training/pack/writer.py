@@ -38,6 +38,12 @@ class MemberWriter(pl.Callback):
     def _alive(self, pl_module) -> list[bool]:
         return pl_module.alive.tolist()
 
+    def _show(self, trainer, values: dict) -> None:
+        """A pack of one's metrics in trainer.callback_metrics, where a single run's are: what a run's own callbacks
+        read (Optuna's pruning, a callback of one's own); a pack of several has no one value of a metric."""
+        if len(self.members) == 1:
+            trainer.callback_metrics.update({k: torch.tensor(v, dtype=torch.float64) for k, v in values.items()})
+
     def on_train_epoch_end(self, trainer, pl_module):
         self._log_train_epoch(trainer, pl_module)  # where no validation ended the epoch (on_validation_end)
 
@@ -59,6 +65,7 @@ class MemberWriter(pl.Callback):
                     values["perf/train_tokens_per_s"] = rate * trainer.world_size / len(self.members)
                 for logger in member.loggers:
                     logger.log_metrics({**values, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
+                self._show(trainer, values)
 
     def on_train_start(self, trainer, pl_module):
         counted = [m.callback(LearningCurve).tokens for m in self.members]  # a member continued: where it was
@@ -78,8 +85,9 @@ class MemberWriter(pl.Callback):
         losses = pl_module.last_losses.tolist()
         lrs = (pl_module.optimizers().optimizer.lr * pl_module.optimizers().optimizer.scale).tolist()
         for member, alive in zip(self.members, self._alive(pl_module), strict=True):
+            values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
+            self._show(trainer, values)
             for logger in member.loggers if alive else ():  # a member stopped or diverged logs no more steps
-                values = {"train/loss_step": losses[member.index], "train/lr": lrs[member.index]}
                 values["epoch"] = trainer.current_epoch  # as Lightning adds it to every row a run logs
                 logger.log_metrics(values, step=trainer.global_step - 1)
 
@@ -93,6 +101,7 @@ class MemberWriter(pl.Callback):
                 continue
             values = {k: v[member.index] for k, v in metrics.items()}
             member.metrics.update(values)
+            self._show(trainer, values)
             if trainer.state.fn != "fit":  # a pack continued after its training ended: its last epoch's numbers
                 continue  # again, which its curve, its loggers and its head analysis already hold
             self._count_tokens(member).add(trainer.current_epoch, trainer.global_step, values)
@@ -117,6 +126,9 @@ class MemberWriter(pl.Callback):
             ):
                 AttentionLogger.log_media(member.loggers, snapshot, pngs)
             self._drew("figures", len(snapshots), started)
+
+    def on_test_end(self, trainer, pl_module):
+        self._show(trainer, {k: v[0] for k, v in pl_module.tested.items()})
 
     def rendered(self, render, jobs: list[dict]) -> list:
         """render(**job) of each job: in worker processes where there are several, in this process for one (a
@@ -176,7 +188,7 @@ class MemberWriter(pl.Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         """SIGTERM between two training steps (how SLURM preempts; Lightning stops at the next step): every member's
-        last.ckpt where training stopped, as a single run's SaveOnInterrupt. Anywhere else, and after Ctrl-C (which
+        last.ckpt where training stopped (a resume continues from that step). Anywhere else, and after Ctrl-C (which
         can land inside an optimizer step), last.ckpt stays the one of the last validation. Either way each
         member's logged rows are written out (a resume keeps those before its checkpoint's step)."""
         between_steps = trainer.training and trainer.world_size == 1  # with DDP the ranks may stop at other steps

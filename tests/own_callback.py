@@ -1,0 +1,38 @@
+"""A callback of a run's own (+callbacks.watch._target_=own_callback.Watch), reading what a callback written for a
+single run reads: its model's weights and gradients (pl_module.model), its metrics (trainer.callback_metrics) and
+loggers, logging through pl_module.log, and keeping its state in the run's checkpoints."""
+
+import json
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+
+class Watch(pl.Callback):
+    """At each validation: the epoch, the step, the token embedding's norm and the metrics the trainer holds, logged
+    as own/embedding_norm; the first step's gradient norm; all of it written to `out` when training ends."""
+
+    def __init__(self, out: str):
+        self.out, self.seen, self.first_gradient = Path(out), [], None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.first_gradient is None:
+            self.first_gradient = float(pl_module.model.tok_emb.weight.grad.norm())
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        norm = float(pl_module.model.tok_emb.weight.norm())
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        self.seen.append({"epoch": trainer.current_epoch, "step": trainer.global_step, "norm": norm, **metrics})
+        pl_module.log("own/embedding_norm", norm)
+
+    def on_train_end(self, trainer, pl_module):
+        loggers = [type(logger).__name__ for logger in trainer.loggers]
+        self.out.write_text(json.dumps({"seen": self.seen, "first_gradient": self.first_gradient, "loggers": loggers}))
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen, "first_gradient": self.first_gradient}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen, self.first_gradient = state["seen"], state["first_gradient"]
