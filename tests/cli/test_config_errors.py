@@ -492,8 +492,8 @@ def test_every_shipped_data_config_composes_and_validates(data):
 
 def test_a_pack_refuses_callbacks_it_would_never_call():
     message = (
-        "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack runs "
-        "headlab's own callbacks and early stopping only: train it with the default launcher)"
+        "callbacks.ema='EMAWeightAveraging' is invalid: expected null with hydra/launcher=packed (a pack of several "
+        "runs headlab's own callbacks and early stopping only: the default launcher runs it)"
     )
     with initialize_config_module("headlab.conf", version_base="1.3"):
         cfg = compose("train", overrides=["+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"])

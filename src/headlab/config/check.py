@@ -317,7 +317,7 @@ PACKED_TARGETS = {  # callbacks a pack runs for each member (headlab.training.pa
 def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
     """Why a pack of several members cannot train this run, as (key, value, the value a pack takes, why); None
     where it can: one device, and headlab's own callbacks and Lightning's early stopping only (callbacks_refusal).
-    A pack of one (headlab-train's run) trains on several devices too."""
+    A pack of one (headlab-train's run) trains on several devices, and runs callbacks of its own, too."""
     strategy = str(cfg.trainer.get("strategy", "auto"))
     if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
         return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
@@ -325,13 +325,14 @@ def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
 
 
 def callbacks_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
-    """A callback of the run's own, which a pack would build and never call, as pack_refusal says it; None where
-    every callback is headlab's own or Lightning's early stopping."""
+    """A callback of the run's own, which a pack of several members would build and never call (a pack of one runs
+    it: headlab.training.pack.train.own_callbacks), as pack_refusal says it; None where every callback is headlab's
+    own or Lightning's early stopping."""
     callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
     for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
         target = str(callbacks[name].get("_target_", ""))
         if target not in PACKED_TARGETS:
-            why = "a pack runs headlab's own callbacks and early stopping only: train it with the default launcher"
+            why = "a pack of several runs headlab's own callbacks and early stopping only: the default launcher runs it"
             return f"callbacks.{name}", target.rsplit(".", 1)[-1], "null", why
     return None
 

@@ -154,12 +154,13 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
 
 
 def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
-    """The median time from one training step's start to the next's in a real Trainer.fit of the run's module
-    (loading the batch, the forward and backward passes, R-Drop's and SAM's second pass, AdamW, the schedule, the
-    metrics and Lightning's hooks), WARM_UP steps untimed; no logger, checkpoint or validation."""
+    """The median time from one training step's start to the next's in a real Trainer.fit of the run as it trains,
+    a pack of one (loading the batch, the forward and backward passes, R-Drop's and SAM's second pass, AdamW, the
+    schedule, the metrics and Lightning's hooks), WARM_UP steps untimed; no logger, checkpoint or validation."""
     import lightning.pytorch as pl
 
-    from headlab.training.module import HeadLabModule
+    from headlab.training.pack.data import PackedData
+    from headlab.training.pack.module import PackedModule
 
     starts: list[float] = []
 
@@ -168,13 +169,13 @@ def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
             starts.append(time.perf_counter())
 
     steps = WARM_UP + TIMED + 1
-    module = HeadLabModule(model, datamodule.n_classes, **OmegaConf.to_container(cfg.optim))
+    module = PackedModule([model], [OmegaConf.to_container(cfg.optim)], compile=bool(cfg.model.get("compile")))
     with _quiet():
         trainer = pl.Trainer(
             accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[Clock()],
         )  # fmt: skip
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=PackedData([datamodule]))
     return statistics.median(b - a for a, b in zip(starts[WARM_UP:], starts[WARM_UP + 1 :], strict=False))
 
 

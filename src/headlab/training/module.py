@@ -1,5 +1,7 @@
-"""LightningModule: a single run's training of an Encoder, on the objective of headlab.training.objective, with
-AdamW as headlab.training.optim states it (and, with sam_rho > 0, sharpness-aware steps)."""
+"""LightningModule: one Encoder's training alone, on the objective of headlab.training.objective, with AdamW as
+headlab.training.optim states it (and, with sam_rho > 0, sharpness-aware steps). headlab-eval tests a checkpoint with
+it, and its hyperparameters are what a run's checkpoints record; runs train as packs (headlab.training.pack), which
+the tests check against this module trained on Lightning's own loop (tests/lightning_reference.py)."""
 
 from pathlib import Path
 
