@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from conftest import TESTS, TINY, cli_env, headlab_train, train_here
+from conftest import TESTS, TINY, cli_env, cli_here, headlab_train, train_here
 
 pytestmark = pytest.mark.e2e
 ENV = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py and faults.py importable by the CLI
@@ -17,14 +17,18 @@ RUN = [*TINY, "logger=csv", "+trainer.precision=64-true", "trainer.max_epochs=3"
 RUN.append("trainer.log_every_n_steps=1")
 
 
+def kill_in_third_epoch(tmp_path) -> list[str]:
+    """A SIGKILL at the second step of the third epoch, once (faults.SignalAt)."""
+    kill = ["+callbacks.fault._target_=faults.SignalAt", "+callbacks.fault.moment=train_batch"]
+    kill += ["+callbacks.fault.epoch=2", "+callbacks.fault.batch=1", f"+callbacks.fault.signum={int(signal.SIGKILL)}"]
+    return [*kill, f"+callbacks.fault.once_file={tmp_path / 'killed'}"]
+
+
 def test_a_callback_of_the_runs_own_sees_the_run_and_keeps_its_state_across_a_kill(tmp_path):
     watched = tmp_path / "watched.json"
     watch = ["+callbacks.watch._target_=own_callback.Watch", f"+callbacks.watch.out={watched}"]
     watch.append("+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor")  # one of Lightning's
-    kill = ["+callbacks.fault._target_=faults.SignalAt", "+callbacks.fault.moment=train_batch"]
-    kill += ["+callbacks.fault.epoch=2", "+callbacks.fault.batch=1", f"+callbacks.fault.signum={int(signal.SIGKILL)}"]
-    kill.append(f"+callbacks.fault.once_file={tmp_path / 'killed'}")
-    killed = headlab_train(*RUN, *watch, *kill, "hydra.run.dir=run", cwd=tmp_path, env=ENV)
+    killed = headlab_train(*RUN, *watch, *kill_in_third_epoch(tmp_path), "hydra.run.dir=run", cwd=tmp_path, env=ENV)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     trusted = ["callbacks.watch._target_=own_callback.Watch", "callbacks.fault._target_=faults.SignalAt"]
     trusted.append("callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor")  # named again too
@@ -53,3 +57,28 @@ def test_a_callback_of_the_runs_own_sees_the_run_and_keeps_its_state_across_a_ki
     monitored = [(int(r["step"]), float(r["lr-PackedAdamW"])) for r in rows if r.get("lr-PackedAdamW")]
     assert {step for step, _ in monitored} == set(scheduled)  # every step, 24
     assert all(lr == pytest.approx(scheduled[step], rel=1e-7) for step, lr in monitored)
+
+
+def test_lightnings_weight_averaging_puts_the_average_in_a_runs_checkpoints_and_resumes_like_its_twin(tmp_path):
+    """EMAWeightAveraging, as in a single run: each checkpoint holds the average (the trained weights beside it, as
+    current_model_state), so the test and headlab-eval evaluate the average; killed and resumed, the run ends as its
+    twin left alone (float64)."""
+    ema = "+callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"
+    twin = train_here(*RUN, ema, "hydra.run.dir=twin", cwd=tmp_path, env=ENV)
+    assert twin.returncode == 0, twin.stderr[-2000:]
+    killed = headlab_train(*RUN, ema, *kill_in_third_epoch(tmp_path), "hydra.run.dir=run", cwd=tmp_path, env=ENV)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    trusted = ["callbacks.ema._target_=lightning.pytorch.callbacks.EMAWeightAveraging"]
+    resumed = train_here("resume=run", *trusted, "callbacks.fault._target_=faults.SignalAt", cwd=tmp_path, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    got, expected = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("run", "twin"))
+    assert got["global_step"] == expected["global_step"] == 24
+    held_out = {k: v for k, v in got["metrics"].items() if not k.startswith("train/")}  # a resumed epoch's train
+    assert held_out == pytest.approx({k: expected["metrics"][k] for k in held_out}, rel=1e-7)  # means: its steps'
+    best = torch.load(got["checkpoints"]["best"], weights_only=True)
+    trained = best["current_model_state"]["stack.flat"][0]  # the pack of one's row: the trained weights, flat
+    averaged = torch.cat([t.reshape(-1).double() for t in best["state_dict"].values()])  # Lightning averages in float32
+    assert averaged.shape == trained.shape and not torch.allclose(averaged, trained)
+    evaluated = cli_here("eval", str(tmp_path / "run"), cwd=tmp_path)  # the best checkpoint's state_dict alone
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert f"test/acc\t{got['metrics']['test/acc']:.4f}" in evaluated.stdout

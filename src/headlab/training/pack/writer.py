@@ -210,8 +210,10 @@ class MemberWriter(pl.Callback):
         return model.to(pl_module.device)
 
     def save(self, member: Member, pl_module, trainer, pack_checkpoint: dict, best: bool = True) -> None:
-        """checkpoints/last.ckpt, and best-epoch{E}-step{S}.ckpt when val/acc improved (the previous best goes)."""
-        state = pl_module.stack.member_state(member.index)
+        """checkpoints/last.ckpt, and best-epoch{E}-step{S}.ckpt when val/acc improved (the previous best goes). The
+        member's weights are those the pack's checkpoint holds for it: a pack of one's own callback may put others
+        there (Lightning's weight averaging puts the average, and the trained ones beside it), as in a single run's."""
+        state = pl_module.stack.member_state(member.index, pack_checkpoint["state_dict"]["stack.flat"])
         directory = member.run_dir / "checkpoints"
         score = member.metrics.get("val/acc")
         improved = best and score is not None and (member.best["score"] is None or score > member.best["score"])
