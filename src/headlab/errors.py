@@ -9,6 +9,11 @@ def as_written(value) -> str:
     return repr(value)
 
 
+def fail(key: str, value, allowed: str) -> None:
+    """A config's invalid value, in one line: key=value is invalid: expected what is allowed."""
+    raise ConfigError(f"{key}={as_written(value)} is invalid: expected {allowed}")
+
+
 class UsageError(ValueError):
     """A wrong setting or input; str() is the one line shown to the user."""
 

@@ -88,6 +88,39 @@ CASES = [
     value("model.rope_base=1", "a number > 1 (rotary angles base^(-2i/d_k))"),
     value("model.attention.value_residual=maybe", "true or false"),
     value("callbacks.attention.causal_batches=-1", "an int >= 0 (0: no causal analysis)"),
+    # a run's checkpoints, which headlab writes itself: every setting as shipped (check_checkpoints)
+    *[
+        Case(
+            override,
+            [override],
+            f"invalid config: {key}={shown} is invalid: expected {allowed} (headlab writes a run's checkpoints "
+            "itself: its best by val/acc, and last.ckpt after every validation)",
+        )
+        for override, key, shown, allowed in [
+            (
+                "callbacks.model_checkpoint.monitor=val/loss",
+                "callbacks.model_checkpoint.monitor",
+                "'val/loss'",
+                "'val/acc'",
+            ),
+            ("callbacks.model_checkpoint.mode=min", "callbacks.model_checkpoint.mode", "'min'", "'max'"),
+            ("callbacks.model_checkpoint.save_top_k=3", "callbacks.model_checkpoint.save_top_k", "3", "1"),
+            ("callbacks.last_checkpoint.filename=final", "callbacks.last_checkpoint.filename", "'final'", "'last'"),
+            (
+                "+callbacks.last_checkpoint.every_n_epochs=2",
+                "callbacks.last_checkpoint.every_n_epochs",
+                "2",
+                "the key left out",
+            ),
+            ("callbacks.model_checkpoint=null", "callbacks.model_checkpoint", "null", "the shipped checkpoint"),
+            (
+                "+callbacks.mine._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+                "callbacks.mine._target_",
+                "'lightning.pytorch.callbacks.ModelCheckpoint'",
+                "another callback",
+            ),
+        ]
+    ],
     Case(
         "optim.betas=[0.9]",
         ["optim.betas=[0.9]"],
@@ -508,6 +541,13 @@ def test_a_pack_refuses_callbacks_it_would_never_call():
             "train", overrides=["callbacks=early_stopping", "+callbacks.es2=${callbacks.early_stopping}"]
         )
     check_launch(stopping, in_sweep=True, launcher="packed")  # and Lightning's early stopping, under any name
+
+
+def test_checkpoints_as_an_older_headlab_recorded_them_still_pass():
+    """An older headlab's model_checkpoint set save_last (before last_checkpoint wrote last.ckpt): such a run's
+    config, read back by resume=, is its checkpoints as shipped."""
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        check_config(compose("train", overrides=["+callbacks.model_checkpoint.save_last=true"]))
 
 
 def test_values_in_messages_are_written_as_an_override_writes_them():

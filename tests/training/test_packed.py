@@ -179,6 +179,22 @@ def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tm
     assert len({m["epochs"] for m in members}) > 1  # members stopped at different epochs: each its own decision
 
 
+def test_a_run_with_two_early_stoppings_stops_where_the_first_to_say_so_stops_it(run_cli, tmp_path):
+    """Two EarlyStopping callbacks (val/acc with patience 3, val/loss with patience 0): each decides on its own
+    metric, and the run stops where the first says so, the epoch and step where Lightning's own loop stops it; the
+    line says why."""
+    stopping = [*FLOAT64, "callbacks=early_stopping", "callbacks.early_stopping.patience=3", "trainer.max_epochs=30"]
+    stopping += ["callbacks.attention=null", "+callbacks.by_loss._target_=lightning.pytorch.callbacks.EarlyStopping"]
+    stopping += ["+callbacks.by_loss.monitor=val/loss", "+callbacks.by_loss.mode=min", "+callbacks.by_loss.patience=0"]
+    done = run_cli(*stopping, "hydra.run.dir=one")
+    assert done.returncode == 0, done.stderr[-3000:]
+    own = lightning_run(stopping, tmp_path / "alone")
+    record = json.loads((tmp_path / "one" / "results.json").read_text())
+    assert (record["epochs"], record["global_step"]) == (own["epochs"], own["global_step"]) and own["epochs"] < 30
+    assert record["metrics"] == pytest.approx(own["metrics"], rel=1e-9)
+    assert "early stopping after epoch" in done.stdout and "Monitored metric val/loss did not improve" in done.stdout
+
+
 @pytest.mark.parametrize("debug", ["fast", "overfit"])
 def test_a_debug_run_trains_in_a_pack_as_alone(run_cli, tmp_path, debug):
     """Lightning's debug runs in a pack, each member as its run alone: debug=fast one batch of each split and no

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from headlab.config.callbacks import check_checkpoints, pack_refusal
 from headlab.conventions import ADDED_KEYS, SPLITS, as_now
-from headlab.errors import ConfigError, as_written
+from headlab.errors import ConfigError, fail
 from headlab.model import rules
 from headlab.printing import seconds_of
 from headlab.record import OBJECTIVES
@@ -152,10 +153,6 @@ def _value(cfg: DictConfig, key: str):
     return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
 
 
-def fail(key: str, value, allowed: str) -> None:
-    raise ConfigError(f"{key}={as_written(value)} is invalid: expected {allowed}")
-
-
 def check_model_keys(cfg: DictConfig) -> None:
     """Every key under model and model.attention is one the model takes (conf/model/encoder.yaml states them all):
     a key added with + (model.attention.gaet, a typo of gate) would fail only when the model is built, after the
@@ -221,6 +218,7 @@ def check_config(cfg: DictConfig) -> None:
         fail("optim.rdrop", cfg.optim.rdrop, rule)
     check_task(cfg)
     check_device(cfg)
+    check_checkpoints(cfg)
     least, most = _value(cfg, "auto_epochs.min"), _value(cfg, "auto_epochs.max")
     if _ABSENT not in (least, most) and least > most:
         fail("auto_epochs.min", least, f"at most auto_epochs.max ({most})")
@@ -307,34 +305,6 @@ def _is_text(cfg: DictConfig) -> bool:
 
 
 PACKED_LAUNCHERS = ("packed", "packed_slurm")
-PACKED_CALLBACKS = {"model_checkpoint", "last_checkpoint", "progress_bar", "attention"}  # what a pack does itself
-PACKED_TARGETS = {  # callbacks a pack runs for each member (headlab.training.pack.stopping), under any name
-    "lightning.pytorch.callbacks.EarlyStopping",
-    "lightning.pytorch.callbacks.early_stopping.EarlyStopping",
-}
-
-
-def pack_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
-    """Why a pack of several members cannot train this run, as (key, value, the value a pack takes, why); None
-    where it can: one device, and headlab's own callbacks and Lightning's early stopping only (callbacks_refusal).
-    A pack of one (headlab-train's run) trains on several devices, and runs callbacks of its own, too."""
-    strategy = str(cfg.trainer.get("strategy", "auto"))
-    if strategy.startswith("ddp") or cfg.trainer.get("devices") not in (1, "1", [0], None):
-        return "trainer.devices", cfg.trainer.get("devices"), "1", "one device per pack"
-    return callbacks_refusal(cfg)
-
-
-def callbacks_refusal(cfg: DictConfig) -> tuple[str, object, str, str] | None:
-    """A callback of the run's own, which a pack of several members would build and never call (a pack of one runs
-    it: headlab.training.pack.train.own_callbacks), as pack_refusal says it; None where every callback is headlab's
-    own or Lightning's early stopping."""
-    callbacks = {k: v for k, v in (cfg.get("callbacks") or {}).items() if v is not None}
-    for name in sorted(callbacks.keys() - PACKED_CALLBACKS):
-        target = str(callbacks[name].get("_target_", ""))
-        if target not in PACKED_TARGETS:
-            why = "a pack of several runs headlab's own callbacks and early stopping only: the default launcher runs it"
-            return f"callbacks.{name}", target.rsplit(".", 1)[-1], "null", why
-    return None
 
 
 def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None, user_resume: bool = False) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.config.check import fail
+from headlab.errors import fail
 from headlab.files import write_text_atomic
 from headlab.launch.planning import arms_of, same_written
 from headlab.stats.comparison import group_runs, select_best, varying_keys

@@ -112,7 +112,8 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     """Hydra's Launcher.launch for the packed launcher (its hydra_context and config, and its settings: max_pack,
     n_jobs, submit, slurm): every job gets its run directory and .hydra files as with any launcher; the packs train
     here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
-    from headlab.config.check import POSITIVE, fail
+    from headlab.config.check import POSITIVE
+    from headlab.errors import fail
 
     hydra_context, config = launcher.hydra_context, launcher.config
     max_pack, n_jobs, submit, slurm = launcher.max_pack, launcher.n_jobs, launcher.submit, launcher.slurm

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from headlab.config.check import POSITIVE, RULES, fail
-from headlab.errors import ConfigError, as_written
+from headlab.config.check import POSITIVE, RULES
+from headlab.errors import ConfigError, as_written, fail
 from headlab.files import write_text_atomic
 from headlab.record import VAL_ACC_BEST
 from headlab.training.pruning import PRUNERS, make_pruner

@@ -12,8 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.config import memory
-from headlab.config.check import fail
-from headlab.errors import ConfigError, UsageError, as_written, first_line
+from headlab.errors import ConfigError, UsageError, as_written, fail, first_line
 from headlab.files import check_received
 from headlab.model import Encoder, rules
 from headlab.training import allocator, cores

@@ -194,7 +194,7 @@ def diverged(member: Member, module: PackedModule, size: int) -> TrainingError:
 
 def own_callbacks(members: list[Member]) -> list[pl.Callback]:
     """A run's own callbacks (+callbacks.<name>=...: anything a pack does not do itself), which a pack of one runs
-    in its Trainer as a single run would; packs of several are refused them (headlab.config.check.pack_refusal)."""
+    in its Trainer as a single run would; packs of several are refused them (headlab.config.callbacks.pack_refusal)."""
     if len(members) != 1:
         return []
     done = (ModelCheckpoint, EarlyStopping, pl.callbacks.ProgressBar, AttentionLogger, LearningCurve)
