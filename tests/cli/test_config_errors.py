@@ -88,7 +88,7 @@ CASES = [
     value("model.rope_base=1", "a number > 1 (rotary angles base^(-2i/d_k))"),
     value("model.attention.value_residual=maybe", "true or false"),
     value("callbacks.attention.causal_batches=-1", "an int >= 0 (0: no causal analysis)"),
-    # a run's checkpoints, which headlab writes itself: every setting as shipped (check_checkpoints)
+    # a run's checkpoints, which headlab writes itself: every setting as shipped (check_callbacks)
     *[
         Case(
             override,
@@ -119,6 +119,25 @@ CASES = [
                 "'lightning.pytorch.callbacks.ModelCheckpoint'",
                 "another callback",
             ),
+        ]
+    ],
+    # Lightning's callbacks that would set what the config states, unsaid by the run's record
+    *[
+        Case(
+            f"+callbacks.x._target_=lightning.pytorch.callbacks.{name}",
+            [f"+callbacks.x._target_=lightning.pytorch.callbacks.{name}", *settings],
+            f"invalid config: callbacks.x._target_='lightning.pytorch.callbacks.{name}' is invalid: expected another "
+            f"callback (it would train with {sets})",
+        )
+        for name, settings, sets in [
+            (
+                "StochasticWeightAveraging",
+                ["+callbacks.x.swa_lrs=0.01"],
+                "a learning-rate schedule of its own, where "
+                "headlab's sets the rate (optim.warmup, cosine): EMAWeightAveraging averages the weights alone",
+            ),
+            ("LearningRateFinder", [], "a learning rate of its choosing: sweep optim.lr"),
+            ("BatchSizeFinder", [], "a batch size of its choosing: set data.batch_size"),
         ]
     ],
     Case(

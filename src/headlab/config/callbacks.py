@@ -1,5 +1,6 @@
 """A run's callbacks as headlab runs them: those a pack does itself (its checkpoints, progress, head logging, early
-stopping), the checkpoint settings it keeps as shipped, and what a pack of several members cannot run."""
+stopping), the checkpoint settings it keeps as shipped, Lightning's callbacks that would set what the config states,
+and what a pack of several members cannot run."""
 
 from importlib.resources import files
 
@@ -18,18 +19,29 @@ CHECKPOINT_TARGETS = {
     "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
 }
 OLDER_KEYS = {"save_last"}  # set by the model_checkpoint of runs recorded by an older headlab, which still resume
+SETTING_THE_CONFIG = {  # Lightning's callbacks that would set what a run's config states (its record would not say)
+    "StochasticWeightAveraging": "a learning-rate schedule of its own, where headlab's sets the rate (optim.warmup, "
+    "cosine): EMAWeightAveraging averages the weights alone",
+    "LearningRateFinder": "a learning rate of its choosing: sweep optim.lr",
+    "BatchSizeFinder": "a batch size of its choosing: set data.batch_size",
+}
 
 
-def check_checkpoints(cfg: DictConfig) -> None:
+def check_callbacks(cfg: DictConfig) -> None:
     """A run's checkpoints as shipped (conf/callbacks/default.yaml): headlab writes them itself, the best by val/acc
     and last.ckpt after every validation, which resume=, headlab-heads, headlab-eval and the records read; a setting
-    of theirs changed or added, either switched off, or a ModelCheckpoint of one's own would go unheeded: refused."""
+    of theirs changed or added, either switched off, or a ModelCheckpoint of one's own would go unheeded: refused.
+    So are Lightning's callbacks that would set what the config states (SETTING_THE_CONFIG)."""
     shipped = OmegaConf.load(files("headlab.conf").joinpath("callbacks", "default.yaml"))
     callbacks = cfg.get("callbacks") or {}
     why = "headlab writes a run's checkpoints itself: its best by val/acc, and last.ckpt after every validation"
     for name, node in callbacks.items():
-        if name not in CHECKPOINTS and node is not None and str(node.get("_target_", "")) in CHECKPOINT_TARGETS:
-            fail(f"callbacks.{name}._target_", node._target_, f"another callback ({why})")
+        target = str(node.get("_target_", "")) if node is not None else ""
+        if name not in CHECKPOINTS and target in CHECKPOINT_TARGETS:
+            fail(f"callbacks.{name}._target_", target, f"another callback ({why})")
+        if target.startswith("lightning.pytorch.callbacks.") and target.rsplit(".", 1)[-1] in SETTING_THE_CONFIG:
+            sets = SETTING_THE_CONFIG[target.rsplit(".", 1)[-1]]
+            fail(f"callbacks.{name}._target_", target, f"another callback (it would train with {sets})")
     for name in CHECKPOINTS:
         given = callbacks.get(name)
         if given is None:

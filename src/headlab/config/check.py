@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from headlab.config.callbacks import check_checkpoints, pack_refusal
+from headlab.config.callbacks import check_callbacks, pack_refusal
 from headlab.conventions import ADDED_KEYS, SPLITS, as_now
 from headlab.errors import ConfigError, fail
 from headlab.model import rules
@@ -218,7 +218,7 @@ def check_config(cfg: DictConfig) -> None:
         fail("optim.rdrop", cfg.optim.rdrop, rule)
     check_task(cfg)
     check_device(cfg)
-    check_checkpoints(cfg)
+    check_callbacks(cfg)
     least, most = _value(cfg, "auto_epochs.min"), _value(cfg, "auto_epochs.max")
     if _ABSENT not in (least, most) and least > most:
         fail("auto_epochs.min", least, f"at most auto_epochs.max ({most})")
