@@ -7,7 +7,8 @@ import os
 
 from headlab.record import TEST_ACC, TEST_LOSS, VAL_ACC_BEST, total_seconds
 
-QUIET = ("lightning", "py.warnings", "torch", "wandb")  # loggers whose notes are for the log file
+QUIET = ("lightning", "py.warnings", "torch", "wandb", "matplotlib")  # loggers whose notes are for the log file
+# (matplotlib's: a math font missing here, which it replaces, one line a font family at a run's first figures)
 
 
 class Console(logging.Filter):
