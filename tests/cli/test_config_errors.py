@@ -121,6 +121,11 @@ CASES = [
             ),
         ]
     ],
+    Case(
+        "+callbacks.x=3",
+        ["+callbacks.x=3"],
+        "invalid config: callbacks.x=3 is invalid: expected a callback's config (its _target_ and arguments), or null",
+    ),
     # Lightning's callbacks that would set what the config states, unsaid by the run's record
     *[
         Case(

@@ -36,11 +36,13 @@ def check_callbacks(cfg: DictConfig) -> None:
     callbacks = cfg.get("callbacks") or {}
     why = "headlab writes a run's checkpoints itself: its best by val/acc, and last.ckpt after every validation"
     for name, node in callbacks.items():
+        if node is not None and not isinstance(node, DictConfig):
+            fail(f"callbacks.{name}", node, "a callback's config (its _target_ and arguments), or null")
         target = str(node.get("_target_", "")) if node is not None else ""
         if name not in CHECKPOINTS and target in CHECKPOINT_TARGETS:
             fail(f"callbacks.{name}._target_", target, f"another callback ({why})")
-        if target.startswith("lightning.pytorch.callbacks.") and target.rsplit(".", 1)[-1] in SETTING_THE_CONFIG:
-            sets = SETTING_THE_CONFIG[target.rsplit(".", 1)[-1]]
+        sets = SETTING_THE_CONFIG.get(target.rsplit(".", 1)[-1])
+        if target.startswith("lightning.pytorch.callbacks.") and sets:
             fail(f"callbacks.{name}._target_", target, f"another callback (it would train with {sets})")
     for name in CHECKPOINTS:
         given = callbacks.get(name)
