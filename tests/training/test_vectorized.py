@@ -188,6 +188,7 @@ def test_on_the_cpu_each_member_of_a_pack_runs_on_its_own_batchs_positions():
         {"differential": True, "gate": "headwise", "n_kv_heads": 1},
         {"normalizer": "sigmoid", "talking_heads": "pre"},
         {"normalizer": "softmax1", "scoring": "additive"},
+        {"mta": {"query_kernel": 3, "key_kernel": 5, "head_group": 2, "group_norm": True}},  # a CPU's own layout
     ],
 )
 def test_the_head_designs_stack_on_both_paths_as_each_model_alone(design):

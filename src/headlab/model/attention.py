@@ -225,7 +225,12 @@ class MultiHeadAttention(nn.Module):
             padded = key_padding_mask[:, None, :, None] | key_padding_mask[:, None, None, :]  # (B, 1, n, m)
             scores = scores.masked_fill(padded, 0.0)
         cq, ck = self.mta_kernel.shape[-2:]
-        return nn.functional.conv2d(scores, self.mta_kernel, padding=(cq // 2, ck // 2), groups=self.n_heads)
+        kernel = self.mta_kernel
+        if scores.device.type == "cpu":  # channels-last for the CPU's depthwise kernel: the numbers to rounding, a
+            # training step's convolution 2-3x faster (BENCHMARKS.md's mta rows; a GPU's unmeasured: left as it is)
+            scores, kernel = _channels_last(scores), _channels_last(kernel)
+        convolved = nn.functional.conv2d(scores, kernel, padding=(cq // 2, ck // 2), groups=self.n_heads)
+        return convolved.contiguous()  # (B, H, n, m) in the usual layout
 
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """The logits: the scoring function's, plus ALiBi's -m_h |i - j|: q (B, H, n, d_k), k (B, H, m, d_k) ->
@@ -306,3 +311,8 @@ def load_balance(routed: torch.Tensor, chosen: torch.Tensor, key_padding_mask: t
     positions = real.sum()
     share, probability = (chosen * real).sum((0, 1)) / positions, (routed * real).sum((0, 1)) / positions  # (R,)
     return (share * probability).sum()
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    """t (N, C, h, w) with its channels stored last (torch.channels_last's strides, also inside vmap)."""
+    return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
