@@ -160,26 +160,29 @@ def states(job_ids: list[str]) -> dict[str, str]:
     return {i: found[i] for i in job_ids if i in found}
 
 
-def wait(jobs: list, on_end: Callable[[int, str], None], poll_s: float = 5.0) -> list[bool]:
+def wait(jobs: list, on_end: Callable[[int, str], None], poll_s: float = 5.0, look_s: float = 0.5) -> list[bool]:
     """Wait until every submitit job has a result or SLURM says it ended without one; on_end(k, state) for the
-    latter (state: SLURM's, or "UNKNOWN" when SLURM no longer knows the job). Returns which jobs have a result."""
-    pending, ended_at = set(range(len(jobs))), {}
+    latter (state: SLURM's, or "UNKNOWN" when SLURM no longer knows the job). SLURM is asked every poll_s, the
+    result files are looked at every look_s: the wait ends as soon as the last result is written. Returns which
+    jobs have a result."""
+    pending, ended_at, asked = set(range(len(jobs))), {}, -poll_s
     while pending:
         for k in sorted(pending):
             if jobs[k].paths.result_pickle.exists():
                 pending.discard(k)
-        known = states([jobs[k].job_id for k in pending]) if pending else {}
-        for k in sorted(pending):
-            state = known.get(jobs[k].job_id, "UNKNOWN").split("+")[0]
-            if state in ENDED or state == "UNKNOWN":
-                ended_at.setdefault(k, time.monotonic())
-                if time.monotonic() - ended_at[k] >= GRACE_S and not jobs[k].paths.result_pickle.exists():
-                    on_end(k, state)
-                    pending.discard(k)
-            else:
-                ended_at.pop(k, None)  # requeued, pending or running again
+        if pending and time.monotonic() - asked >= poll_s:
+            asked, known = time.monotonic(), states([jobs[k].job_id for k in pending])
+            for k in sorted(pending):
+                state = known.get(jobs[k].job_id, "UNKNOWN").split("+")[0]
+                if state in ENDED or state == "UNKNOWN":
+                    ended_at.setdefault(k, time.monotonic())
+                    if time.monotonic() - ended_at[k] >= GRACE_S and not jobs[k].paths.result_pickle.exists():
+                        on_end(k, state)
+                        pending.discard(k)
+                else:
+                    ended_at.pop(k, None)  # requeued, pending or running again
         if pending:
-            time.sleep(poll_s)
+            time.sleep(look_s)
     return [job.paths.result_pickle.exists() for job in jobs]
 
 
