@@ -10,17 +10,23 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import TINY, cli_env, cli_here
+from conftest import TESTS, TINY, cli_env, cli_here, headlab_train
 from headlab.launch.wandb_offline import read_run
 
 DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
 
 
 @pytest.mark.e2e
-def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_process, tmp_path):
-    result = run_process(*DDP, "logger=[csv,wandb]", "hydra.run.dir=run")
+def test_ddp_cpu_run_writes_one_directory_and_complete_results(tmp_path):
+    """Two CPU ranks: one directory, one record and one W&B run, from rank 0; the ranks' metrics over the whole
+    split; and a callback of the run's own (tests/own_callback.py) in the ranks reads the run's weights and metrics
+    and keeps its state in the run's checkpoint, as on one device."""
+    watched = tmp_path / "watched.json"
+    watch = ["+callbacks.watch._target_=own_callback.Watch", f"+callbacks.watch.out={watched}"]
+    env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
+    result = headlab_train(*DDP, "logger=[csv,wandb]", *watch, "hydra.run.dir=run", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no second directory from another rank
+    assert sorted(p.name for p in tmp_path.iterdir() if p != watched) == ["run"]  # none from another rank
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed" and results["resources"]["devices"] == 2
@@ -44,6 +50,14 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(run_process, tmp_
     assert results["curve"][0]["tokens"] == 256 * 32  # every training token, over both ranks' shares
     tested = [r for r in rows if r.get("test/acc")]
     assert [(r["epoch"], r["step"]) for r in tested] == [("1", "4")]  # where training ended, as a single run's
+    seen, last = json.loads(watched.read_text()), torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert [(s["epoch"], s["step"]) for s in seen["seen"]] == [(0, 4)] and seen["first_gradient"] > 0
+    assert seen["seen"][0]["val/acc"] == results["curve"][0]["val/acc"]  # the run's metrics over both ranks' shares
+    trained = float(last["state_dict"]["model.tok_emb.weight"].norm())
+    assert seen["seen"][0]["norm"] == pytest.approx(trained, rel=1e-12)  # the weights that train, not a copy
+    assert last["callbacks"]["Watch"]["seen"] == seen["seen"]
+    logged = [float(r["own/embedding_norm"]) for r in rows if r.get("own/embedding_norm")]
+    assert logged == pytest.approx([seen["seen"][0]["norm"]], rel=1e-7)  # in the run's metrics.csv, once
     # the ranks' sums are the whole split's: the best checkpoint evaluated again in one process gives the same numbers
     for split, key in (("test", "test/acc"), ("val", "val/acc_best")):
         again = cli_here("eval", str(run), split, cwd=tmp_path)
