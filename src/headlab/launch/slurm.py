@@ -6,6 +6,7 @@ noticed and recorded, never waited for, and each task's threads from the CPUs SL
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -165,7 +166,7 @@ def wait(jobs: list, on_end: Callable[[int, str], None], poll_s: float = 5.0, lo
     latter (state: SLURM's, or "UNKNOWN" when SLURM no longer knows the job). SLURM is asked every poll_s, the
     result files are looked at every look_s: the wait ends as soon as the last result is written. Returns which
     jobs have a result."""
-    pending, ended_at, asked = set(range(len(jobs))), {}, -poll_s
+    pending, ended_at, asked = set(range(len(jobs))), {}, -math.inf  # SLURM asked first at once
     while pending:
         for k in sorted(pending):
             if jobs[k].paths.result_pickle.exists():
