@@ -27,7 +27,8 @@ REPORTING_GROUPS = ("logger",)
 ANALYSIS_KEYS = ("compare", "confirm", "claims")
 # keys added to the config after runs were recorded without them, with the value such a record counts as (a resume,
 # a sweep's completed jobs, compare's grouping): the model keys' values those runs had; the causal analysis, which
-# changes nothing a run trains, at its default, so that an older sweep continues without rerunning its jobs
+# changes nothing a run trains, at its default, and how a pack computed at its default (auto: what the CPU and the GPU
+# did then), so that an older sweep continues without rerunning its jobs
 ADDED_KEYS = {
     "callbacks.attention.causal_batches": 4,
     "model.attention.normalizer": "softmax",
@@ -39,6 +40,7 @@ ADDED_KEYS = {
     "model.attention.value_residual": False,
     "model.attention.mta": None,
     "model.attention.moh": None,
+    "pack.compute": "auto",
 }
 PROGRESS = "progress.json"  # in a run directory while it trains: where it stands (training.progress_record)
 

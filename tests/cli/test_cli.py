@@ -138,6 +138,7 @@ def test_a_compiled_mixed_precision_pack_compiles_once_per_loop_for_all_members_
         record = json.loads((tmp_path / "sweep" / job / "results.json").read_text())
         assert record["status"] == "completed" and record["config"]["model.compile"] is True
         assert record["pack"]["size"] == 2
+        assert record["pack"]["compute"] == "each" and "compute_step_s" not in record["pack"]  # compiled: untimed
         assert json.loads((tmp_path / "sweep" / job / "heads.json").read_text())["rows"]
         saved = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
         assert "model.tok_emb.weight" in saved and not any("_orig_mod" in k for k in saved)  # loads uncompiled

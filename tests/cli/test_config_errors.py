@@ -72,6 +72,7 @@ CASES = [
     value("trainer.log_every_n_steps=0", "an int >= 1"),
     value("trainer.gradient_clip_val=-1", "a number >= 0 or null"),
     value("tf32=maybe", "true or false"),
+    value("pack.compute=vmap", "one of auto, each, batched"),
     value("sweep.extend.factor=1", "a number > 1 (past the top: x factor; the bottom: /)"),
     value("sweep.extend.factor=0.5", "a number > 1 (past the top: x factor; the bottom: /)"),
     value("model.attention.normalizer=relu", "one of sigmoid, sink, softmax, softmax1, softpick, ssmax"),

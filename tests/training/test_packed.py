@@ -61,6 +61,8 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
 
     runs = records(sweep)
     assert [r["status"] for r in runs] == ["completed"] * 4
+    assert [r["pack"]["compute"] for r in runs] == ["each"] * 4  # pack.compute=auto with dropout: each, untimed
+    assert not any("compute_step_s" in r["pack"] for r in runs)
     assert {r["pack"]["id"] for r in runs} == {f"{sweep.name}-pack0"} and [r["pack"]["index"] for r in runs] == [
         0,
         1,
@@ -193,6 +195,45 @@ def test_a_run_with_two_early_stoppings_stops_where_the_first_to_say_so_stops_it
     assert (record["epochs"], record["global_step"]) == (own["epochs"], own["global_step"]) and own["epochs"] < 30
     assert record["metrics"] == pytest.approx(own["metrics"], rel=1e-9)
     assert "early stopping after epoch" in done.stdout and "Monitored metric val/loss did not improve" in done.stdout
+
+
+def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_the_faster_way(
+    run_cli, tmp_path, monkeypatch
+):
+    """pack.compute=batched on the CPU, float64, no dropout: the members as one vmap computation (batched matmuls,
+    the explicit attention) train step for step as their single runs (a pack of one, its model alone, the fused
+    attention): the losses to rounding, its record says how it computed. pack.compute=auto times both ways on the
+    pack's first batch, says so, and keeps the faster, as each member's record shows; the same sweep again computes
+    the same way (kept for this machine and these shapes), to the same numbers."""
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))  # no choice kept by another test
+    batched = run_cli("-m", "hydra/launcher=packed", "seed=0,1", "pack.compute=batched", *FLOAT64, "hydra.sweep.dir=b")
+    assert batched.returncode == 0, batched.stderr[-3000:]
+    one = run_cli("seed=1", *FLOAT64, "hydra.run.dir=one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    runs, single = records(tmp_path / "b"), json.loads((tmp_path / "one" / "results.json").read_text())
+    assert [r["pack"]["compute"] for r in runs] == ["batched"] * 2 and "compute_step_s" not in runs[1]["pack"]
+    ours, theirs = step_losses(tmp_path / "b" / "1"), step_losses(tmp_path / "one")
+    assert len(ours) == len(theirs) == 16 and max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-9
+    for key in ("val/acc_best", "test/acc", "test/loss", "train/loss_epoch"):
+        assert runs[1]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9), key
+
+    auto = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "hydra.sweep.dir=a")
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    packs = [r["pack"] for r in records(tmp_path / "a")]
+    seconds = packs[0]["compute_step_s"]
+    assert set(seconds) == {"each", "batched"} and all(s > 0 for s in seconds.values())
+    assert packs[0]["compute"] == min(seconds, key=seconds.get) and packs[1] == {**packs[0], "index": 1}
+    said = f"pack a-pack0: its 2 members compute {packs[0]['compute']} (timed on its first batch: "
+    assert said in auto.stdout + auto.stderr and packs[0]["compute_kept"] is False
+
+    again = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "hydra.sweep.dir=again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    repeated = records(tmp_path / "again")
+    assert [r["pack"] for r in repeated] == [{**p, "id": "again-pack0", "compute_kept": True} for p in packs]
+    assert "(as timed here before (" in again.stdout + again.stderr
+    assert [step_losses(tmp_path / "again" / str(i)) for i in (0, 1)] == [
+        step_losses(tmp_path / "a" / str(i)) for i in (0, 1)
+    ]  # the same way: the same numbers, to the last bit
 
 
 @pytest.mark.parametrize("debug", ["fast", "overfit"])

@@ -105,13 +105,18 @@ def test_packed_adamw_with_clipping_follows_torch_adamw_member_by_member(fused):
             torch.testing.assert_close(stacked[name][e], p, atol=1e-13, rtol=1e-12, msg=name)  # clipping's rounding
 
 
-def test_members_are_batched_only_on_an_accelerator_and_only_when_there_are_several():
-    """A pack of one (every headlab-train run) runs its model as it is, with its fused kernels, on any device; a CPU
-    runs members one after another; a GPU batches two or more (vmap). The GPU's side is tests/model/test_gpu.py."""
+def test_members_compute_as_pack_compute_says_and_a_pack_of_one_as_its_model_alone():
+    """pack.compute: `auto` runs members one after another on a CPU (until a pack has timed both ways: pack.compute)
+    and batches them on a GPU; `each` and `batched` on any device; a pack of one (every headlab-train run) runs its
+    model as it is, with its fused kernels, whatever it says. The GPU's side is tests/model/test_gpu.py."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device named, not used: no GPU needed
-    one, two = Stacked(models(1)), Stacked(models(2))
-    assert one.one_after_another(cpu) and one.one_after_another(cuda)
-    assert two.one_after_another(cpu) and not two.one_after_another(cuda)
+    for compute in ("auto", "each", "batched"):
+        one = Stacked(models(1), compute=compute)
+        assert one.one_after_another(cpu) and one.one_after_another(cuda)
+    auto, each, batched = (Stacked(models(2), compute=c) for c in ("auto", "each", "batched"))
+    assert auto.one_after_another(cpu) and not auto.one_after_another(cuda)
+    assert each.one_after_another(cpu) and each.one_after_another(cuda)
+    assert not batched.one_after_another(cpu) and not batched.one_after_another(cuda)
 
 
 def test_a_frozen_member_does_not_move_and_the_others_do():

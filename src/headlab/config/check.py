@@ -62,6 +62,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.rope_base": (lambda v: _is_number(v) and v > 1, "a number > 1 (rotary angles base^(-2i/d_k))"),
     "model.readout": one_of(None, *rules.READOUTS),
     "model.compile": (lambda v: isinstance(v, bool), "true or false"),
+    "pack.compute": one_of("auto", "each", "batched"),
     "model.attention.n_heads": POSITIVE,
     "model.attention.d_k": OPTIONAL_POSITIVE,
     "model.attention.d_v": OPTIONAL_POSITIVE,

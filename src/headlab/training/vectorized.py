@@ -29,11 +29,20 @@ class Stacked(nn.Module):
     its pack. None: every member draws from the process's stream.
     `compile`: the members' forward through torch.compile (model.compile): one graph serves every member, each
     computed from its own tensors; where the members run as one batched computation, that computation is compiled.
+    `compute`: how the members compute together (pack.compute): `each` one after another, `batched` as one batched
+    computation, `auto` the device's way (one_after_another); headlab.training.pack.compute measures which.
     """
 
-    def __init__(self, models: list[nn.Module], streams: list[torch.Tensor] | None = None, compile: bool = False):
+    def __init__(
+        self,
+        models: list[nn.Module],
+        streams: list[torch.Tensor] | None = None,
+        compile: bool = False,
+        compute: str = "auto",
+    ):
         super().__init__()
         self.streams = None if streams is None else [s.clone() for s in streams]
+        self.compute = compute
         self.member_forward = torch.compile(member_forward) if compile else member_forward
         self.batched_forward = torch.compile(batched_forward) if compile else batched_forward
         params, buffers = stack_module_state(models)  # name -> (E, ...)
@@ -75,18 +84,21 @@ class Stacked(nn.Module):
         the load-balance loss asked for with need_balance=True: then (output (E, ...), balance (E,)).) Keyword
         arguments that are tensors are per member too (a head mask (E, B, L, H)); the others go to every member.
 
-        Members run as one_after_another says: on a GPU as one batched computation (torch.func.vmap), one kernel
-        launch serving them all; else one after another (`each`)."""
+        Members run as one_after_another says: one after another (`each`), or as one batched computation
+        (torch.func.vmap), one kernel launch serving them all."""
         if self.one_after_another(inputs[0].device):
             per_member = {k: v.unbind(0) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             return stack_outputs(self.each(*(x.unbind(0) for x in inputs), **per_member))
         return self.batched(*inputs, **kwargs)
 
     def one_after_another(self, device: torch.device) -> bool:
-        """Whether the members run one after another (`each`) rather than as one batched computation: on a CPU,
-        which is busy with any one member already, and a pack of one anywhere (a single run: nothing to batch, and
-        its own model's fused kernels, SDPA and Triton, which do not run under vmap)."""
-        return device.type == "cpu" or self.size == 1
+        """Whether the members run one after another (`each`) rather than as one batched computation: as `compute`
+        says, and with `auto` on a CPU (until pack.compute has measured the pack's own step); always in a pack of
+        one (a single run: nothing to batch, and its own model's fused kernels, SDPA and Triton, which do not run
+        under vmap)."""
+        if self.size == 1:
+            return True
+        return device.type == "cpu" if self.compute == "auto" else self.compute == "each"
 
     def batched(self, *inputs: torch.Tensor, **kwargs) -> torch.Tensor:
         """forward as one batched computation over the members (torch.func.vmap), on any device."""

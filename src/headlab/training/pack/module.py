@@ -19,15 +19,21 @@ class PackedModule(SharpnessAware, pl.LightningModule):
 
     optim: one dict per member (lr, weight_decay, warmup, betas, sam_rho, rdrop), as the single run's HeadLabModule
     takes them; sam_rho and rdrop are the same for all (Stacked members' gradients are each scaled by their own norm).
-    streams: each member's CPU random state where its single run starts training (Stacked); compile: model.compile.
+    streams: each member's CPU random state where its single run starts training (Stacked); compile: model.compile;
+    compute: pack.compute (Stacked).
     A member whose training loss turns non-finite is frozen (its learning rate 0) and left out of the loss.
     """
 
     def __init__(
-        self, models: list, optim: list[dict], streams: list[torch.Tensor] | None = None, compile: bool = False
+        self,
+        models: list,
+        optim: list[dict],
+        streams: list[torch.Tensor] | None = None,
+        compile: bool = False,
+        compute: str = "auto",
     ):
         super().__init__()
-        self.stack = Stacked(models, streams, compile)
+        self.stack = Stacked(models, streams, compile, compute)
         object.__setattr__(self, "members", models)  # the members' own Encoders, not submodules: no state of the pack
         self._log_hyperparams = False  # a run's loggers get its config from headlab (loggers.start), not Lightning
         self.optim = optim

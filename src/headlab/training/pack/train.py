@@ -28,7 +28,7 @@ from headlab.training import progress as progress_
 from headlab.training.attention_logging import AttentionLogger
 from headlab.training.build import configure_torch, existing, instantiate_all, instantiate_node
 from headlab.training.callbacks import ExactResume, LearningCurve, RankThreads, ThroughputMeter
-from headlab.training.pack import analysis, resume
+from headlab.training.pack import analysis, compute, resume
 from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
@@ -61,11 +61,11 @@ def measure_heads(module: PackedModule, members: list[Member]) -> list[dict | No
 
 def pack_fields(
     member: Member, rate: float | None, trainer, fit_seconds: float, size: int, pack_id: str | None, predictions,
-    threads: int,
+    threads: int, computed: dict,
 ) -> dict:  # fmt: skip
-    """The results.json fields a member's single run would own (records.run_fields), plus where it was packed
-    (rate: the pack's training tokens/s over every rank; predictions: the member's test predictions); a run of
-    headlab-train (no pack_id) is a run, not a member."""
+    """The results.json fields a member's single run would own (records.run_fields), plus where it was packed and
+    how the pack computed (rate: the pack's training tokens/s over every rank; predictions: the member's test
+    predictions; computed: pack.compute.record); a run of headlab-train (no pack_id) is a run, not a member."""
     packed, (epochs_trained, step) = pack_id is not None, member.position(trainer)
     return records.run_fields(
         metrics=member.metrics,
@@ -91,7 +91,7 @@ def pack_fields(
         },
         wandb=member.wandb,
         predictions=predictions,
-        pack={"id": pack_id, "size": size, "index": member.index} if packed else None,
+        pack={"id": pack_id, "size": size, "index": member.index, **computed} if packed else None,
     )
 
 
@@ -241,6 +241,17 @@ def fit_pack(trainer, module: PackedModule, members: list[Member], handover: Han
     return fit_seconds
 
 
+def pack_module(members: list[Member], pack_id: str | None) -> tuple[PackedModule, compute.ComputeChoice | None]:
+    """The members as one model, seeded as a single run is before training; and where pack.compute=auto times its
+    ways (compute.to_measure), the callback that does."""
+    cfg = members[0].cfg  # compile and pack.compute: one value for the pack (pack_key)
+    pl.seed_everything(cfg.seed, workers=True)
+    models, streams = [m.module.model for m in members], [m.stream for m in members]
+    hparams = [m.module.hparams for m in members]
+    module = PackedModule(models, hparams, streams, bool(cfg.model.get("compile")), compute.asked(cfg))
+    return module, compute.ComputeChoice(pack_id) if compute.to_measure(cfg, len(members)) else None
+
+
 def train_pack(
     members: list[Member], pack_id: str | None, progress: bool = True, threads: int | None = None
 ) -> list[dict | BaseException]:
@@ -256,10 +267,7 @@ def train_pack(
         member.index = index
     size = len(members)
     writes = cores.process_rank() == 0  # the other ranks of a run that re-runs its command write nothing
-    pl.seed_everything(members[0].cfg.seed, workers=True)
-    models, streams = [m.module.model for m in members], [m.stream for m in members]
-    compiled = bool(members[0].cfg.model.get("compile"))  # one value for the pack (pack_key)
-    module = PackedModule(models, [m.module.hparams for m in members], streams, compiled)
+    module, choice = pack_module(members, pack_id)
     configs = start_loggers(members, pack_id)
     meter = ThroughputMeter()
     outputs = MemberWriter(members, pack_id, meter)
@@ -268,6 +276,7 @@ def train_pack(
     handover = Handover(members, meter, threads) if elsewhere else None
     ranks = [handover, RankThreads(threads)] if elsewhere else []
     callbacks = [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
+    callbacks += [choice] if choice else []
     trainer = pack_trainer(members, callbacks, own_callbacks(members))  # the bars before the stopping: a
     # validation's line still counts the members that stop at it
     failed = True
@@ -277,6 +286,7 @@ def train_pack(
         if handover:
             handover.analyse_here(module, trainer)
         rate = meter.rate * trainer.world_size if meter.rate else None  # over every rank
+        computed = compute.record(module, choice)
         analysed, jobs, results = measure_heads(module, members) if writes else [None] * size, [], []
         for member in members:
             if module.diverged_at[member.index] >= 0:
@@ -299,7 +309,9 @@ def train_pack(
                 tested = {k: v[member.index] for k, v in test.items()}
                 epoch, step = member.position(trainer)
                 logger.log_metrics({**tested, "epoch": epoch}, step=step)
-            fields = pack_fields(member, rate, trainer, fit_seconds, size, pack_id, kept[member.index], threads)
+            fields = pack_fields(
+                member, rate, trainer, fit_seconds, size, pack_id, kept[member.index], threads, computed
+            )
             results.append(fields)
         outputs.render_importance(jobs)
         failed = False

@@ -1,0 +1,146 @@
+"""How a pack's members compute together (pack.compute): one after another, each on views of the stacked parameters
+with its single run's kernels and dropout stream (`each`), or as one batched computation (`batched`, torch.func.vmap).
+
+Neither is the faster everywhere on a CPU: batched matmuls against many small ones, the explicit attention against
+the fused kernel, turn on the shapes and on the machine. `auto` takes the batched computation on a GPU; on a CPU it
+times both ways on the pack's first training batch and keeps the faster, for the whole pack (its validation, test
+and head analysis too), unless the members draw dropout masks: then each draws its single run's, one after another.
+The ways round differently: a choice is kept in $HEADLAB_CACHE/pack_compute for the machine, the threads and the
+pack's shapes, so that the same command computes the same numbers each time it runs here (delete it to time again).
+"""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from headlab.conventions import cache_root
+from headlab.errors import DiskFull
+from headlab.files import write_json_atomic
+
+log = logging.getLogger("headlab")
+REPEATS = 3  # timed forward and backward passes of each way, after one untimed
+
+
+def asked(cfg: DictConfig) -> str:
+    """pack.compute as the run's config gives it (a config written before the key: auto)."""
+    return OmegaConf.select(cfg, "pack.compute", default="auto")
+
+
+def to_measure(cfg: DictConfig, size: int) -> bool:
+    """Whether a pack of these members times both ways: pack.compute=auto, on a CPU, with members to batch, without
+    dropout (with it, one after another keeps each member its single run's masks) and not compiled (model.compile:
+    each way its own graphs, compiled on the first batch, where one after another is the CPU's way)."""
+    cpu = str(cfg.trainer.get("accelerator")) == "cpu"
+    dropout = cfg.model.get("dropout") or cfg.model.attention.get("dropout")
+    return asked(cfg) == "auto" and cpu and size > 1 and not dropout and not cfg.model.get("compile")
+
+
+def timed(ways: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Median seconds of each way's call over REPEATS calls, the ways interleaved, after one untimed call of each."""
+    times = {way: [] for way in ways}
+    for repeat in range(REPEATS + 1):
+        for way, call in ways.items():
+            started = time.perf_counter()
+            call()
+            if repeat:
+                times[way].append(time.perf_counter() - started)
+    return {way: statistics.median(seconds) for way, seconds in times.items()}
+
+
+def seconds_a_step(module, batch: dict) -> dict[str, float]:
+    """Seconds of the members' forward and backward passes on a training batch (the pack's objective, as its training
+    step computes it) each way (timed); the gradients they leave are dropped (the optimizer never sees them), and
+    nothing random is drawn (no dropout: to_measure)."""
+
+    def step(way: str):
+        def call():
+            module.stack.compute = way
+            with torch.enable_grad():
+                module._training_step(batch).objective.sum().backward()
+
+        return call
+
+    seconds = timed({way: step(way) for way in ("each", "batched")})
+    module.stack.flat.grad = None
+    return seconds
+
+
+def machine() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else what platform says) and its logical cores."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.partition(':')[2].strip()} x{os.cpu_count()}"
+    return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def kept_path(module, batch: dict) -> Path:
+    """Where the choice for this machine, torch, thread count, pack (its parameters' shapes, its members) and batch
+    shape is kept."""
+    stack = module.stack
+    said = [machine(), torch.__version__, torch.get_num_threads(), stack.names, stack.shapes, stack.size]
+    said.append(list(batch["tokens"].shape))
+    digest = hashlib.sha256(json.dumps(said, default=str).encode()).hexdigest()[:24]
+    return cache_root() / "pack_compute" / f"{digest}.json"
+
+
+def kept(path: Path) -> dict[str, float] | None:
+    """The seconds a step of each way timed here before, or None (none kept, or not readable as such)."""
+    try:
+        seconds = json.loads(path.read_text())["step_s"]
+        return {way: float(seconds[way]) for way in ("each", "batched")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class ComputeChoice(pl.Callback):
+    """pack.compute=auto where the pack times both ways (to_measure): at its first training batch the faster is kept,
+    as timed here before for the same shapes (kept_path) or timed now; with several ranks none is timed (each rank
+    would choose for itself), and the CPU's way, each, is kept."""
+
+    def __init__(self, pack_id: str | None):
+        self.pack_id = pack_id
+        self.seconds: dict[str, float] | None = None
+        self.cached = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.seconds is not None or trainer.world_size > 1:
+            return
+        path = kept_path(pl_module, batch)
+        self.seconds = kept(path)
+        self.cached = self.seconds is not None
+        if not self.cached:
+            self.seconds = seconds_a_step(pl_module, batch)
+            with contextlib.suppress(OSError, DiskFull):  # unkept, the next pack times them again
+                write_json_atomic(path, {"step_s": self.seconds, "machine": machine()})
+        pl_module.stack.compute = min(self.seconds, key=self.seconds.get)
+        when = f"as timed here before ({path})" if self.cached else "timed on its first batch"
+        log.info(
+            "pack %s: its %d members compute %s (%s: %.3f s a step one after another, %.3f s batched)",
+            self.pack_id, pl_module.stack.size, pl_module.stack.compute, when, self.seconds["each"],
+            self.seconds["batched"],
+        )  # fmt: skip
+
+
+def record(module, choice: ComputeChoice | None) -> dict:
+    """What each member's results.json says of how its pack computed (its `pack` field): the way, and where both
+    were timed, their seconds a step and whether they were timed before (kept)."""
+    way = "each" if module.stack.one_after_another(module.device) else "batched"
+    if not (choice and choice.seconds):
+        return {"compute": way}
+    return {
+        "compute": way,
+        "compute_step_s": {k: round(v, 4) for k, v in choice.seconds.items()},
+        "compute_kept": choice.cached,
+    }
