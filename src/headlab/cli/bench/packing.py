@@ -18,6 +18,7 @@ from headlab.model import Encoder
 from headlab.record import RESULTS, TEST_ACC, read_record
 from headlab.training import optim
 from headlab.training.cores import usable_cores
+from headlab.training.pack import compute
 from headlab.training.vectorized import PackedAdamW, Stacked, clip_per_member
 
 # the default run's model and batches (pair_recall: 32 positions of two fused tokens, 19 classes), and the SST-2
@@ -77,13 +78,13 @@ def _autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def pack_step(shape: dict, E: int, device, batched: bool = False, compiled: bool = False):
-    """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW; batched:
-    the members as one batched computation (Stacked.batched, torch.func.vmap), the GPU's path, on any device;
-    compiled: the members' forward through torch.compile (model.compile=true), compiled at its first step."""
+def pack_step(shape: dict, E: int, device, compute: str = "auto", compiled: bool = False):
+    """One training step of a pack of E: forward, per-member losses, backward, per-member clipping, AdamW; compute:
+    how the members compute together (pack.compute: each, batched, or the device's way); compiled: the members'
+    forward through torch.compile (model.compile=true), compiled at its first step."""
     if compiled:
         torch._dynamo.reset()  # every pack its own graphs, none from an earlier pack's template
-    stack = Stacked(_models(shape, E, device), compile=compiled).to(device)
+    stack = Stacked(_models(shape, E, device), compile=compiled, compute=compute).to(device)
     params = list(stack.parameters())
     optimizer = PackedAdamW(
         [{"params": params, "decay": True}], lr=[1e-4] * E, weight_decay=[0.01] * E, betas=[(0.9, 0.98)] * E
@@ -93,7 +94,7 @@ def pack_step(shape: dict, E: int, device, batched: bool = False, compiled: bool
     def step():
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device):
-            logits = stack.batched(tokens, mask) if batched else stack(tokens, mask)
+            logits = stack(tokens, mask)
         loss = F.cross_entropy(logits.reshape(-1, shape["classes"]).float(), labels.reshape(-1))
         loss.backward()
         clip_per_member([stack.flat], 1.0)
@@ -125,18 +126,25 @@ def solo_steps(shape: dict, E: int, device):
 def pack_throughput(
     device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES), compiled: bool = False
 ) -> list[dict]:
-    """Training tokens/s of packs of E against the same E models stepped one after another (on a CPU also the pack
-    as one batched computation, the path it does not take there, and compiled: model.compile=true, its compilation
-    untimed), and GPU busy (%); shapes: names in SHAPES."""
+    """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%);
+    shapes: names in SHAPES. On a CPU both ways a pack computes (one member after another, and as one batched
+    computation, torch.func.vmap), the pack's own being the one pack.compute=auto chooses by a timing of its own
+    (compute.timed, not the figures reported); and compiled (model.compile=true, its compilation untimed)."""
     rows = []
     for name in shapes:
         shape = SHAPES[name]
         for E in sizes:
-            steps = {"packed": synchronized(pack_step(shape, E, device), device)}
+            steps = {}
             if E <= 16 or device.type == "cuda":
                 steps["one at a time"] = synchronized(solo_steps(shape, E, device), device)
-            if device.type == "cpu":  # the path a CPU does not take, measured beside the one it takes
-                steps["vmap"] = synchronized(pack_step(shape, E, device, batched=True), device)
+            if device.type == "cpu" and E > 1:
+                steps["each"] = synchronized(pack_step(shape, E, device, "each"), device)
+                steps["vmap"] = synchronized(pack_step(shape, E, device, "batched"), device)
+                chosen = compute.timed({"each": steps["each"], "vmap": steps["vmap"]})
+                packed = min(chosen, key=chosen.get)
+            else:  # a GPU's way (batched), or a pack of one (its model alone)
+                packed = "each" if E == 1 else "vmap"
+                steps[packed] = synchronized(pack_step(shape, E, device), device)
             if compiled:
                 steps["compiled"] = synchronized(pack_step(shape, E, device, compiled=True), device)
                 steps["compiled"]()  # its compilation, before the timed steps
@@ -144,18 +152,19 @@ def pack_throughput(
             with GpuBusy() as busy:  # sampled while packed steps run for 2 s
                 started = time.perf_counter()
                 while time.perf_counter() - started < 2 and device.type == "cuda":
-                    steps["packed"]()
+                    steps[packed]()
             tokens = E * shape["batch"] * shape["n"]
             row = {
                 "shape": name,
                 "members": E,
-                "packed_tokens_per_s": tokens / seconds["packed"],
+                "compute": "each" if packed == "each" else "batched",
+                "packed_tokens_per_s": tokens / seconds[packed],
                 "gpu_busy": busy.percent,
             }
             if "one at a time" in seconds:
                 row["solo_tokens_per_s"] = tokens / seconds["one at a time"]
-                row["ratio"] = seconds["one at a time"] / seconds["packed"]
-            for path in ("vmap", "compiled"):
+                row["ratio"] = seconds["one at a time"] / seconds[packed]
+            for path in ("each", "vmap", "compiled"):
                 if path in seconds:
                     row[f"{path}_tokens_per_s"] = tokens / seconds[path]
             rows.append(row)

@@ -214,18 +214,21 @@ def report(r: dict, args) -> str:
             "## Packed training on this CPU",
             "",
             "A training step of a pack of E members (forward, backward, per-member clipping and AdamW) against the",
-            "same E models stepped one after another. On a CPU a pack runs its members one after another on views of",
-            "the stacked parameters (the single model's kernels); what it saves is the start-up of every job. Beside",
-            "it, the same pack as one batched computation (torch.func.vmap, the path a GPU takes), and the pack",
-            "compiled (`model.compile=true`: torch.compile of the members' forward, compilation untimed), on this CPU.",
+            "same E models stepped one after another. A pack computes its members one after another on views of the",
+            "stacked parameters (each with the single model's kernels), or as one batched computation",
+            "(torch.func.vmap); `pack.compute=auto` times both on the pack's first batch and keeps the faster (the",
+            "packed column: that way, chosen by a timing of its own; a pack of one is its model alone). Beside them,",
+            "the pack compiled (`model.compile=true`: torch.compile of the members' forward, compilation untimed).",
             "",
-            "| model | members | packed tokens/s | one at a time tokens/s | ratio | as one vmap tokens/s "
-            "| compiled tokens/s |",
-            "|---|---|---|---|---|---|---|",
+            "| model | members | packed tokens/s (way) | one at a time tokens/s | ratio | one after another tokens/s "
+            "| as one vmap tokens/s | compiled tokens/s |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} | {x['solo_tokens_per_s']:,.0f} | "
-            f"{x['ratio']:.2f}x | {x['vmap_tokens_per_s']:,.0f} | {_figure(x.get('compiled_tokens_per_s'))} |"
+            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} ({x['compute']}) | "
+            f"{x['solo_tokens_per_s']:,.0f} | {x['ratio']:.2f}x | {_figure(x.get('each_tokens_per_s'))} | "
+            f"{_figure(x.get('vmap_tokens_per_s')) if x['members'] > 1 else '-'} | "
+            f"{_figure(x.get('compiled_tokens_per_s'))} |"
             for x in r["packs"]
         ]
     if r.get("sweep"):
