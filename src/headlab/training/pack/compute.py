@@ -4,7 +4,8 @@ with its single run's kernels and dropout stream (`each`), or as one batched com
 Neither is the faster everywhere on a CPU: batched matmuls against many small ones, the explicit attention against
 the fused kernel, turn on the shapes and on the machine. `auto` takes the batched computation on a GPU; on a CPU it
 times both ways on the pack's first training batch and keeps the faster, for the whole pack (its validation, test
-and head analysis too), unless the members draw dropout masks: then each draws its single run's, one after another.
+and head analysis too), unless the members draw dropout masks (each then draws its single run's, one after another)
+or are compiled.
 The ways round differently: a choice is kept in $HEADLAB_CACHE/pack_compute for the machine, the threads and the
 pack's shapes, so that the same command computes the same numbers each time it runs here (delete it to time again).
 """
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -99,9 +101,10 @@ def kept(path: Path) -> dict[str, float] | None:
     """The seconds a step of each way timed here before, or None (none kept, or not readable as such)."""
     try:
         seconds = json.loads(path.read_text())["step_s"]
-        return {way: float(seconds[way]) for way in ("each", "batched")}
+        found = {way: float(seconds[way]) for way in ("each", "batched")}
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return found if all(0 < s < math.inf for s in found.values()) else None
 
 
 class ComputeChoice(pl.Callback):
