@@ -40,6 +40,7 @@ LAYERS = {  # headlab.<package> -> its rank; hydra_plugins (shells over headlab.
         "files": 0,
         "printing": 0,
         "record": 0,
+        "timing": 0,
         "model": 1,
         "heads": 1,
         "stats": 1,

@@ -12,10 +12,11 @@ from torch import nn
 
 from headlab.cli.bench import micro, overhead, packing
 from headlab.cli.bench.micro import HeadlabStack, torch_stack
-from headlab.cli.bench.timing import interleaved, synchronized
+from headlab.cli.bench.timing import synchronized
 from headlab.launch.cost import median_seconds
 from headlab.model import MultiHeadAttention, training_flops_per_token
 from headlab.printing import duration
+from headlab.timing import interleaved
 
 ENCODERS = ((256, 4), (512, 6), (768, 12))  # (d_model, layers), heads d_model / 64
 

@@ -13,10 +13,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from headlab.cli.bench.timing import interleaved
 from headlab.model import Encoder, MultiHeadAttention, kernels, rules, training_flops_per_token
 from headlab.model.additive import additive_scores_naive
 from headlab.model.encoder import Block
+from headlab.timing import interleaved
 
 MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
 STEP_PROBE = Path(__file__).with_name("step_probe.py")

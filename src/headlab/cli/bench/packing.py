@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from headlab.cli.bench.commands import TRAIN
-from headlab.cli.bench.timing import interleaved, synchronized
+from headlab.cli.bench.timing import synchronized
 from headlab.files import write_text_atomic
 from headlab.model import Encoder
 from headlab.record import RESULTS, TEST_ACC, read_record
+from headlab.timing import interleaved
 from headlab.training import optim
 from headlab.training.cores import usable_cores
 from headlab.training.pack import compute

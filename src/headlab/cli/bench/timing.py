@@ -1,4 +1,4 @@
-"""Timing helpers: medians of interleaved repeats, the machine's matmul peak, whole commands."""
+"""Timing helpers: the machine's matmul peak, whole commands (medians of interleaved repeats: headlab.timing)."""
 
 import platform
 import statistics
@@ -33,20 +33,6 @@ def matmul_peak(n: int = 1024, repeats: int = 10) -> float:
     """fp32 GFLOP/s of a square matmul: the machine's practical peak."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2 * n**3 / median_seconds(lambda: a @ b, repeats) / 1e9
-
-
-def interleaved(steps: dict, repeats: int, warmup: int = 2) -> dict:
-    """Median seconds per call of each step, timed in turn (A, B, A, B, ...)."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def command_seconds(argv: list[str] | Callable[[int], list[str]], repeats: int, expect: int = 0) -> float:

@@ -37,8 +37,9 @@ SOURCES = {  # library: (source, its compile flags, its functions, each returnin
 }
 
 
-def _cpu_identity() -> str:
-    """What a -march=native build depends on: the CPU model and its feature flags."""
+def cpu_identity() -> str:
+    """What a -march=native build depends on (and a pack's timed choice of how to compute): the CPU model and its
+    feature flags."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
@@ -50,7 +51,7 @@ def _build(name: str, compiler: str) -> Path:
     """Compile library `name` unless its source, flags, compiler and CPU already have a build; returns the .so path."""
     source, flags, _ = SOURCES[name]
     source = HERE / source
-    key = hashlib.sha256("\n".join([source.read_text(), compiler, *flags, _cpu_identity()]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([source.read_text(), compiler, *flags, cpu_identity()]).encode()).hexdigest()
     cache_dir = cache_root() / "kernels"
     library = cache_dir / f"{name}-{key[:16]}.so"
     if not library.exists():

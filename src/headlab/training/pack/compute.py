@@ -16,9 +16,6 @@ import json
 import logging
 import math
 import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from headlab.conventions import cache_root
 from headlab.errors import DiskFull
 from headlab.files import write_json_atomic
+from headlab.model.kernels import cpu_identity
+from headlab.timing import interleaved
 
 log = logging.getLogger("headlab")
 REPEATS = 3  # timed forward and backward passes of each way, after one untimed
@@ -50,14 +49,7 @@ def to_measure(cfg: DictConfig, size: int) -> bool:
 
 def timed(ways: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Median seconds of each way's call over REPEATS calls, the ways interleaved, after one untimed call of each."""
-    times = {way: [] for way in ways}
-    for repeat in range(REPEATS + 1):
-        for way, call in ways.items():
-            started = time.perf_counter()
-            call()
-            if repeat:
-                times[way].append(time.perf_counter() - started)
-    return {way: statistics.median(seconds) for way, seconds in times.items()}
+    return interleaved(ways, REPEATS, warmup=1)
 
 
 def seconds_a_step(module, batch: dict) -> dict[str, float]:
@@ -78,21 +70,12 @@ def seconds_a_step(module, batch: dict) -> dict[str, float]:
     return seconds
 
 
-def machine() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo; else what platform says) and its logical cores."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.partition(':')[2].strip()} x{os.cpu_count()}"
-    return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
-
-
 def kept_path(module, batch: dict) -> Path:
-    """Where the choice for this machine, torch, thread count, pack (its parameters' shapes, its members) and batch
-    shape is kept."""
+    """Where the choice for this CPU (its model, flags and cores), torch, thread count, pack (its parameters' shapes,
+    its members) and batch shape is kept."""
     stack = module.stack
-    said = [machine(), torch.__version__, torch.get_num_threads(), stack.names, stack.shapes, stack.size]
-    said.append(list(batch["tokens"].shape))
+    said = [cpu_identity(), os.cpu_count(), torch.__version__, torch.get_num_threads()]
+    said += [stack.names, stack.shapes, stack.size, list(batch["tokens"].shape)]
     digest = hashlib.sha256(json.dumps(said, default=str).encode()).hexdigest()[:24]
     return cache_root() / "pack_compute" / f"{digest}.json"
 
@@ -126,7 +109,7 @@ class ComputeChoice(pl.Callback):
         if not self.cached:
             self.seconds = seconds_a_step(pl_module, batch)
             with contextlib.suppress(OSError, DiskFull):  # unkept, the next pack times them again
-                write_json_atomic(path, {"step_s": self.seconds, "machine": machine()})
+                write_json_atomic(path, {"step_s": self.seconds})
         pl_module.stack.compute = min(self.seconds, key=self.seconds.get)
         when = f"as timed here before ({path})" if self.cached else "timed on its first batch"
         log.info(
