@@ -131,10 +131,11 @@ class MemberWriter(pl.Callback):
         self._show(trainer, {k: v[0] for k, v in pl_module.tested.items()})
 
     def rendered(self, render, jobs: list[dict]) -> list:
-        """render(**job) of each job: in worker processes where there are several, in this process for one (a
-        single run: nothing to draw beside it, and a worker's start costs more than its figures)."""
-        if len(jobs) == 1:
-            return [render(**jobs[0])]
+        """render(**job) of each job: in worker processes where two or more can draw at once beside this one (which
+        waits for them), else in this process: one worker would draw them one after another, as this process does,
+        and add its start and the snapshots' pickling (a single run, a pack on two cores or on a core of its own)."""
+        if min(len(jobs), usable_cores() - 1) < 2:
+            return [render(**job) for job in jobs]
         return [future.result() for future in [self.render_pool().submit(render, **job) for job in jobs]]
 
     def render_pool(self):
@@ -145,7 +146,7 @@ class MemberWriter(pl.Callback):
 
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["headlab.heads.figures"])
-            workers = max(1, min(len(self.members), usable_cores() - 1))
+            workers = min(len(self.members), usable_cores() - 1)
             self._pool = ProcessPoolExecutor(workers, mp_context=context)
         return self._pool
 
