@@ -138,6 +138,7 @@ def test_a_dry_run_of_a_resumed_sweep_prices_only_the_jobs_left_to_run(run_cli, 
     assert json.loads(done.stdout) | {"threads": 0} == {
         "jobs": [],
         "packs": 0,
+        "pack_steps": [],
         "seconds": 0,
         "at_a_time": 0,
         "threads": 0,
@@ -207,9 +208,12 @@ def test_a_dry_run_in_json_says_the_datas_preparation_on_stderr(run_cli, tmp_pat
     assert len(json.loads(result.stdout)["jobs"]) == 3 and f"data: preparing train from {data}" in result.stderr
 
 
-def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cli, tmp_path):
+def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cli, tmp_path, monkeypatch):
     """--dry-run --json: stdout is one JSON object, nothing else (Lightning's lines about the Trainer that times the
-    steps are not said): jobs (overrides, pack, steps, seconds), packs, and the sweep's seconds."""
+    steps are not said): jobs (overrides, pack, steps, seconds alone), packs, each pack's step timed as the pack
+    takes it (its members stacked, computing the faster way: pack.compute=auto), and the sweep's seconds. The way
+    it timed is kept: the sweep's packs compute that way, timing nothing again."""
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))  # no choice kept by another test
     args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1", "hydra/launcher=packed", "trainer.max_epochs=3"]
     result = run_cli(*args, "hydra.sweep.dir=sweep", "--dry-run", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -220,10 +224,20 @@ def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cl
     assert {" ".join(job["overrides"][-2:]) for job in plan["jobs"]} == {
         f"model.attention.n_heads={h} seed={s}" for h in (1, 2) for s in (0, 1)
     }  # each job's overrides as its job would get them, the dry run's own left out
-    at_once = sum(job["seconds"] for job in plan["jobs"]) / plan["at_a_time"]
-    rounding = 0.05 * (len(plan["jobs"]) + 1)  # each figure to 0.1 s, the jobs' and the total
+    assert [(p["pack"], p["members"]) for p in plan["pack_steps"]] == [(0, 2), (1, 2)]
+    assert all(p["step_seconds"] > 0 and p["compute"] in ("each", "batched") for p in plan["pack_steps"])
+    at_once = sum(p["seconds"] for p in plan["pack_steps"]) / plan["at_a_time"]
+    rounding = 0.05 * (len(plan["pack_steps"]) + 1)  # each figure to 0.1 s, the packs' and the total
     assert at_once - rounding <= plan["seconds"] < at_once + rounding + 60  # and this process's start-up
     assert not (tmp_path / "sweep").exists()
+
+    done = run_cli(*args, "hydra.sweep.dir=sweep")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ways = {}
+    for run in (tmp_path / "sweep").glob("*/results.json"):
+        record = json.loads(run.read_text())
+        ways[record["config"]["model.attention.n_heads"]] = (record["pack"]["compute"], record["pack"]["compute_kept"])
+    assert ways == {h: (p["compute"], True) for h, p in zip((1, 2), plan["pack_steps"], strict=True)}
 
 
 def test_a_dry_run_plans_from_a_prior_sweep_what_its_seeds_detect_and_what_a_budget_buys(run_cli, tmp_path):

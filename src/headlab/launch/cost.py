@@ -1,17 +1,20 @@
 """What one run of a config costs on this machine, built and timed here with the threads it gets (a dry run's
 figures: headlab.launch.dry_run): its training steps in a real Trainer.fit (R-Drop's and SAM's second pass
 included), a validation and a test batch, the head analysis as the run makes it, and the figures drawn for W&B or
-TensorBoard; on several CPU ranks (DDP), one rank's share. Nothing trains and nothing is written but the prepared
-data's cache."""
+TensorBoard; on several CPU ranks (DDP), one rank's share. A pack's step is timed as the pack takes it: its members
+stacked, computing as pack.compute has them (auto: the faster way, timed and kept as the pack keeps it,
+headlab.training.pack.compute). Nothing trains and nothing is written but the prepared data's cache and such a kept
+choice."""
 
 import contextlib
+import copy
 import json
 import logging
 import statistics
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,11 +40,21 @@ class Cost:
     figures: int  # the attention maps drawn for W&B or TensorBoard (figure_draws)
     figures_s: float  # drawing them
     importance_figures_s: float  # the head analysis' figures for W&B or TensorBoard (importance, pruning, causal)
+    pack_step_s: dict[int, float] = field(default_factory=dict)  # members -> a pack's step, where timed
+    pack_compute: dict[int, str] = field(default_factory=dict)  # members -> how that pack computes them
 
     @property
     def seconds(self) -> float:
         drawn = self.figures_s + self.importance_figures_s
         return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + drawn
+
+    def pack_step(self, members: int) -> float:
+        """A training step of a pack of these many members: as timed (pack_step_s), else its members' together."""
+        return self.pack_step_s.get(members, members * self.step_s)
+
+    def pack_seconds(self, members: int) -> float:
+        """A pack of these many members: its steps, and each member's evaluation, head analysis and figures."""
+        return members * (self.seconds - self.steps * self.step_s) + self.steps * self.pack_step(members)
 
 
 def _figure_seconds(logger, model, datamodule) -> float:
@@ -79,11 +92,12 @@ def median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> floa
     return statistics.median(times)
 
 
-def measure(cfg: DictConfig, threads: int) -> Cost:
+def measure(cfg: DictConfig, threads: int, packs: tuple[int, ...] = ()) -> Cost:
     """Build cfg's data and model here and time what a run of it does, on `threads` threads: with several CPU
     ranks (DDP) what one rank does on its share of them, its share of the steps and batches (the ranks' all-reduce
     of gradients is not priced), and the head analysis as the job's process makes it (on one thread where the
-    ranks were forked: pack.ranks.Handover.analyse_here)."""
+    ranks were forked: pack.ranks.Handover.analyse_here). packs: the sizes of the packs it trains in, each of
+    whose step is timed (one rank, not compiled: else its members' steps together)."""
     import torch
 
     from headlab.training import cores
@@ -102,7 +116,9 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
         model.eval()
         return torch.no_grad()(lambda: model(evaluated["tokens"], evaluated["padding_mask"]))
 
-    step_s = lightning_step_seconds(cfg, datamodule, model)
+    step_s, _ = lightning_step_seconds(cfg, datamodule, model)
+    timed_packs = [n for n in packs if n > 1 and world == 1 and not cfg.model.get("compile")]
+    pack_steps = {n: lightning_step_seconds(cfg, datamodule, model, n) for n in timed_packs}
     trainer = cfg.trainer
     evaluation_s = 0.0
     checks = schedule.validations(cfg, datamodule)
@@ -123,8 +139,9 @@ def measure(cfg: DictConfig, threads: int) -> Cost:
         figures_s = draws * _figure_seconds(logger, model, datamodule)
     steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
     return Cost(
-        steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s, importance_figures_s
-    )
+        steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s, importance_figures_s,
+        {n: seconds for n, (seconds, _) in pack_steps.items()}, {n: way for n, (_, way) in pack_steps.items()},
+    )  # fmt: skip
 
 
 def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float, float]:
@@ -153,12 +170,16 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
     return seconds, median_seconds(lambda: render_importance(**drawn[0]), repeats=1, warm_up=once)
 
 
-def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
-    """The median time from one training step's start to the next's in a real Trainer.fit of the run as it trains,
-    a pack of one (loading the batch, the forward and backward passes, R-Drop's and SAM's second pass, AdamW, the
-    schedule, the metrics and Lightning's hooks), WARM_UP steps untimed; no logger, checkpoint or validation."""
+def lightning_step_seconds(cfg: DictConfig, datamodule, model, members: int = 1) -> tuple[float, str]:
+    """The median time from one training step's start to the next's in a real Trainer.fit of the run as it trains
+    (loading the batch, the forward and backward passes, R-Drop's and SAM's second pass, the gradients' clipping,
+    AdamW, the schedule, the metrics and Lightning's hooks; its precision), WARM_UP steps untimed; no logger,
+    checkpoint or validation. members: a pack of that many copies of the model (1: the run alone), computing as its
+    pack would (pack.compute; auto times both ways first and keeps the faster, as the pack then finds it). Returns
+    (seconds, "each" or "batched")."""
     import lightning.pytorch as pl
 
+    from headlab.training.pack import compute
     from headlab.training.pack.data import PackedData
     from headlab.training.pack.module import PackedModule
 
@@ -169,14 +190,20 @@ def lightning_step_seconds(cfg: DictConfig, datamodule, model) -> float:
             starts.append(time.perf_counter())
 
     steps = WARM_UP + TIMED + 1
-    module = PackedModule([model], [OmegaConf.to_container(cfg.optim)], compile=bool(cfg.model.get("compile")))
+    models = [model] if members == 1 else [copy.deepcopy(model) for _ in range(members)]
+    optim = [OmegaConf.to_container(cfg.optim)] * members
+    module = PackedModule(models, optim, compile=bool(cfg.model.get("compile")), compute=compute.asked(cfg))
+    choice = [compute.ComputeChoice(None)] if compute.to_measure(cfg, members) else []
     with _quiet():
         trainer = pl.Trainer(
-            accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[Clock()],
+            accelerator="cpu", devices=1, precision=cfg.trainer.get("precision", "32-true"), max_steps=steps,
+            gradient_clip_val=cfg.trainer.get("gradient_clip_val"), limit_val_batches=0, num_sanity_val_steps=0,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[*choice, Clock()],
         )  # fmt: skip
-        trainer.fit(module, datamodule=PackedData([datamodule]))
-    return statistics.median(b - a for a, b in zip(starts[WARM_UP:], starts[WARM_UP + 1 :], strict=False))
+        trainer.fit(module, datamodule=PackedData([datamodule] * members))
+    seconds = statistics.median(b - a for a, b in zip(starts[WARM_UP:], starts[WARM_UP + 1 :], strict=False))
+    return seconds, compute.record(module, choice[0] if choice else None)["compute"]
 
 
 @contextlib.contextmanager
@@ -204,12 +231,16 @@ def _head_logger(cfg: DictConfig):
     return AttentionLogger(out_dir=".", **{k: v for k, v in settings.items() if v is not None})
 
 
-def costs(configs: list[DictConfig], threads: int) -> list[Cost]:
-    """Each config's Cost, measured once for configs of one shape (_shape)."""
+def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None) -> list[Cost]:
+    """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
+    trains (its step timed once for each shape and size)."""
+    sizes: dict[str, set[int]] = {}
+    for cfg, n in zip(configs, members or [1] * len(configs), strict=True):
+        sizes.setdefault(_shape(cfg), set()).add(n)
     measured: dict[str, Cost] = {}
     for cfg in configs:
         if (key := _shape(cfg)) not in measured:
-            measured[key] = measure(cfg, threads)
+            measured[key] = measure(cfg, threads, tuple(sorted(sizes[key])))
     return [measured[_shape(cfg)] for cfg in configs]
 
 

@@ -2,8 +2,10 @@
 said before anything starts: its jobs, the packs they form (jobs that differ only in their seeds and per-member
 optimizer settings), each run's training steps, and about how long the sweep takes here. Each pack's model is built
 and timed on this machine with the threads a pack gets (headlab.launch.cost); this process's own start-up is measured
-too. Nothing trains and nothing is written but the prepared data's cache. On a CPU a pack's step costs about its
-members' steps together (on a GPU, a pack trains many times faster than its members one by one: BENCHMARKS.md)."""
+too. Nothing trains and nothing is written but the prepared data's cache (and how a pack computes, where it times
+that: headlab.training.pack.compute, which the pack then keeps). A pack's step is timed as the pack takes it, its
+members stacked; a pack on GPUs is priced as its members' steps together, far above what it takes there
+(BENCHMARKS.md)."""
 
 import contextlib
 import json
@@ -53,7 +55,7 @@ def _said_on_stderr():
 def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> float:
     """About how many seconds packs (or jobs) of these many members and these configs take here, n_jobs at a time,
     each on its share of the cores: what a packed sweep says it will take when it starts."""
-    return _total(members, costs(configs, _threads(n_jobs)), n_jobs)
+    return _total(members, costs(configs, _threads(n_jobs), members), n_jobs)
 
 
 def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str]]:
@@ -102,7 +104,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             for cfg in configs:  # what each job would refuse, before any data is prepared to time it
                 check_config(cfg)
             n_jobs = int(launcher.get("n_jobs") or 1)
-            measured = costs(configs, _threads(n_jobs))
+            measured = costs(configs, _threads(n_jobs), [len(g) for g in groups])
             packs_seconds = _total([len(g) for g in groups], measured, n_jobs)
             total = startup + packs_seconds
             planned = planning.plan(config.sweep.plan, groups, configs, measured, total, startup)
@@ -147,8 +149,9 @@ def _first_look_json(first: float | None) -> dict:
 
 
 def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, packed: bool, startup: float) -> dict:
-    """The dry run as one object: jobs (each its overrides, pack, steps and seconds), packs, seconds (the
-    expected wall time of the whole sweep), and what it was measured with."""
+    """The dry run as one object: jobs (each its overrides, pack, steps and seconds alone), packs, pack_steps (each
+    pack whose step was timed: its members, step, way and seconds), seconds (the expected wall time of the whole
+    sweep), and what it was measured with."""
     jobs = [
         {
             "overrides": [o for o in job if not o.startswith(("sweep.dry_run=", "sweep.plan."))],
@@ -164,8 +167,14 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
         for job in group
     ]
     total = startup + _total([len(g) for g in groups], measured, n_jobs)
-    return {"jobs": jobs, "packs": len(groups) if packed else 0, "seconds": round(total, 1),
-            "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
+    pack_steps = [
+        {"pack": k, "members": len(g), "step_seconds": round(c.pack_step_s[len(g)], 4),
+         "compute": c.pack_compute[len(g)], "seconds": round(c.pack_seconds(len(g)), 1)}
+        for k, (g, c) in enumerate(zip(groups, measured, strict=True))
+        if len(g) in c.pack_step_s
+    ]  # fmt: skip
+    return {"jobs": jobs, "packs": len(groups) if packed else 0, "pack_steps": pack_steps,
+            "seconds": round(total, 1), "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
 
 
 def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, startup: float) -> list[str]:
@@ -178,10 +187,16 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
         what = "pack" if len(group) > 1 else "job"
         drawn = f", {cost.figures} drawing{'s' * (cost.figures > 1)} of the attention maps" if cost.figures else ""
         analysed = " with its figures" if cost.importance_figures_s else ""
+        n = len(group)
+        together = (
+            f" (the pack's {cost.pack_step_s[n] * 1000:.0f} ms, its members computed {cost.pack_compute[n]})"
+            if n in cost.pack_step_s
+            else ""
+        )
         lines.append(
-            f"  {what} {k}: {len(group)} run(s) of {named}, {cost.steps:,} steps and {cost.validations:,} validations "
-            f"each at {cost.step_s * 1000:.0f} ms a step here; with validation, test{drawn} and head analysis"
-            f"{analysed} about {duration(len(group) * cost.seconds)}"
+            f"  {what} {k}: {n} run(s) of {named}, {cost.steps:,} steps and {cost.validations:,} validations "
+            f"each at {cost.step_s * 1000:.0f} ms a step here{together}; with validation, test{drawn} and head "
+            f"analysis{analysed} about {duration(cost.pack_seconds(n))}"
         )
     total = startup + _total([len(group) for group in groups], measured, n_jobs)
     lines.append(
@@ -193,11 +208,11 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
 
 def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
     """Seconds of packs of these many members, n_jobs at a time (the sweep's process start-up aside)."""
-    return sum(n * c.seconds for n, c in zip(members, measured, strict=True)) / max(1, min(n_jobs, len(measured)))
+    return sum(c.pack_seconds(n) for n, c in zip(members, measured, strict=True)) / max(1, min(n_jobs, len(measured)))
 
 
 def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
-    return sum(len(g) * c.steps * c.step_s for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
+    return sum(c.steps * c.pack_step(len(g)) for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
 
 
 def _threads(n_jobs: int) -> int:

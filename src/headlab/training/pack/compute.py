@@ -8,6 +8,8 @@ and head analysis too), unless the members draw dropout masks (each then draws i
 or are compiled.
 The ways round differently: a choice is kept in $HEADLAB_CACHE/pack_compute for the machine, the threads and the
 pack's shapes, so that the same command computes the same numbers each time it runs here (delete it to time again).
+The dry run and the packed launcher's estimate time a pack's step through the same callback (headlab.launch.cost),
+so that a pack usually finds its choice kept, made before it started, by the timing its price came from.
 """
 
 import contextlib
@@ -71,11 +73,11 @@ def seconds_a_step(module, batch: dict) -> dict[str, float]:
 
 
 def kept_path(module, batch: dict) -> Path:
-    """Where the choice for this CPU (its model, flags and cores), torch, thread count, pack (its parameters' shapes,
-    its members) and batch shape is kept."""
+    """Where the choice for this CPU (its model, flags and cores), torch, thread count, pack (its parameters' shapes
+    and precision, its members) and batch shape is kept."""
     stack = module.stack
     said = [cpu_identity(), os.cpu_count(), torch.__version__, torch.get_num_threads()]
-    said += [stack.names, stack.shapes, stack.size, list(batch["tokens"].shape)]
+    said += [stack.names, stack.shapes, str(stack.flat.dtype), stack.size, list(batch["tokens"].shape)]
     digest = hashlib.sha256(json.dumps(said, default=str).encode()).hexdigest()[:24]
     return cache_root() / "pack_compute" / f"{digest}.json"
 
