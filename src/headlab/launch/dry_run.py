@@ -4,8 +4,7 @@ optimizer settings), each run's training steps, and about how long the sweep tak
 and timed on this machine with the threads a pack gets (headlab.launch.cost); this process's own start-up is measured
 too. Nothing trains and nothing is written but the prepared data's cache (and how a pack computes, where it times
 that: headlab.training.pack.compute, which the pack then keeps). A pack's step is timed as the pack takes it, its
-members stacked; a pack on GPUs is priced as its members' steps together, far above what it takes there
-(BENCHMARKS.md)."""
+members stacked; a pack bound for GPUs is timed here on the CPU, far above what it takes there (BENCHMARKS.md)."""
 
 import contextlib
 import json
