@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from scipy import stats
 
-from conftest import ROOT, TINY, cli_env, train_here
+from conftest import ROOT, TINY, cli_env, headlab_train, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.config.check import check_config
 from headlab.launch import runtime
@@ -390,6 +390,17 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
     assert (drawn in said) == (draws > 0) and (" and head analysis about " in said) == (draws == 0), said
     written = [p.name for p in tmp_path.rglob("*") if p.suffix in (".json", ".html", ".png")]  # its head analysis
     assert written == []  # timed as the run makes it (heads.json, the head view) in a folder removed after
+
+
+def test_a_dry_run_says_its_own_lines_not_the_notes_of_what_it_times(tmp_path):
+    """Timing a run's figures loads matplotlib's fonts, whose notes (a math font missing here, replaced; once a
+    process) go where a run's notes go, its log file: a packed dry run in a process of its own says its lines alone."""
+    sweep = ["-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=tensorboard", "hydra.sweep.dir=s"]
+    result = headlab_train(*sweep, "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert said[0] == "headlab-train --dry-run: 2 jobs in 1 pack(s) of at most 64; nothing is started", said
+    assert len(said) == 3 and said[1].startswith("  pack 0: 2 run(s)") and said[2].startswith("about "), said
 
 
 def test_a_dry_runs_validations_are_the_runs(run_cli, tmp_path):

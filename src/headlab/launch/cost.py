@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.launch import schedule
+from headlab.launch import console, schedule
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
 _WARMED: set[str] = set()  # what has run once in this process (warm_up_once)
@@ -233,7 +233,9 @@ def _head_logger(cfg: DictConfig):
 
 def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None) -> list[Cost]:
     """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
-    trains (its step timed once for each shape and size)."""
+    trains (its step timed once for each shape and size). What timing them says goes where a run's notes go:
+    matplotlib's and Lightning's to the log file only (console.quiet), as in the runs."""
+    console.quiet()
     sizes: dict[str, set[int]] = {}
     for cfg, n in zip(configs, members or [1] * len(configs), strict=True):
         sizes.setdefault(_shape(cfg), set()).add(n)
