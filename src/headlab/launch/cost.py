@@ -40,8 +40,8 @@ class Cost:
     figures: int  # the attention maps drawn for W&B or TensorBoard (figure_draws)
     figures_s: float  # drawing them
     importance_figures_s: float  # the head analysis' figures for W&B or TensorBoard (importance, pruning, causal)
-    pack_step_s: dict[int, float] = field(default_factory=dict)  # members -> a pack's step, where timed
-    pack_compute: dict[int, str] = field(default_factory=dict)  # members -> how that pack computes them
+    packs: dict[int, tuple[float, str]] = field(default_factory=dict)  # members -> (a pack's step, "each" or
+    # "batched": how it computes them), where timed
 
     @property
     def seconds(self) -> float:
@@ -49,8 +49,8 @@ class Cost:
         return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + drawn
 
     def pack_step(self, members: int) -> float:
-        """A training step of a pack of these many members: as timed (pack_step_s), else its members' together."""
-        return self.pack_step_s.get(members, members * self.step_s)
+        """A training step of a pack of these many members: as timed (packs), else its members' together."""
+        return self.packs[members][0] if members in self.packs else members * self.step_s
 
     def pack_seconds(self, members: int) -> float:
         """A pack of these many members: its steps, and each member's evaluation, head analysis and figures."""
@@ -92,11 +92,11 @@ def median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> floa
     return statistics.median(times)
 
 
-def measure(cfg: DictConfig, threads: int, packs: tuple[int, ...] = ()) -> Cost:
+def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = ()) -> Cost:
     """Build cfg's data and model here and time what a run of it does, on `threads` threads: with several CPU
     ranks (DDP) what one rank does on its share of them, its share of the steps and batches (the ranks' all-reduce
     of gradients is not priced), and the head analysis as the job's process makes it (on one thread where the
-    ranks were forked: pack.ranks.Handover.analyse_here). packs: the sizes of the packs it trains in, each of
+    ranks were forked: pack.ranks.Handover.analyse_here). pack_sizes: the sizes of the packs it trains in, each of
     whose step is timed (one rank, not compiled: else its members' steps together)."""
     import torch
 
@@ -117,8 +117,8 @@ def measure(cfg: DictConfig, threads: int, packs: tuple[int, ...] = ()) -> Cost:
         return torch.no_grad()(lambda: model(evaluated["tokens"], evaluated["padding_mask"]))
 
     step_s, _ = lightning_step_seconds(cfg, datamodule, model)
-    timed_packs = [n for n in packs if n > 1 and world == 1 and not cfg.model.get("compile")]
-    pack_steps = {n: lightning_step_seconds(cfg, datamodule, model, n) for n in timed_packs}
+    timed_packs = [n for n in pack_sizes if n > 1 and world == 1 and not cfg.model.get("compile")]
+    packs = {n: lightning_step_seconds(cfg, datamodule, model, n) for n in timed_packs}
     trainer = cfg.trainer
     evaluation_s = 0.0
     checks = schedule.validations(cfg, datamodule)
@@ -140,7 +140,7 @@ def measure(cfg: DictConfig, threads: int, packs: tuple[int, ...] = ()) -> Cost:
     steps, epochs = schedule.run_steps(cfg, datamodule), schedule.epochs_of(cfg, datamodule)
     return Cost(
         steps, epochs, checks, step_s, evaluation_s, analysis_s, prepare_s, draws, figures_s, importance_figures_s,
-        {n: seconds for n, (seconds, _) in pack_steps.items()}, {n: way for n, (_, way) in pack_steps.items()},
+        packs,
     )  # fmt: skip
 
 

@@ -167,10 +167,10 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
     ]
     total = startup + _total([len(g) for g in groups], measured, n_jobs)
     pack_steps = [
-        {"pack": k, "members": len(g), "step_seconds": round(c.pack_step_s[len(g)], 4),
-         "compute": c.pack_compute[len(g)], "seconds": round(c.pack_seconds(len(g)), 1)}
+        {"pack": k, "members": len(g), "step_seconds": round(c.packs[len(g)][0], 4), "compute": c.packs[len(g)][1],
+         "seconds": round(c.pack_seconds(len(g)), 1)}
         for k, (g, c) in enumerate(zip(groups, measured, strict=True))
-        if len(g) in c.pack_step_s
+        if len(g) in c.packs
     ]  # fmt: skip
     return {"jobs": jobs, "packs": len(groups) if packed else 0, "pack_steps": pack_steps,
             "seconds": round(total, 1), "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
@@ -188,8 +188,8 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
         analysed = " with its figures" if cost.importance_figures_s else ""
         n = len(group)
         together = (
-            f" (the pack's {cost.pack_step_s[n] * 1000:.0f} ms, its members computed {cost.pack_compute[n]})"
-            if n in cost.pack_step_s
+            f" (the pack's {cost.packs[n][0] * 1000:.0f} ms, its members computed {cost.packs[n][1]})"
+            if n in cost.packs
             else ""
         )
         lines.append(
