@@ -150,7 +150,9 @@ def test_a_command_says_what_it_took_against_its_dry_runs_estimate(run_cli, tmp_
     """After --dry-run, the same command (a sweep, a single run) says when it ends what it took beside the dry run's
     estimate (kept in the cache: headlab.launch.estimates); a single run no dry run priced says its outcome alone."""
     sweep = ["-m", *QUICK, "model.attention.n_heads=2", "hydra.sweep.dir=sweep"]
+    run_cli(*sweep, "--dry-run")  # its data prepared: the next estimate is a few hundredths of a second
     estimate = json.loads(run_cli(*sweep, "--dry-run", "--json").stdout)["seconds"]
+    assert 0 < estimate < 0.5
     ran = run_cli(*sweep)
     assert ran.returncode == 0, ran.stderr[-2000:]
     said = re.search(

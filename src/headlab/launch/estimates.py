@@ -44,8 +44,8 @@ def keep(config: DictConfig, seconds: float, packs_seconds: float) -> None:
     launcher says when it starts instead of measuring them again) for the command it priced; a cache that cannot be
     written loses only these lines."""
     made = {
-        "seconds": round(seconds, 1),
-        "packs_seconds": round(packs_seconds, 1),
+        "seconds": round(seconds, 3),  # a tiny run's few hundredths of a second kept, not rounded to none
+        "packs_seconds": round(packs_seconds, 3),
         "at": datetime.now().isoformat(timespec="minutes"),
     }
     with contextlib.suppress(OSError, DiskFull):
