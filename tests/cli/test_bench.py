@@ -1,6 +1,7 @@
 """headlab-bench runs end to end (tiny sizes) and writes every section; timings are not asserted."""
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -32,7 +33,8 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch, capsys):
     assert "On one thread, as packs and sweeps of several jobs run, the native dropout kernel" in text
     assert "with malloc keeping freed memory, as headlab's runs set it" in text
     assert "| additive, fused |" in text and "| additive, fused, torch ops |" in text
-    assert "| compiled tokens/s |" in text and " | not measured |\n" in text  # --quick compiles nothing
+    assert "| compiled tokens/s | ceiling tokens/s (ratio) |" in text
+    assert re.search(r" \| not measured \| [\d,]+ \([\d.]+x\) \|\n", text)  # --quick compiles nothing
     for scope in ("one layer", "4-layer encoder"):
         assert f"| {scope} | additive, native kernels |" in text and f"| {scope} | additive, torch ops |" in text
 
@@ -72,3 +74,19 @@ def test_the_gpu_sections_code_runs_on_a_cpu_at_tiny_sizes():
     assert "4-seed sweep" in text and "2.0x the wall time of one run" in text and "1.20x slower" in text
     reached = "\n".join(gpu.report({"device": "cpu", "date": "2026-12-04", "peak": 1e12, "additive": additive}))
     assert "| 1024 | dot (SDPA) | fp32 |" in reached and "Encoder" not in reached  # a stopped run: what it measured
+
+
+def test_a_packs_ceiling_is_its_training_flops_at_the_matmul_peak():
+    """The ceiling of a pack row: 6 N + 6 L n H (d_k + d_v) training FLOPs a token (N the non-embedding parameters,
+    Kaplan et al. 2020) at the peak given, against the members one at a time."""
+    from headlab.cli.bench import packing
+
+    (row,) = packing.pack_throughput(torch.device("cpu"), (2,), 1, ("default run",), peak=100.0)
+    shape = packing.SHAPES["default run"]
+    model = packing._models(shape, 1, torch.device("cpu"))[0]
+    n_params = sum(p.numel() for name, p in model.named_parameters() if name not in ("tok_emb.weight", "pos_emb"))
+    flops = 6 * n_params + 6 * 1 * shape["n"] * 4 * (16 + 16)  # one layer, 4 heads of d_k = d_v = 64 / 4
+    assert row["ceiling_tokens_per_s"] == pytest.approx(100e9 / flops)
+    assert row["ceiling_ratio"] == pytest.approx(row["ceiling_tokens_per_s"] / row["solo_tokens_per_s"])
+    said = report.cpu_packs([row])
+    assert said[-1].endswith(f"| {row['ceiling_tokens_per_s']:,.0f} ({row['ceiling_ratio']:.2f}x) |")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import synchronized
 from headlab.files import write_text_atomic
-from headlab.model import Encoder
+from headlab.model import Encoder, flops_per_token
 from headlab.record import RESULTS, TEST_ACC, read_record
 from headlab.timing import interleaved
 from headlab.training import optim
@@ -125,15 +125,23 @@ def solo_steps(shape: dict, E: int, device):
 
 
 def pack_throughput(
-    device: torch.device, sizes: tuple, repeats: int, shapes: tuple = tuple(SHAPES), compiled: bool = False
+    device: torch.device,
+    sizes: tuple,
+    repeats: int,
+    shapes: tuple = tuple(SHAPES),
+    compiled: bool = False,
+    peak: float | None = None,
 ) -> list[dict]:
     """Training tokens/s of packs of E against the same E models stepped one after another, and GPU busy (%);
     shapes: names in SHAPES. On a CPU both ways a pack computes (one member after another, and as one batched
     computation, torch.func.vmap), the pack's own being the one pack.compute=auto chooses by a timing of its own
-    (compute.timed, not the figures reported); and compiled (model.compile=true, its compilation untimed)."""
+    (compute.timed, not the figures reported); and compiled (model.compile=true, its compilation untimed).
+    peak: the machine's matmul GFLOP/s, where measured: each row's ceiling, the tokens/s of a step that were its
+    training FLOPs alone (headlab.model.flops_per_token) at that peak, the most any way of packing could reach."""
     rows = []
     for name in shapes:
         shape = SHAPES[name]
+        ceiling = peak * 1e9 / flops_per_token(_models(shape, 1, torch.device("cpu"))[0], shape["n"]) if peak else None
         for E in sizes:
             steps = {}
             if E <= 16 or device.type == "cuda":
@@ -165,6 +173,8 @@ def pack_throughput(
             if "one at a time" in seconds:
                 row["solo_tokens_per_s"] = tokens / seconds["one at a time"]
                 row["ratio"] = seconds["one at a time"] / seconds[packed]
+                if ceiling:
+                    row["ceiling_tokens_per_s"], row["ceiling_ratio"] = ceiling, ceiling / row["solo_tokens_per_s"]
             for path in ("each", "vmap", "compiled"):
                 if path in seconds:
                     row[f"{path}_tokens_per_s"] = tokens / seconds[path]

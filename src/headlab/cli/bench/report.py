@@ -59,6 +59,39 @@ def _figure(value: float | None) -> str:
     return "not measured" if value is None else f"{value:,.0f}"
 
 
+def cpu_packs(rows: list[dict]) -> list[str]:
+    """The section of packed training on this CPU: pack_throughput's rows as a table, with what they measure."""
+    return [
+        "## Packed training on this CPU",
+        "",
+        "A training step of a pack of E members (forward, backward, per-member clipping and AdamW) against the",
+        "same E models stepped one after another. A pack computes its members one after another on views of the",
+        "stacked parameters (each with the single model's kernels), or as one batched computation",
+        "(torch.func.vmap); `pack.compute=auto` times both on the pack's first batch and keeps the faster (the",
+        "packed column: that way, chosen by a timing of its own; a pack of one is its model alone). Beside them,",
+        "the pack compiled (`model.compile=true`: torch.compile of the members' forward, compilation untimed).",
+        "The ceiling: a step that were its training FLOPs alone (6 N + the attention's, Kaplan et al.) at the",
+        "matmul peak measured above, and its ratio to one at a time: the most any way of packing could reach.",
+        "",
+        "| model | members | packed tokens/s (way) | one at a time tokens/s | ratio | one after another tokens/s "
+        "| as one vmap tokens/s | compiled tokens/s | ceiling tokens/s (ratio) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} ({x['compute']}) | "
+            f"{x['solo_tokens_per_s']:,.0f} | {x['ratio']:.2f}x | {_figure(x.get('each_tokens_per_s'))} | "
+            f"{_figure(x.get('vmap_tokens_per_s')) if x['members'] > 1 else '-'} | "
+            f"{_figure(x.get('compiled_tokens_per_s'))} | {_ceiling(x)} |"
+            for x in rows
+        ),
+    ]
+
+
+def _ceiling(row: dict) -> str:
+    """A pack row's ceiling, its tokens/s and its ratio to one at a time, or that it was not measured."""
+    ratio = f" ({row['ceiling_ratio']:.2f}x)" if "ceiling_ratio" in row else ""
+    return _figure(row.get("ceiling_tokens_per_s")) + ratio
+
+
 def report(r: dict, args) -> str:
     lines = [
         "# Benchmarks",
@@ -209,28 +242,7 @@ def report(r: dict, args) -> str:
             ),
         ]
     if r.get("packs"):
-        lines += [
-            "",
-            "## Packed training on this CPU",
-            "",
-            "A training step of a pack of E members (forward, backward, per-member clipping and AdamW) against the",
-            "same E models stepped one after another. A pack computes its members one after another on views of the",
-            "stacked parameters (each with the single model's kernels), or as one batched computation",
-            "(torch.func.vmap); `pack.compute=auto` times both on the pack's first batch and keeps the faster (the",
-            "packed column: that way, chosen by a timing of its own; a pack of one is its model alone). Beside them,",
-            "the pack compiled (`model.compile=true`: torch.compile of the members' forward, compilation untimed).",
-            "",
-            "| model | members | packed tokens/s (way) | one at a time tokens/s | ratio | one after another tokens/s "
-            "| as one vmap tokens/s | compiled tokens/s |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {x['shape']} | {x['members']} | {x['packed_tokens_per_s']:,.0f} ({x['compute']}) | "
-            f"{x['solo_tokens_per_s']:,.0f} | {x['ratio']:.2f}x | {_figure(x.get('each_tokens_per_s'))} | "
-            f"{_figure(x.get('vmap_tokens_per_s')) if x['members'] > 1 else '-'} | "
-            f"{_figure(x.get('compiled_tokens_per_s'))} |"
-            for x in r["packs"]
-        ]
+        lines += ["", *cpu_packs(r["packs"])]
     if r.get("sweep"):
         s = r["sweep"]
         lines += [
