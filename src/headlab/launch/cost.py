@@ -100,11 +100,13 @@ def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = ()) -> 
     whose step is timed (one rank, not compiled: else its members' steps together)."""
     import torch
 
-    from headlab.training import cores
+    from headlab.training import allocator, cores
     from headlab.training.build import build, compile_in_place
 
     world, threads = schedule.ranks(cfg), cores.rank_share(cfg.trainer, threads)
     torch.set_num_threads(threads)
+    allocator.keep_freed_memory()  # malloc as a run's process sets it: else a step's large buffers (a batched
+    # pack's most) are unmapped when freed and faulted in again at the next, and the pack's way timed unlike it runs
     started = time.perf_counter()
     datamodule, model = build(cfg)
     compile_in_place(cfg, model)  # timed as the run computes (its compilation in the untimed warm-up)
