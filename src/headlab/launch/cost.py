@@ -20,6 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from headlab.launch import console, schedule
+from headlab.training import allocator
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
 _WARMED: set[str] = set()  # what has run once in this process (warm_up_once)
@@ -100,13 +101,11 @@ def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = ()) -> 
     whose step is timed (one rank, not compiled: else its members' steps together)."""
     import torch
 
-    from headlab.training import allocator, cores
+    from headlab.training import cores
     from headlab.training.build import build, compile_in_place
 
     world, threads = schedule.ranks(cfg), cores.rank_share(cfg.trainer, threads)
     torch.set_num_threads(threads)
-    allocator.keep_freed_memory()  # malloc as a run's process sets it: else a step's large buffers (a batched
-    # pack's most) are unmapped when freed and faulted in again at the next, and the pack's way timed unlike it runs
     started = time.perf_counter()
     datamodule, model = build(cfg)
     compile_in_place(cfg, model)  # timed as the run computes (its compilation in the untimed warm-up)
@@ -235,9 +234,12 @@ def _head_logger(cfg: DictConfig):
 
 def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None) -> list[Cost]:
     """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
-    trains (its step timed once for each shape and size). What timing them says goes where a run's notes go:
-    matplotlib's and Lightning's to the log file only (console.quiet), as in the runs."""
+    trains (its step timed once for each shape and size). The process is first set as a run's: what timing says
+    goes where a run's notes go (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps
+    freed memory (allocator: else a step's large buffers, a batched pack's most, are faulted in again at every timed
+    step, and a pack's way is timed unlike it then runs)."""
     console.quiet()
+    allocator.keep_freed_memory()
     sizes: dict[str, set[int]] = {}
     for cfg, n in zip(configs, members or [1] * len(configs), strict=True):
         sizes.setdefault(_shape(cfg), set()).add(n)

@@ -143,8 +143,13 @@ def first_look_seconds(
     return startup + _total([sum(next(in_first) for _ in group) for group in groups], measured, n_jobs)
 
 
+def _seconds(seconds: float) -> float:
+    """Seconds as the JSON object says them: to the millisecond (a tiny run's few hundredths are not 0)."""
+    return round(seconds, 3)
+
+
 def _first_look_json(first: float | None) -> dict:
-    return {} if first is None else {"seconds_first_look": round(first, 3)}
+    return {} if first is None else {"seconds_first_look": _seconds(first)}
 
 
 def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, packed: bool, startup: float) -> dict:
@@ -158,9 +163,9 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
             "steps": cost.steps,
             "validations": cost.validations,
             "figures": cost.figures,
-            "figures_seconds": round(cost.figures_s, 3),
-            "importance_figures_seconds": round(cost.importance_figures_s, 3),
-            "seconds": round(cost.seconds, 3),
+            "figures_seconds": _seconds(cost.figures_s),
+            "importance_figures_seconds": _seconds(cost.importance_figures_s),
+            "seconds": _seconds(cost.seconds),
         }
         for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
         for job in group
@@ -168,12 +173,12 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
     total = startup + _total([len(g) for g in groups], measured, n_jobs)
     pack_steps = [
         {"pack": k, "members": len(g), "step_seconds": round(c.packs[len(g)][0], 4), "compute": c.packs[len(g)][1],
-         "seconds": round(c.pack_seconds(len(g)), 3)}
+         "seconds": _seconds(c.pack_seconds(len(g)))}
         for k, (g, c) in enumerate(zip(groups, measured, strict=True))
         if len(g) in c.packs
     ]  # fmt: skip
     return {"jobs": jobs, "packs": len(groups) if packed else 0, "pack_steps": pack_steps,
-            "seconds": round(total, 3), "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
+            "seconds": _seconds(total), "at_a_time": min(n_jobs, len(groups)), "threads": _threads(n_jobs)}  # fmt: skip
 
 
 def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, startup: float) -> list[str]:
