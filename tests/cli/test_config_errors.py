@@ -505,7 +505,7 @@ def test_bad_input_exits_with_one_line_and_no_success(tmp_path, monkeypatch, cas
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS], ids=lambda c: c.id)
-def test_the_real_process_refuses_fast_cases_before_importing_torch(tmp_path, case):
+def test_the_real_process_refuses_fast_cases_before_importing_torch_or_scipy(tmp_path, case):
     for name, content in case.files.items():
         _write(tmp_path, name, content)
     args = [a.format(tmp=tmp_path) for a in case.args]
@@ -516,7 +516,7 @@ def test_the_real_process_refuses_fast_cases_before_importing_torch(tmp_path, ca
     ]
     result.stderr = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import time:"))
     _check_refused(result, case, tmp_path)
-    assert "headlab.cli.train" in imported and not {"torch", "lightning"} & set(imported)
+    assert "headlab.cli.train" in imported and not {"torch", "lightning", "scipy"} & set(imported)
 
 
 def _check_refused(result, case: Case, tmp_path: Path) -> None:

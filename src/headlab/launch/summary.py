@@ -12,11 +12,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from headlab.launch import estimates, rundir, tensorboard
+from headlab.launch import estimates, rundir
 from headlab.record import TEST_ACC, VAL_ACC_BEST, read_record
-from headlab.stats.comparison import compare
-from headlab.stats.contrasts import Design
-from headlab.stats.runs import load_dirs
 
 log = logging.getLogger("headlab")
 METRICS = (VAL_ACC_BEST, TEST_ACC)
@@ -60,6 +57,8 @@ class SweepSummary(Callback):
             print(f"headlab-train: not completed: {jobs} ({reason})", file=sys.stderr)
         done = len(statuses) - len(failed)
         if done:
+            from headlab.launch import tensorboard  # scipy (0.6 s) when a sweep ends, not in every run's start
+
             print(table(sweep_dir))
             view = tensorboard.write(sweep_dir, str(config.get("sweep", {}).get("objective", VAL_ACC_BEST)))
             if view:
@@ -82,6 +81,10 @@ class SweepSummary(Callback):
 def table(sweep_dir: Path) -> str:
     """The completed runs grouped by the keys that vary, each metric's mean and standard deviation over seeds (or
     folds)."""
+    from headlab.stats.comparison import compare
+    from headlab.stats.contrasts import Design
+    from headlab.stats.runs import load_dirs
+
     completed = load_dirs([sweep_dir]).completed
     keys, rows = compare(completed, Design(list(METRICS)))
     over = "folds" if any(r["config"].get("data.cv.fold") is not None for r in completed) else "seeds"
