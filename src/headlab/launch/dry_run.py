@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headlab.launch import estimates, planning
+from headlab.launch.compose import compose_jobs
 from headlab.launch.cost import Cost, costs
 from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
@@ -69,8 +70,7 @@ def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str
 
     sweeps, left = HydraConfig.instance().cfg, []
     try:
-        for idx, overrides in enumerate(jobs):
-            cfg = loader.load_sweep_config(config, list(overrides))
+        for idx, (overrides, cfg) in enumerate(zip(jobs, compose_jobs(loader, config, jobs), strict=True)):
             with open_dict(cfg):
                 cfg.hydra.job.id = cfg.hydra.job.num = idx
                 cfg.hydra.runtime.output_dir = str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))

@@ -15,6 +15,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import OmegaConf, open_dict
 
 from headlab.launch import console, estimates
+from headlab.launch.compose import compose_jobs
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
 from headlab.launch.plan import plan
 from headlab.printing import duration
@@ -48,14 +49,11 @@ def open_jobs(hydra_context, config, job_overrides: Sequence[Sequence[str]], ini
     """Every job of the sweep composed first (an override that cannot compose touches nothing), then prepared under
     Hydra (prepare: its run directory, .hydra files, record and check); each job's JobReturn, whose value is the Job
     to train or the objective of one that ended there."""
-    composed = []
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    composed = compose_jobs(hydra_context.config_loader, config, job_overrides)
+    returns: list[JobReturn] = []
+    for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, composed, strict=True), start=initial_job_idx):
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
-        composed.append((idx, overrides, sweep_config))
-    returns: list[JobReturn] = []
-    for idx, overrides, sweep_config in composed:
         log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
         returns.append(
             run_job(

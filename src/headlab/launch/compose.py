@@ -1,0 +1,45 @@
+"""A sweep's jobs composed as Hydra composes each (ConfigLoader.load_sweep_config), once per group of jobs whose
+overrides differ only in the values of per-member keys (seeds, AdamW's settings: headlab.launch.plan.PER_MEMBER):
+every job of a group is a copy of the group's composition with its own values set by Hydra's rule for an override,
+and its own overrides recorded (hydra.overrides.task, hydra.job.override_dirname). Hydra composes a job in about
+0.1 s here, an 80-seed sweep 8 s before anything trains; a copy takes 6 ms."""
+
+import copy
+from collections.abc import Sequence
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname  # Hydra's own rules
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from omegaconf import DictConfig, OmegaConf
+
+from headlab.launch.plan import PER_MEMBER
+
+
+def _per_member(override: Override) -> bool:
+    """A plain KEY=VALUE of a per-member key (not +KEY, ~KEY or ++KEY, not a group): set on a copy as composed."""
+    plain = override.input_line.startswith(f"{override.key_or_group}=")
+    return plain and override.key_or_group in PER_MEMBER and not override.is_hydra_override()
+
+
+def compose_jobs(loader, config: DictConfig, job_overrides: Sequence[Sequence[str]]) -> list[DictConfig]:
+    """Each job's config, as loader.load_sweep_config(config, overrides) composes it."""
+    parser = OverridesParser.create()
+    composed: dict[tuple, DictConfig] = {}  # (the other overrides, the per-member keys) -> its composition
+    configs = []
+    for overrides in job_overrides:
+        parsed = parser.parse_overrides(list(overrides))
+        members = [o for o in parsed if _per_member(o)]
+        group = (tuple(o.input_line for o in parsed if not _per_member(o)), tuple(o.key_or_group for o in members))
+        if group not in composed:
+            composed[group] = loader.load_sweep_config(config, list(overrides))
+        cfg = copy.deepcopy(composed[group])
+        ConfigLoaderImpl._apply_overrides_to_config(members, cfg)
+        task = [o for o in parsed if not o.is_hydra_override()]
+        cfg.hydra.overrides.task = [o.input_line for o in task]
+        named = cfg.hydra.job.config.override_dirname
+        cfg.hydra.job.override_dirname = get_overrides_dirname(
+            overrides=task, exclude_keys=list(named.exclude_keys), item_sep=named.item_sep, kv_sep=named.kv_sep
+        )
+        OmegaConf.copy_cache(from_config=config, to_config=cfg)
+        configs.append(cfg)
+    return configs

@@ -1,0 +1,43 @@
+"""A sweep's jobs composed once per group of jobs that differ only in per-member values (headlab.launch.compose):
+every job's config equal to Hydra's own composition of it."""
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from headlab.launch.compose import compose_jobs
+
+
+class CountingLoader(ConfigLoaderImpl):
+    """Hydra's config loader, counting the jobs it composes."""
+
+    composed = 0
+
+    def load_sweep_config(self, master_config, sweep_overrides):
+        self.composed += 1
+        return super().load_sweep_config(master_config, sweep_overrides)
+
+
+def sweep(*overrides: str):
+    loader = CountingLoader(config_search_path=create_config_search_path("pkg://headlab.conf"))
+    master = ["hydra/launcher=packed", "hydra.sweep.dir=sweep", "data.n_train=500", *overrides]
+    return loader, loader.load_configuration("train", master, run_mode=RunMode.MULTIRUN)
+
+
+def test_every_job_composed_once_a_group_is_the_config_hydra_composes_for_it():
+    loader, master = sweep("hydra.job.config.override_dirname.exclude_keys=[data.seed]")
+    jobs = [
+        [f"model.attention.n_heads={h}", f"seed={s}", f"optim.lr={lr}", "data.seed=3"]
+        for h in (1, 2) for s in (0, 1, 2) for lr in (1e-3, "3e-4")
+    ]  # fmt: skip
+    jobs += [["seed=5"], ["+copy=a", "seed=1"], ["+copy=b", "seed=1"]]
+    jobs += [["seed=4", "optim.betas=[0.8,0.9]"], ["optim.betas=[0.9,0.99]", "seed=4"], ["++seed=7"]]
+    jobs += [["model=encoder", "seed=1", "callbacks.attention.seed=2"], ["seed=1", "model.dropout=0.1"]]
+    ours = compose_jobs(loader, master, jobs)
+    assert len(jobs) == 20 and loader.composed == 10  # 12 jobs in 2 groups, then a group each (a key's order too)
+    for job, cfg in zip(jobs, ours, strict=True):
+        hydras = loader.load_sweep_config(master, job)
+        assert OmegaConf.to_container(cfg) == OmegaConf.to_container(hydras), job
+    assert ours[1].optim.lr == 3e-4 and ours[0].optim.lr == 1e-3 and ours[1].data.seed == 3 and ours[1].seed == 0
+    assert ours[0].hydra.job.override_dirname == "model.attention.n_heads=1,optim.lr=0.001,seed=0"
