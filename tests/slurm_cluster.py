@@ -56,7 +56,8 @@ class Cluster:
         memory = int(int(node.split("RealMemory=")[1].split()[0]) * 0.9)
         f = self.folder
         # A requeued job waits cred_expire seconds (default 120), then only the main scheduling loop starts it
-        # (every sched_interval seconds, default 60): 10 and 2 keep each requeue test from idling up to a minute
+        # (every sched_interval seconds, default 60): 5 (SLURM's least) and 1 keep each requeue test from idling up
+        # to three minutes, its worker's core idle meanwhile
         self.conf.write_text(
             f"""ClusterName=headlabtest{ports()[0]}
 SlurmctldHost={host}(127.0.0.1)
@@ -79,11 +80,11 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2
+SchedulerParameters=sched_interval=1
 MpiDefault=none
 SwitchType=switch/none
 JobRequeue=1
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 MailProg=/bin/true
 ReturnToService=2
 InactiveLimit=0
