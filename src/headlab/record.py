@@ -97,6 +97,12 @@ def same_run(before: dict | None, now: dict) -> bool:
 
 
 def versions() -> dict:
+    """Python's and the installed packages' versions, as this process loaded them."""
+    return dict(_versions())
+
+
+@functools.cache  # read once a process: metadata.version searches every distribution (80 jobs: 0.6 s)
+def _versions() -> dict:
     found = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
