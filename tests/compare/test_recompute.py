@@ -159,6 +159,7 @@ def test_an_archive_of_two_roots_of_one_name_keeps_both(tmp_path):
         assert len(load_dirs([path]).completed) == 4
 
 
+@pytest.mark.e2e  # headlab-compare --check over every published archive: 30 s
 def test_every_published_table_recomputes_from_its_archive(capsys):
     """What experiments/RESULTS.md prints is what its archives give with this headlab's analysis."""
     with pytest.raises(SystemExit) as done:
