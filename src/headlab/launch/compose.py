@@ -29,7 +29,8 @@ def compose_jobs(loader, config: DictConfig, job_overrides: Sequence[Sequence[st
     for overrides in job_overrides:
         parsed = parser.parse_overrides(list(overrides))
         members = [o for o in parsed if _per_member(o)]
-        group = (tuple(o.input_line for o in parsed if not _per_member(o)), tuple(o.key_or_group for o in members))
+        others = [o.input_line for o in parsed if o not in members]
+        group = (tuple(others), tuple(o.key_or_group for o in members))
         if group not in composed:
             composed[group] = loader.load_sweep_config(config, list(overrides))
         cfg = copy.deepcopy(composed[group])

@@ -146,7 +146,6 @@ class Job:
         job's record, "running" (a pack's member: "queued" until its pack starts), and .hydra/ its config, written
         by headlab once the directory is the job's."""
         cfg = self.cfg
-        composed = {} if cfg.resume else composed_files(cfg)  # open changes cfg only to resume, which writes none
         if cores.process_rank() == 0:  # other ranks of a run that re-runs the command write nothing
             resuming, rerun = bool(cfg.resume), cfg.sweep.resume
             self.fresh = rundir.claim(self.run_dir, self.record["config"], resuming=resuming, rerun=rerun)
@@ -159,8 +158,8 @@ class Job:
         check_config(cfg)
         launcher = HydraConfig.get().runtime.choices.get("hydra/launcher")
         check_launch(cfg, self.in_sweep, launcher, user_resume=bool(cfg.resume) and not self.continued)
-        if self.owned and not cfg.resume:
-            for name, text in composed.items():
+        if self.owned and not cfg.resume:  # cfg as Hydra composed it: open changes it only to resume, the checks never
+            for name, text in composed_files(cfg).items():
                 write_atomic(self.run_dir / ".hydra" / name, lambda f, text=text: f.write(text.encode()))
         self._write()  # "running" until the run ends (or is killed)
 
