@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headlab.heads.importance import accuracies, curve_masks, head_importance, pruning_curve, pruning_curves
-from headlab.heads.statistics import head_similarity, head_statistics, js_divergence
+from headlab.heads.statistics import head_similarity, head_statistics
 from headlab.model.encoder import Encoder
 
 
@@ -70,10 +70,42 @@ def test_score_std_recovers_the_spread_of_the_scores_from_the_weights():
     assert head_statistics(*uniform(1, 2, 5, [3]))["score_std"].abs().max() < 1e-6  # uniform: equal scores
 
 
+def js_divergence(p: list[float], q: list[float]) -> float:
+    """Jensen-Shannon divergence of two distributions, as its definition writes it (nats)."""
+    m = [(a + b) / 2 for a, b in zip(p, q, strict=True)]
+    kl = lambda x: sum(a * math.log(a / c) for a, c in zip(x, m, strict=True) if a > 0)
+    return kl(p) / 2 + kl(q) / 2
+
+
+def test_head_similarity_is_each_pairs_js_divergence_averaged_over_real_queries_then_examples():
+    torch.manual_seed(0)
+    B, H, n = 3, 3, 5
+    weights = [torch.softmax(2 * torch.randn(B, H, n, n), -1) for _ in range(2)]
+    weights[1][0, 1, 0] = torch.tensor([1.0, 0, 0, 0, 0])  # zeros: 0 log 0 = 0
+    lengths = [5, 3, 4]
+    mask = torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]
+    for b, length in enumerate(lengths):  # padded keys carry no weight, as the attention gives them
+        for w in weights:
+            w[b, :, :, length:] = 0
+            w[b] /= w[b].sum(-1, keepdim=True)
+    heads = [w[:, h].tolist() for w in weights for h in range(H)]  # head l * H + h: (B, n, n)
+    expected = [
+        [
+            sum(sum(js_divergence(x[b][i], y[b][i]) for i in range(length)) / length for b, length in
+                enumerate(lengths)) / B
+            for y in heads
+        ]
+        for x in heads
+    ]  # fmt: skip
+    torch.testing.assert_close(head_similarity(weights, mask), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+
+
 def test_js_divergence_bounds():
-    p = torch.tensor([1.0, 0.0])
-    assert js_divergence(p, p).item() == 0
-    assert js_divergence(p, torch.tensor([0.0, 1.0])).item() == pytest.approx(math.log(2))
+    one_hot = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # (n, n): each query on one key
+    same = torch.stack([one_hot, one_hot])[None]  # (1, 2, 2, 2): two equal heads
+    assert head_similarity([same]).abs().max().item() == 0
+    apart = torch.stack([one_hot, one_hot.flip(-1)])[None]  # head 1 looks where head 0 does not
+    assert head_similarity([apart])[0, 1].item() == pytest.approx(math.log(2))
 
 
 def test_head_similarity_matrix_over_layers():

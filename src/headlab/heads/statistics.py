@@ -99,25 +99,24 @@ def head_statistics(
     return {name: _average(value, real) for name, value in per_query.items()}
 
 
-def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence (nats, at most ln 2) between distributions on the last axis. In float64: the
-    midpoint of a float32 weight below 2 * its smallest normal would otherwise round to 0 and the divergence be
-    infinite."""
-    p, q = p.double(), q.double()
-    m = 0.5 * (p + q)
-    kl = lambda a: (torch.special.xlogy(a, a) - torch.special.xlogy(a, m)).sum(-1)
-    return 0.5 * kl(p) + 0.5 * kl(q)
-
-
 def head_similarity(weights: list[torch.Tensor], padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """JS divergence between every pair of heads over all layers, averaged like the statistics: (L*H, L*H).
+    """Jensen-Shannon divergence (nats, at most ln 2) between every pair of heads over all layers, averaged like the
+    statistics: (L*H, L*H). weights: one (B, H, n, n) tensor per layer; head (l, h) is row/column l * H + h.
 
-    weights: one (B, H, n, n) tensor per layer; head (l, h) is row/column l * H + h.
+    Per query, JS(p, q) = H(m) - (H(p) + H(q)) / 2 with m = (p + q) / 2 and H(p) = -sum p log p: each head's own
+    sum once, one sum a pair (symmetric: each pair once). In float64: the midpoint of a float32 weight below 2 * its
+    smallest normal would otherwise round to 0 and the divergence be infinite.
     """
-    heads = torch.cat([distributions(w.float()) for w in weights], dim=1)  # (B, T, n, n), T = L * H
+    heads = torch.cat([distributions(w.float()) for w in weights], dim=1).double()  # (B, T, n, n), T = L * H
     real = _real(padding_mask, heads)  # (B, n)
-    rows = [_average(js_divergence(heads[:, a : a + 1], heads), real).float() for a in range(heads.shape[1])]
-    return torch.stack(rows)  # (T, T)
+    p_log_p = torch.special.xlogy(heads, heads).sum(-1)  # (B, T, n): -H(p), 0 log 0 = 0
+    T = heads.shape[1]
+    similarity = heads.new_zeros(T, T)
+    for a in range(T):  # head a against heads a..T-1
+        m = 0.5 * (heads[:, a : a + 1] + heads[:, a:])  # (B, T - a, n, n)
+        js = 0.5 * (p_log_p[:, a : a + 1] + p_log_p[:, a:]) - torch.special.xlogy(m, m).sum(-1)  # (B, T - a, n)
+        similarity[a, a:] = similarity[a:, a] = _average(js, real)
+    return similarity.float()
 
 
 def gate_means(gates: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
