@@ -514,7 +514,7 @@ def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_
     assert not [p for p in (tmp_path / "bad").iterdir() if p.is_dir()]
 
     sweep = ["-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=csv", "hydra.sweep.dir=sweep"]
-    assert headlab_train(*sweep, cwd=tmp_path).returncode == 0
+    assert train_here(*sweep, cwd=tmp_path).returncode == 0  # trained here: the resume's process is the point
     again = headlab_train(*sweep, "sweep.resume=true", cwd=tmp_path, env={**cli_env(), "PYTHONPROFILEIMPORTTIME": "1"})
     imported = {
         line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")
@@ -533,21 +533,43 @@ def csv_rows(run_dir) -> list[dict]:
         ]
 
 
+def stopped_pack(moment: str) -> list[str]:
+    """The packed sweep test_a_pack_stopped_and_resumed_... stops at `moment`: two float64 members of 3 epochs."""
+    # stopped in the head analysis: seconds of it even on an idle CPU (32 batches of activation patching too)
+    after = ["callbacks.attention.analysis_batches=64", "callbacks.attention.causal_batches=32"]
+    analysis = after if moment == "after_training" else ["callbacks.attention=null"]
+    slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
+    return ["-m", "hydra/launcher=packed", *slow]
+
+
+@pytest.fixture(scope="module")
+def left_alone(tmp_path_factory):
+    """moment -> the sweep of stopped_pack(moment) trained without a stop (its twin), trained once a module for the
+    moments whose sweeps are one."""
+    done: dict[tuple, Path] = {}
+
+    def twin(moment: str) -> Path:
+        command = tuple(stopped_pack(moment))
+        if command not in done:
+            where = tmp_path_factory.mktemp("alone")
+            alone = train_here(*command, "hydra.sweep.dir=alone", cwd=where)
+            assert alone.returncode == 0, alone.stderr[-2000:]
+            done[command] = where / "alone"
+        return done[command]
+
+    return twin
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("moment", ["mid_epoch", "after_training", "killed_mid_epoch"])
-def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged(tmp_path, moment):
+def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged(tmp_path, moment, left_alone):
     """SIGTERM to a packed sweep in its second epoch saves every member's last.ckpt at the next step, or after its
     last validation (in the head analysis) leaves the last epoch's; SIGKILL in its second epoch leaves the first
     epoch's last.ckpt, its training row written with it. Resumed with sweep.resume=true, each member's metrics.csv
     holds the rows logged before the stop, none twice, and equals its twin left alone, and so does its learning
     curve."""
-    # stopped in the head analysis: seconds of it even on an idle CPU (32 batches of activation patching too)
-    after = ["callbacks.attention.analysis_batches=64", "callbacks.attention.causal_batches=32"]
-    analysis = after if moment == "after_training" else ["callbacks.attention=null"]
-    slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
-    command = ["-m", "hydra/launcher=packed", *slow]
-    alone = train_here(*command, "hydra.sweep.dir=alone", cwd=tmp_path)
-    assert alone.returncode == 0, alone.stderr[-2000:]
+    command = stopped_pack(moment)
+    alone = left_alone(moment)
     sweep = tmp_path / "stopped"
     process = subprocess.Popen(
         [sys.executable, "-m", "headlab.cli.train", *command, f"hydra.sweep.dir={sweep}"],
@@ -576,16 +598,14 @@ def test_a_pack_stopped_and_resumed_keeps_every_row_and_point_its_members_logged
     resumed = train_here(*command, f"hydra.sweep.dir={sweep}", "sweep.resume=true", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     for n in range(2):
-        rows, twin = csv_rows(sweep / str(n)), csv_rows(tmp_path / "alone" / str(n))
+        rows, twin = csv_rows(sweep / str(n)), csv_rows(alone / str(n))
         assert rows[: len(before[n]) - 1] == before[n][: len(before[n]) - 1]  # what was logged before is kept
         assert [(r.get("epoch"), r["step"], sorted(r)) for r in rows] == [
             (r.get("epoch"), r["step"], sorted(r)) for r in twin
         ]  # every row once, in its place, with the same columns filled
         numbers = lambda rows: [float(v) for r in rows for k, v in r.items() if v and k not in ("epoch", "step")]  # noqa: E731
         assert numbers(rows) == pytest.approx(numbers(twin), rel=1e-8)  # float64: summation order aside
-        curve, curve_alone = (
-            json.loads((d / str(n) / "results.json").read_text())["curve"] for d in (sweep, tmp_path / "alone")
-        )
+        curve, curve_alone = (json.loads((d / str(n) / "results.json").read_text())["curve"] for d in (sweep, alone))
         assert [(p["epoch"], p["step"], p["tokens"]) for p in curve] == [
             (p["epoch"], p["step"], p["tokens"]) for p in curve_alone
         ]
