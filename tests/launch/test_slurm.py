@@ -141,8 +141,9 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
     warning's lead) and ends as its copy left alone."""
     key = "hydra.launcher.slurm" if launcher == "packed_slurm" else "hydra.launcher"
     slurm = [f"hydra/launcher={launcher}", f"{key}.partition=debug", f"{key}.cpus_per_task=1", f"{key}.timeout_min=5"]
-    # an epoch of 20-30 s here: 500 steps alone, 250 in a pack of two members
-    n_train, seeds = ("data.n_train=16000", ["seed=0,1"]) if launcher == "packed_slurm" else ("data.n_train=32000", [])
+    slurm += [f"{key}.mem_gb=2"]  # both copies at once (the launcher's 16 GB would queue the second behind the first)
+    # an epoch of 12-18 s here (313 steps alone, 157 in a pack of two members), of which the warning takes 2
+    n_train, seeds = ("data.n_train=10000", ["seed=0,1"]) if launcher == "packed_slurm" else ("data.n_train=20000", [])
     long_epoch = [n_train, "trainer.max_epochs=1", "logger=csv"]
     overrides = [*slurm, "+copy=a,b", *seeds, *long_epoch, "callbacks.progress_bar=null", *EXACT]
     process = start(cluster, tmp_path, *overrides, "hydra.sweep.dir=sweep")
@@ -151,7 +152,7 @@ def test_a_job_warned_in_an_epoch_longer_than_the_warning_continues_from_the_ste
     while not progress.is_file():  # written when training starts
         assert time.time() < deadline and process.poll() is None, "the job did not start training"
         time.sleep(0.2)
-    time.sleep(4)
+    time.sleep(2)  # steps taken: the requeued attempt starts after step 0
     assert not (tmp_path / "sweep" / "0" / "checkpoints" / "last.ckpt").exists()  # no validation yet
     job = next(p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if p.name.endswith("_0"))
     assert cluster.run("scancel", "--signal=USR2", job).returncode == 0
