@@ -26,7 +26,9 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
     own: two members), its seed-1 member against the same run alone."""
     assert {"plain", "gate_headwise", "differential", "sigmoid", "latent_kv", "latent_kv_8"} <= set(DESIGNS)
     designs = f"+design={','.join(DESIGNS)}"
-    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *COMMON, "hydra.sweep.dir=packed")
+    analysis = ["callbacks.attention.analysis_batches=2", "callbacks.attention.causal_batches=2"]  # two of each: the
+    # head analysis over batches, as many as its assertions need (20 and 4 by default)
+    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *COMMON, *analysis, "hydra.sweep.dir=packed")
     assert packed.returncode == 0, packed.stderr[-3000:]
     alone = run_cli("-m", designs, "seed=1", *COMMON, "callbacks.attention=null", "hydra.sweep.dir=alone")  # its
     # numbers only: the head logging draws from no random stream training uses (the members' analysis: below)
