@@ -119,6 +119,7 @@ def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli
     assert not (tmp_path / "sweep").exists() and "jobs completed" not in result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_a_dry_run_of_a_resumed_sweep_prices_only_the_jobs_left_to_run(run_cli, tmp_path):
     """sweep.resume=true: the jobs that completed before with the same config are skipped by the launcher, and by
     the dry run's price too; a job whose config changed since is not."""
@@ -453,6 +454,7 @@ def test_local_launcher_runs_two_jobs_at_once_sharing_the_cores(run_cli, tmp_pat
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two jobs overlapped in time
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a host with two cores")
 def test_a_run_confined_to_one_core_trains_on_one_thread(tmp_path):
     """SLURM, taskset and containers grant a process some of the host's cores: torch gets those, not all."""
@@ -613,6 +615,7 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
     assert "| optim.lr=0.0101 | look 2 (8 runs) | undecided |" in table
 
 
+@pytest.mark.e2e
 def test_a_cross_validated_sequential_sweep_adds_folds_in_rounds_and_reads_the_corrected_t(run_cli, tmp_path):
     """sweep.sequential.looks=2 over 8 folds of a text file (the label: whether the first word is good or bad): at
     4 folds a learning rate of 1e-6 is decided against 1e-2 on test loss by the corrected paired t over the folds
