@@ -18,8 +18,8 @@ from conftest import cli_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 QUICK = ["data.n_train=8000", "trainer.max_epochs=3", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null"]
-SHORT = ["data.n_train=256", "data.n_val=64", "data.n_test=64", "model.d_model=16", "trainer.max_epochs=2"]  # a job
-# that needs only to complete
+SHORT = ["data.n_train=256", "data.n_val=64", "data.n_test=64", "model.d_model=16", "trainer.max_epochs=2",
+         "logger=csv", "callbacks.progress_bar=null"]  # fmt: skip  # a job that needs only to complete
 EXACT = ["trainer.deterministic=true", "model.dropout=0.1"]  # the same steps and dropout masks, run to run
 
 
@@ -102,7 +102,7 @@ def test_a_run_whose_strategy_starts_its_ranks_is_one_slurm_task_that_numbers_th
     task's rank, 0, and claim the rendezvous port: EADDRINUSE); the run completes as on two devices here."""
     slurm = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1"]
     slurm += ["hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=5"]
-    process = start(cluster, tmp_path, *slurm, "trainer=ddp_cpu", *SHORT, "logger=csv", "hydra.sweep.dir=sweep")
+    process = start(cluster, tmp_path, *slurm, "trainer=ddp_cpu", *SHORT, "hydra.sweep.dir=sweep")
     _, stderr = process.communicate(timeout=400)
     assert process.returncode == 0, stderr[-3000:]
     (record,) = records(tmp_path / "sweep", 1)
@@ -193,8 +193,7 @@ def test_a_sweep_waits_while_its_array_is_queued_behind_a_busy_node(cluster, tmp
     busy_id = int(busy.stdout.strip().split(";")[0])
     prefix = "hydra.launcher" if launcher == "slurm" else "hydra.launcher.slurm"
     slurm = [f"hydra/launcher={launcher}", f"{prefix}.partition=debug", f"{prefix}.cpus_per_task=1"]
-    quick = [*SHORT, "logger=csv", "callbacks.progress_bar=null"]
-    process = start(cluster, tmp_path, *slurm, f"{prefix}.mem_gb=2", "seed=0,1", *quick, "hydra.sweep.dir=sweep")
+    process = start(cluster, tmp_path, *slurm, f"{prefix}.mem_gb=2", "seed=0,1", *SHORT, "hydra.sweep.dir=sweep")
     deadline = time.time() + 240
     while not any(  # the sweep's array, queued after the busy job: 7_[0-1] (a job array of one pack: 7_0)
         int(job.split("_")[0]) > busy_id for job in cluster.run("squeue", "-h", "-t", "PD", "-o", "%i").stdout.split()
