@@ -34,7 +34,7 @@ class Cost:
     steps: int  # optimizer steps
     epochs: int
     validations: int  # as Lightning schedules them (validations), the sanity check aside
-    step_s: float  # one training step
+    step_s: float | None  # one training step of a run alone (None: not timed, where only its packs were priced)
     evaluation_s: float  # every validation (validations, and Lightning's sanity check) and the test
     analysis_s: float  # the head analysis after training
     prepare_s: float  # the data and the model built
@@ -46,8 +46,13 @@ class Cost:
 
     @property
     def seconds(self) -> float:
+        return self.steps * self.step_s + self._besides_steps
+
+    @property
+    def _besides_steps(self) -> float:
+        """What one run costs besides its training steps: evaluation, head analysis, preparation and figures."""
         drawn = self.figures_s + self.importance_figures_s
-        return self.steps * self.step_s + self.evaluation_s + self.analysis_s + self.prepare_s + drawn
+        return self.evaluation_s + self.analysis_s + self.prepare_s + drawn
 
     def pack_step(self, members: int) -> float:
         """A training step of a pack of these many members: as timed (packs), else its members' together."""
@@ -55,7 +60,7 @@ class Cost:
 
     def pack_seconds(self, members: int) -> float:
         """A pack of these many members: its steps, and each member's evaluation, head analysis and figures."""
-        return members * (self.seconds - self.steps * self.step_s) + self.steps * self.pack_step(members)
+        return members * self._besides_steps + self.steps * self.pack_step(members)
 
 
 def _figure_seconds(logger, model, datamodule) -> float:
@@ -93,12 +98,13 @@ def median_seconds(action, repeats: int = TIMED, warm_up: int = WARM_UP) -> floa
     return statistics.median(times)
 
 
-def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = ()) -> Cost:
+def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = (), alone: bool = True) -> Cost:
     """Build cfg's data and model here and time what a run of it does, on `threads` threads: with several CPU
     ranks (DDP) what one rank does on its share of them, its share of the steps and batches (the ranks' all-reduce
     of gradients is not priced), and the head analysis as the job's process makes it (on one thread where the
     ranks were forked: pack.ranks.Handover.analyse_here). pack_sizes: the sizes of the packs it trains in, each of
-    whose step is timed (one rank, not compiled: else its members' steps together)."""
+    whose step is timed (one rank, not compiled: else its members' steps together); alone=False: a run's own step
+    is timed only where a pack's is not (what the packed launcher's estimate needs)."""
     import torch
 
     from headlab.training import cores
@@ -117,8 +123,9 @@ def measure(cfg: DictConfig, threads: int, pack_sizes: tuple[int, ...] = ()) -> 
         model.eval()
         return torch.no_grad()(lambda: model(evaluated["tokens"], evaluated["padding_mask"]))
 
-    step_s, _ = lightning_step_seconds(cfg, datamodule, model)
     timed_packs = [n for n in pack_sizes if n > 1 and world == 1 and not cfg.model.get("compile")]
+    needed = alone or bool(set(pack_sizes) - set(timed_packs))
+    step_s = lightning_step_seconds(cfg, datamodule, model)[0] if needed else None
     packs = {n: lightning_step_seconds(cfg, datamodule, model, n) for n in timed_packs}
     trainer = cfg.trainer
     evaluation_s = 0.0
@@ -232,9 +239,10 @@ def _head_logger(cfg: DictConfig):
     return AttentionLogger(out_dir=".", **{k: v for k, v in settings.items() if v is not None})
 
 
-def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None) -> list[Cost]:
+def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None, alone: bool = True) -> list[Cost]:
     """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
-    trains (its step timed once for each shape and size). The process is first set as a run's: what timing says
+    trains (its step timed once for each shape and size); alone=False: a run's own step not timed where its packs'
+    are (Cost.step_s None). The process is first set as a run's: what timing says
     goes where a run's notes go (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps
     freed memory (allocator: else a step's large buffers, a batched pack's most, are faulted in again at every timed
     step, and a pack's way is timed unlike it then runs)."""
@@ -246,7 +254,7 @@ def costs(configs: list[DictConfig], threads: int, members: list[int] | None = N
     measured: dict[str, Cost] = {}
     for cfg in configs:
         if (key := _shape(cfg)) not in measured:
-            measured[key] = measure(cfg, threads, tuple(sorted(sizes[key])))
+            measured[key] = measure(cfg, threads, tuple(sorted(sizes[key])), alone)
     return [measured[_shape(cfg)] for cfg in configs]
 
 

@@ -54,8 +54,9 @@ def _said_on_stderr():
 
 def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> float:
     """About how many seconds packs (or jobs) of these many members and these configs take here, n_jobs at a time,
-    each on its share of the cores: what a packed sweep says it will take when it starts."""
-    return _total(members, costs(configs, _threads(n_jobs), members), n_jobs)
+    each on its share of the cores: what a packed sweep says it will take when it starts (a run's own step is not
+    timed where its pack's is)."""
+    return _total(members, costs(configs, _threads(n_jobs), members, alone=False), n_jobs)
 
 
 def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str]]:
