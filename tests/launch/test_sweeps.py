@@ -190,13 +190,19 @@ def test_a_packed_sweep_after_its_dry_run_starts_with_the_dry_runs_estimate_of_i
 def test_the_packed_launchers_estimate_times_a_packs_step_and_a_run_alone_only_for_a_pack_of_one():
     """The launcher's estimate prices packs: a pack's members are not timed alone as well (the dry run's own lines
     say each run's step alone, so it times both); a pack of one is its run alone."""
+    import torch
+
     from headlab.launch.cost import costs
 
     pair, single = compose_job(*QUICK), compose_job(*QUICK, "model.attention.n_heads=2")
-    packed, alone = costs([pair, single], threads=1, members=[2, 1], alone=False)
+    threads = torch.get_num_threads()  # measuring sets them, as in a process of its own: put back for the next test
+    try:
+        packed, alone = costs([pair, single], threads=1, members=[2, 1], alone=False)
+        dry_run = costs([pair], threads=1, members=[2])[0]  # the dry run's: the run alone too
+    finally:
+        torch.set_num_threads(threads)
     assert packed.step_s is None and 2 in packed.packs and packed.pack_seconds(2) > 0
     assert alone.step_s > 0 and not alone.packs and alone.pack_seconds(1) == pytest.approx(alone.seconds)
-    dry_run = costs([pair], threads=1, members=[2])[0]  # the dry run's: the run alone too
     assert dry_run.step_s > 0 and 2 in dry_run.packs
 
 
