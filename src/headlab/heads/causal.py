@@ -36,16 +36,48 @@ def replaced(model: torch.nn.Module, layer: int, point: str, edit: Callable[[tor
         handle.remove()
 
 
-def recorded(model: torch.nn.Module, batch: dict, point: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The logits of a batch and what passed `point` in every layer: (logits, [tensor per layer])."""
-    seen: list[torch.Tensor] = []
-    handles = [getattr(b.attn, point).register_forward_hook(lambda m, a, out: seen.append(out)) for b in model.blocks]
+@contextlib.contextmanager
+def resumed(model: torch.nn.Module, layer: int, passed: dict[str, list[torch.Tensor]], edit: Callable):
+    """While the context is open, a forward pass of the input that `passed` was recorded on (passing: its hook_z and
+    hook_v in every layer) takes layer `layer`'s heads' outputs as edit(what passed its hook_z) without computing
+    that layer's projections and attention maps again: what `replaced(model, layer, "hook_z", edit)` computes, for
+    less (the maps are most of a one-layer model's pass)."""
+    attn = model.blocks[layer].attn
+    z, v = passed["hook_z"][layer], passed["hook_v"][layer]  # (B, H, n, d_v), (B, G, n, d_v)
+
+    def forward(x, key_padding_mask=None, need_weights=False, head_mask=None, pass_state=None):
+        if pass_state is not None:  # what its projection leaves for later layers (the value residual's first values)
+            attn.mix_values(v, pass_state)
+        return attn.merge(edit(z), head_mask), None
+
+    attn.forward = forward
+    try:
+        yield
+    finally:
+        del attn.forward
+
+
+def passing(model: torch.nn.Module, batch: dict, points: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
+    """The logits of a batch and what passed each of `points` in every layer: (logits, {point: [tensor per
+    layer]})."""
+    seen: dict[str, list[torch.Tensor]] = {point: [] for point in points}
+    handles = [
+        getattr(b.attn, point).register_forward_hook(lambda m, a, out, point=point: seen[point].append(out))
+        for b in model.blocks
+        for point in points
+    ]
     try:
         logits, _ = model(batch["tokens"], batch["padding_mask"])
     finally:
         for handle in handles:
             handle.remove()
     return logits, seen
+
+
+def recorded(model: torch.nn.Module, batch: dict, point: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The logits of a batch and what passed `point` in every layer: (logits, [tensor per layer])."""
+    logits, seen = passing(model, batch, (point,))
+    return logits, seen[point]
 
 
 def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
@@ -100,7 +132,8 @@ def ablation_effects(
     means taken over the `reference` batches."""
     point = "hook_v" if groups else "hook_z"
     means = position_means(reference, model, point)
-    base = [loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]) for b in batches]
+    passes = [passing(model, b, ("hook_z", "hook_v")) for b in batches]  # a head's ablation resumes at its layer
+    base = [loss_and_correct(logits, b["labels"]) for (logits, _), b in zip(passes, batches, strict=True)]
     examples, scored = sum(len(b["labels"]) for b in batches), sum(s for *_, s in base)
     base_loss, base_acc = sum(loss for loss, *_ in base) / examples, sum(c for _, c, _ in base) / max(1, scored)
     L, width = len(means), means[0].shape[0]
@@ -114,8 +147,10 @@ def ablation_effects(
                     t[:, index] = _replacement(kind, t, index, mean)
                     return t
 
-                with replaced(model, layer, point, edit):
-                    seen = [loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]) for b in batches]
+                seen = []
+                for b, (_, passed) in zip(batches, passes, strict=True):
+                    with replaced(model, layer, point, edit) if groups else resumed(model, layer, passed, edit):
+                        seen.append(loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]))
                 out[kind]["loss"][layer, index] = sum(loss for loss, *_ in seen) / examples - base_loss
                 out[kind]["acc"][layer, index] = sum(c for _, c, _ in seen) / max(1, scored) - base_acc
     return out
@@ -140,7 +175,7 @@ def patching_shares(
     pick = (lambda labels: labels) if position is None else (lambda labels: labels[rows, position])
     right, wrong = pick(clean["labels"]), pick(corrupted["labels"])
     clean_logits, clean_z = recorded(model, clean, "hook_z")
-    corrupt_logits, _ = model(corrupted["tokens"], corrupted["padding_mask"])
+    corrupt_logits, passed = passing(model, corrupted, ("hook_z", "hook_v"))  # each patched pass resumes from it
     high = logit_difference(clean_logits, position, right, wrong).mean()
     low = logit_difference(corrupt_logits, position, right, wrong).mean()
     L, H, n = len(clean_z), clean_z[0].shape[1], clean_z[0].shape[2]
@@ -155,7 +190,7 @@ def patching_shares(
                     t[:, head, at] = clean_z[layer][:, head, at]
                     return t
 
-                with replaced(model, layer, "hook_z", edit):
+                with resumed(model, layer, passed, edit):
                     patched, _ = model(corrupted["tokens"], corrupted["padding_mask"])
                 restored = logit_difference(patched, position, right, wrong).mean()
                 shares[layer, head, i] = (restored - low) / (high - low) if high != low else 0.0
