@@ -132,7 +132,8 @@ def ablation_effects(
     means taken over the `reference` batches."""
     point = "hook_v" if groups else "hook_z"
     means = position_means(reference, model, point)
-    passes = [passing(model, b, ("hook_z", "hook_v")) for b in batches]  # a head's ablation resumes at its layer
+    kept = () if groups else ("hook_z", "hook_v")  # a head's ablation resumes at its layer from them
+    passes = [passing(model, b, kept) for b in batches]
     base = [loss_and_correct(logits, b["labels"]) for (logits, _), b in zip(passes, batches, strict=True)]
     examples, scored = sum(len(b["labels"]) for b in batches), sum(s for *_, s in base)
     base_loss, base_acc = sum(loss for loss, *_ in base) / examples, sum(c for _, c, _ in base) / max(1, scored)

@@ -242,10 +242,10 @@ def _head_logger(cfg: DictConfig):
 def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None, alone: bool = True) -> list[Cost]:
     """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
     trains (its step timed once for each shape and size); alone=False: a run's own step not timed where its packs'
-    are (Cost.step_s None). The process is first set as a run's: what timing says
-    goes where a run's notes go (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps
-    freed memory (allocator: else a step's large buffers, a batched pack's most, are faulted in again at every timed
-    step, and a pack's way is timed unlike it then runs)."""
+    are (Cost.step_s None). The process is first set as a run's: what timing says goes where a run's notes go
+    (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps freed memory (allocator:
+    else a step's large buffers, a batched pack's most, are faulted in again at every timed step, and a pack's way
+    is timed unlike it then runs)."""
     console.quiet()
     allocator.keep_freed_memory()
     sizes: dict[str, set[int]] = {}
