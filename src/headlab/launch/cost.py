@@ -156,7 +156,9 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
     """The head analysis a run makes after training: importance and pruning curves (analyse), then heads.json with
     the ablations and patching beside them and the head view (publish, into a folder removed after, no logger);
     and, where the run draws figures (drawing: W&B or TensorBoard), its figures (the first drawing, which loads
-    matplotlib's fonts, untimed). Returns (the analysis' seconds, its figures' seconds)."""
+    matplotlib's fonts, untimed). The first analysis a process times is warmed up on one batch of each kind: its
+    one-off costs come once, as in a run, and the warm-up is not a whole analysis again. Returns (the analysis'
+    seconds, its figures' seconds)."""
     import torch
 
     from headlab.heads.figures import render_importance
@@ -171,7 +173,14 @@ def _analysis_seconds(analyst, model, datamodule, drawing: bool) -> tuple[float,
             rows = json.loads((Path(folder) / "heads.json").read_text())["rows"]
             drawn[:] = [analyst.importance_figures(rows, analysis.scores, analysis.curves)]
 
-    seconds = median_seconds(analyse_and_publish, repeats=1, warm_up=warm_up_once("analysis"))
+    if warm_up_once("analysis"):
+        batches = analyst.n_analysis_batches, analyst.causal_batches
+        analyst.n_analysis_batches, analyst.causal_batches = 1, min(1, analyst.causal_batches)
+        try:
+            analyse_and_publish()
+        finally:
+            analyst.n_analysis_batches, analyst.causal_batches = batches
+    seconds = median_seconds(analyse_and_publish, repeats=1, warm_up=0)
     if not drawing:
         return seconds, 0.0
     once = warm_up_once("importance")
