@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
          lambda: overhead.sst2_recipe_overhead(tmp, args.data_dir, "cpu") if r["sst2_recipe"] else None),
         ("packs", "pack throughput",
          lambda: packing.pack_throughput(torch.device("cpu"), sizes, args.repeats, shapes, not quick, args.peak)),
-        ("sweep", "a packed sweep against one process a job",
+        ("sweep", "a packed sweep against the default launcher's",
          lambda: None if quick else packing.sweep_wall(tmp, args.sweep_jobs, "cpu", solo=True)),
         ("parallel_packs", "packs side by side", lambda: None if quick else packing.parallel_packs(tmp)),
     ]  # fmt: skip

@@ -1,5 +1,5 @@
 """Packed training against one model at a time: training-step throughput of packs of E members, and whole sweeps
-(a packed sweep against one process per job), start to end."""
+(a packed sweep against the same sweep on Hydra's default launcher), start to end."""
 
 import os
 import subprocess
@@ -197,7 +197,8 @@ def _wall(command: list[str], env: dict, log: Path) -> float:
 
 
 def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
-    """A seed sweep of the default run: one run, the packed sweep, and (solo) one process per job, start to end."""
+    """A seed sweep of the default run: one run, the packed sweep, and (solo) the same sweep on Hydra's default
+    launcher (its jobs one after another in this one process, no start-up between them), start to end."""
     env = os.environ | {"WANDB_MODE": "offline"}
     common = [f"trainer={trainer}", "callbacks.progress_bar=null"]
     one = _wall([*TRAIN, *common, f"hydra.run.dir={tmp}/one"], env, tmp / "one.log")

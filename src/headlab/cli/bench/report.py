@@ -248,7 +248,8 @@ def report(r: dict, args) -> str:
         lines += [
             "",
             f"A {s['jobs']}-seed sweep of the default run, start to end: packed (`-m hydra/launcher=packed "
-            f"seed='range({s['jobs']})'`) {s['packed_s']:.0f} s, one process per job (`-m seed='range({s['jobs']})'`) "
+            f"seed='range({s['jobs']})'`) {s['packed_s']:.0f} s, the default launcher's jobs one after another in one "
+            f"process (`-m seed='range({s['jobs']})'`) "
             f"{s['solo_s']:.0f} s ({s['solo_s'] / s['packed_s']:.2f}x); one run alone {s['one_run_s']:.0f} s.",
         ]
     if r.get("parallel_packs"):
