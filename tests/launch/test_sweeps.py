@@ -243,6 +243,7 @@ def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cl
     assert plan["packs"] == 2 and len(plan["jobs"]) == 4
     assert sorted(job["pack"] for job in plan["jobs"]) == [0, 0, 1, 1]
     assert all(job["steps"] == 3 * 256 // 32 and job["seconds"] > 0 for job in plan["jobs"])
+    assert all(job["analysis_seconds"] == 0 < job["evaluation_seconds"] for job in plan["jobs"])  # attention=null
     assert {" ".join(job["overrides"][-2:]) for job in plan["jobs"]} == {
         f"model.attention.n_heads={h} seed={s}" for h in (1, 2) for s in (0, 1)
     }  # each job's overrides as its job would get them, the dry run's own left out
@@ -407,9 +408,13 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
     (job,) = json.loads(result.stdout)["jobs"]
     assert job["figures"] == draws and (job["figures_seconds"] > 0) == (draws > 0)
     assert (job["importance_figures_seconds"] > 0) == (draws > 0)
+    parts = ("evaluation_seconds", "analysis_seconds", "figures_seconds", "importance_figures_seconds")
+    assert job["analysis_seconds"] > 0 and job["evaluation_seconds"] > 0
+    assert sum(job[k] for k in parts) <= job["seconds"] + 0.05 * len(parts)  # shares of the run, each to 0.1 s
     said = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run").stdout
     drawn = ", 2 drawings of the attention maps and head analysis with its figures about "
     assert (drawn in said) == (draws > 0) and (" and head analysis about " in said) == (draws == 0), said
+    assert re.search(r"; training [^;]+ and head analysis [^;]+ of it\)", said), said  # the sweep's line
     written = [p.name for p in tmp_path.rglob("*") if p.suffix in (".json", ".html", ".png")]  # its head analysis
     assert written == []  # timed as the run makes it (heads.json, the head view) in a folder removed after
 

@@ -154,9 +154,9 @@ def _first_look_json(first: float | None) -> dict:
 
 
 def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, packed: bool, startup: float) -> dict:
-    """The dry run as one object: jobs (each its overrides, pack, steps and seconds alone), packs, pack_steps (each
-    pack whose step was timed: its members, step, way and seconds), seconds (the expected wall time of the whole
-    sweep), and what it was measured with."""
+    """The dry run as one object: jobs (each its overrides, pack, steps, seconds alone and the evaluation's and
+    head analysis' share of them), packs, pack_steps (each pack whose step was timed: its members, step, way and
+    seconds), seconds (the expected wall time of the whole sweep), and what it was measured with."""
     jobs = [
         {
             "overrides": [o for o in job if not o.startswith(("sweep.dry_run=", "sweep.plan."))],
@@ -166,6 +166,8 @@ def as_json(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, pa
             "figures": cost.figures,
             "figures_seconds": _seconds(cost.figures_s),
             "importance_figures_seconds": _seconds(cost.importance_figures_s),
+            "evaluation_seconds": _seconds(cost.evaluation_s),
+            "analysis_seconds": _seconds(cost.analysis_s),
             "seconds": _seconds(cost.seconds),
         }
         for k, (group, cost) in enumerate(zip(groups, measured, strict=True))
@@ -204,9 +206,12 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
             f"analysis{analysed} about {duration(cost.pack_seconds(n))}"
         )
     total = startup + _total([len(group) for group in groups], measured, n_jobs)
+    training = _summed(groups, measured, n_jobs, lambda n, c: c.steps * c.pack_step(n))
+    analysis = _summed(groups, measured, n_jobs, lambda n, c: n * c.analysis_s)
+    analysed = f" and head analysis {duration(analysis)}" if analysis else ""
     lines.append(
         f"about {duration(total)} on this machine ({min(n_jobs, len(groups))} at a time, {_threads(n_jobs)} "
-        f"thread(s) each; training {duration(_training(groups, measured, n_jobs))} of it)"
+        f"thread(s) each; training {duration(training)}{analysed} of it)"
     )
     return lines
 
@@ -216,8 +221,9 @@ def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
     return sum(c.pack_seconds(n) for n, c in zip(members, measured, strict=True)) / max(1, min(n_jobs, len(measured)))
 
 
-def _training(groups: list, measured: list[Cost], n_jobs: int) -> float:
-    return sum(c.steps * c.pack_step(len(g)) for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
+def _summed(groups: list, measured: list[Cost], n_jobs: int, part) -> float:
+    """Seconds of one part of every pack, part(members, cost), n_jobs packs at a time."""
+    return sum(part(len(g), c) for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
 
 
 def _threads(n_jobs: int) -> int:
