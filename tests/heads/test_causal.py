@@ -12,7 +12,8 @@ import torch
 from scipy import stats
 from torch import nn
 
-from conftest import ROOT, TINY, cli_here, train_here
+from conftest import TINY, cli_here, train_here
+from design_models import IDS, perturbed_model
 from headlab.data.recall import AssociativeRecall
 from headlab.heads import causal
 from headlab.heads.importance import _per_example_loss
@@ -325,30 +326,12 @@ def test_ablations_of_a_cls_model_on_padded_batches_of_different_lengths():
     assert all(torch.isfinite(e[m]).all() for e in effects.values() for m in e)
 
 
-DESIGN_FILES = sorted((ROOT / "conf" / "design").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", DESIGN_FILES, ids=[p.stem for p in DESIGN_FILES])
-def test_a_pass_resumed_at_a_heads_output_is_the_whole_pass_with_that_output_replaced(path):
+@pytest.mark.parametrize("design", IDS)
+def test_a_pass_resumed_at_a_heads_output_is_the_whole_pass_with_that_output_replaced(design):
     """causal.resumed (ablations and patching skip the edited layer's projections and maps) against
     causal.replaced (the whole pass, the hook editing): the same logits, bit for bit, for every design, at every
     layer of three (the value residual's first values included), on a padded batch with a cls vector."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    from headlab.model import Encoder
-
-    with initialize_config_module("headlab.conf", version_base="1.3"):
-        composed = compose("train", overrides=[f"+design={path.stem}"]).model  # as a run gets it
-    attention, positional = OmegaConf.to_container(composed.attention), composed.positional
-    torch.manual_seed(0)
-    model = Encoder(12, 3, 9, "cls", d_model=32, n_layers=3, attention=attention, positional=positional).eval()
-    with torch.no_grad():  # every learned mixing and gate moved from its start
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    tokens = torch.randint(1, 12, (3, 9))
-    padding = torch.arange(9)[None, :] >= torch.tensor([9, 4, 6])[:, None]
-    batch = {"tokens": tokens.masked_fill(padding, 0), "padding_mask": padding}
+    model, batch = perturbed_model(design)
     with torch.no_grad():
         _, passed = causal.passing(model, batch, ("hook_z", "hook_v"))
         for layer in range(3):
@@ -362,5 +345,5 @@ def test_a_pass_resumed_at_a_heads_output_is_the_whole_pass_with_that_output_rep
                 whole, _ = model(batch["tokens"], batch["padding_mask"])
             with causal.resumed(model, layer, passed, edit):
                 resumed, _ = model(batch["tokens"], batch["padding_mask"])
-            assert torch.equal(resumed, whole), (path.stem, layer)
+            assert torch.equal(resumed, whole), (design, layer)
             assert not torch.equal(whole, model(batch["tokens"], batch["padding_mask"])[0])  # the edit reached them

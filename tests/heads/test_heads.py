@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from design_models import IDS, perturbed_model
 from headlab.heads.importance import accuracies, curve_masks, head_importance, pruning_curve, pruning_curves
 from headlab.heads.statistics import head_similarity, head_statistics
 from headlab.model.encoder import Encoder
@@ -185,6 +186,28 @@ def test_accuracies_under_many_masks_in_one_pass_equal_one_forward_per_mask():
             expected.append(((logits.argmax(-1) == batch["labels"]) & scored).sum().item() / scored.sum().item())
     assert accuracies(model, [batch, batch], masks) == expected  # 21 masks: two forward passes per batch
     assert len(set(expected)) >= 3  # the masks matter
+
+
+@pytest.mark.parametrize("design", IDS)
+def test_a_batch_copied_at_a_layers_heads_is_the_batch_repeated_under_each_mask(design):
+    """Encoder(..., copies=K, copied_at=l): the batch computed once up to layer l's heads' outputs, then K copies
+    each under its own masks, against the batch repeated K times from the start under the same masks (every layer
+    before l keeping all its heads, as accuracies gives them): the same logits (float64, to rounding), for every
+    design, copied at each layer of three (the value residual's first values and the padding included)."""
+    model, batch = perturbed_model(design, torch.float64)
+    K, B = 4, batch["tokens"].shape[0]
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for at in range(3):
+            masks = torch.bernoulli(torch.full((K, 3, model.n_heads), 0.5), generator=g)  # (K, L, H)
+            masks[:, :at] = 1  # what copied_at promises: no head masked before it
+            masks[0] = 1  # one copy unmasked
+            per_example = masks.repeat_interleave(B, dim=0)  # (K B, L, H): copy k of example b at row k B + b
+            copied, _ = model(batch["tokens"], batch["padding_mask"], head_mask=per_example, copies=K, copied_at=at)
+            tokens, padding = batch["tokens"].repeat(K, 1), batch["padding_mask"].repeat(K, 1)
+            repeated, _ = model(tokens, padding, head_mask=per_example)
+            torch.testing.assert_close(copied, repeated, rtol=0, atol=1e-12, msg=f"{design} copied at {at}")
+            assert not torch.allclose(copied[:B], copied[B : 2 * B])  # the masks matter
 
 
 def test_the_curves_of_all_orders_are_measured_once_per_distinct_mask():

@@ -20,8 +20,8 @@ E, B, N, VOCAB, C = 3, 6, 10, 15, 4
 class Batched(MembersModel):
     """The members as the GPU runs them: one vmap over all members (on the CPU here)."""
 
-    def __call__(self, tokens, padding_mask, head_mask=None):
-        return self.stack.batched(tokens, padding_mask, head_mask=head_mask), None
+    def __call__(self, tokens, padding_mask, head_mask=None, **copies):
+        return self.stack.batched(tokens, padding_mask, head_mask=head_mask, **copies), None
 
 
 def members(readout: str) -> tuple[list[Encoder], Stacked]:

@@ -63,8 +63,10 @@ def accuracies(
     head_masks: list[torch.Tensor | None],
     per_forward: int = MASKS_PER_FORWARD,
 ) -> list:
-    """accuracy under each head mask (L, H) or None: a batch is repeated once per mask (up to per_forward at a
-    time) and the copies go through the model together, each with its mask, in one forward pass.
+    """accuracy under each head mask (L, H) or None: a batch goes through the model with up to per_forward masks
+    at a time, in one forward pass that computes it once up to the first layer one of them masks and from that
+    layer's heads' outputs as one copy per mask, each under its own (the model's `copies`; in a one-layer model
+    the projections and maps are computed once for all its masks).
 
     For a pack's members (batches (E, B, ...)), each mask is (E, L, H), one per member, and each accuracy a list
     of E (member e's under its mask e)."""
@@ -89,8 +91,11 @@ def accuracies(
             def tile(t: torch.Tensor, K=K, axis=axis) -> torch.Tensor:  # K copies of the batch, one after another
                 return t.repeat(*[1] * axis, K, *[1] * (t.dim() - axis - 1))
 
-            per_example = torch.stack(masks, dim=axis).repeat_interleave(B, dim=axis)  # (*lead[:-1], K * B, L, H)
-            logits, _ = model(tile(tokens), tile(padding), head_mask=per_example)
+            together = torch.stack(masks, dim=axis)  # (*lead[:-1], K, L, H)
+            masked = (together != 1).flatten(end_dim=-3).any(0).any(-1)  # (L,): a layer any of them masks
+            first = int(masked.nonzero()[0]) if masked.any() else model.n_layers - 1
+            per_example = together.repeat_interleave(B, dim=axis)  # (*lead[:-1], K * B, L, H)
+            logits, _ = model(tokens, padding, head_mask=per_example, copies=K, copied_at=first)
             right = (logits.argmax(-1) == tile(labels)) & tile(scored)  # (*lead[:-1], K * B[, n])
             counts.append(right.reshape(*lead[:axis], K, -1).sum(-1))  # (*lead[:-1], K)
         hits = torch.cat(counts, dim=-1).movedim(-1, 0)  # (masks, *lead[:-1])

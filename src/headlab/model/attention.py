@@ -38,7 +38,8 @@ class MultiHeadAttention(nn.Module):
 
     forward(x, key_padding_mask, need_weights, head_mask, pass_state) -> (out, weights):
       x (B, n, d_model); key_padding_mask (B, n) bool, True = padding;
-      head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019);
+      head_mask (H,) or (B, H), a multiplier on each head's output (Michel et al. 2019), or (K B, H): K copies of
+      the batch part at the heads' outputs (copied), each under its own rows (out then (K B, n, d_model));
       pass_state, a dict shared by the layers of one forward pass: the first layer leaves its values there, and a
       later layer with value_residual mixes them into its own; a training layer with moh.balance adds its weighted
       load-balance loss to its "balance";
@@ -292,14 +293,20 @@ class MultiHeadAttention(nn.Module):
     def merge(self, y: torch.Tensor, head_mask: torch.Tensor | None) -> torch.Tensor:
         """Mask heads, concatenate them and project: y (B, H, n, d_v) -> (B, n, d_model). With a hook on
         hook_result, each head's own contribution (B, n, H, d_model) passes it first, and their sum is the output."""
-        B, H, n, _ = y.shape
         if head_mask is not None:
-            y = y * head_mask.reshape(-1, H, 1, 1).to(y.dtype)  # (H,) or (B, H) -> broadcast over n, d_v
+            y = copied(y, head_mask.shape[0]) if head_mask.dim() == 2 else y  # (K B, H, n, d_v) for a (K B, H) mask
+            y = y * head_mask.reshape(-1, y.shape[1], 1, 1).to(y.dtype)  # (H,) or (B, H) -> broadcast over n, d_v
+        B, H, n, _ = y.shape
         if self.hook_result.hooked:
             W = self.out_proj.weight.view(self.d_model, H, self.d_v)  # (d_model, H, d_v): W_O by head
             result = self.hook_result(torch.einsum("bhnv,dhv->bnhd", y, W))  # (B, n, H, d_model)
             return result.sum(2) + self.out_proj.bias
         return self.out_proj(y.transpose(1, 2).reshape(B, n, H * self.d_v))  # (B, n, d_model)
+
+
+def copied(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """t (B, ...) -> (rows, ...): rows / B copies of the batch, one after another (t itself where rows = B)."""
+    return t if t.shape[0] == rows else t.repeat(rows // t.shape[0], *[1] * (t.dim() - 1))
 
 
 def load_balance(routed: torch.Tensor, chosen: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:

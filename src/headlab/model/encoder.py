@@ -11,7 +11,7 @@ from torch import nn
 
 from headlab.conventions import PAD_ID
 from headlab.model import positions, rules
-from headlab.model.attention import MultiHeadAttention
+from headlab.model.attention import MultiHeadAttention, copied
 from headlab.model.dropout import Dropout  # headlab's dropout: a cheap CPU mask, F.dropout elsewhere
 
 
@@ -27,22 +27,27 @@ class Block(nn.Module):
         self.pre_norm = norm == "pre"
 
     def forward(self, x, key_padding_mask=None, need_weights=False, head_mask=None, pass_state=None):
-        # x (B, n, d) -> (B, n, d), weights (B, H, n, n) or None; pass_state: MultiHeadAttention's
+        # x (B, n, d) -> (B, n, d), or (K B, n, d) for a head_mask of K B rows (copies part here: a's rows);
+        # weights (B, H, n, n) or None; pass_state: MultiHeadAttention's
         if self.pre_norm:
             a, w = self.attn(self.norm1(x), key_padding_mask, need_weights, head_mask, pass_state)
-            x = x + self.drop(a)
+            x = copied(x, a.shape[0]) + self.drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
         a, w = self.attn(x, key_padding_mask, need_weights, head_mask, pass_state)
-        x = self.norm1(x + self.drop(a))
+        x = self.norm1(copied(x, a.shape[0]) + self.drop(a))
         return self.norm2(x + self.drop(self.ff(x))), w
 
 
 class Encoder(nn.Module):
     """Token classifier ('token' readout) or sequence classifier ('cls', 'mean' or 'max' readout).
 
-    forward(tokens, key_padding_mask, need_weights, head_mask, need_balance) -> (logits, weights[, balance]):
+    forward(tokens, key_padding_mask, need_weights, head_mask, need_balance, copies, copied_at)
+      -> (logits, weights[, balance]):
       tokens (B, n) ids, or (B, n, c) when a position holds c tokens whose embeddings are summed (id 0 adds nothing);
-      key_padding_mask (B, n) bool, True = padding; head_mask (L, H) or (B, L, H);
+      key_padding_mask (B, n) bool, True = padding; head_mask (L, H) or (B, L, H), or (copies B, L, H): copy k of
+      the batch at rows k B to (k + 1) B, each under its own masks, computed once up to layer copied_at's heads'
+      outputs (the layers before it must keep every head: their masks are not applied), the copies from there on
+      (logits then (copies B, ...)): what the batch repeated `copies` times gives, for less;
       logits (B, n_classes) or (B, n, n_classes) for 'token'; weights: per layer (B, H, n', n') or None,
       where n' = n + 1 with the 'cls' readout (its learned vector sits at position 0);
       balance (), with need_balance: the layers' load-balance losses, weighted, that training adds to its
@@ -110,7 +115,16 @@ class Encoder(nn.Module):
         """Labels of the attention matrices' rows and columns for one example's token strings."""
         return ["[cls]"] * self.attention_offset + list(tokens)
 
-    def forward(self, tokens, key_padding_mask=None, need_weights=False, head_mask=None, need_balance=False):
+    def forward(
+        self,
+        tokens,
+        key_padding_mask=None,
+        need_weights=False,
+        head_mask=None,
+        need_balance=False,
+        copies=1,
+        copied_at=0,
+    ):
         x = self.tok_emb(tokens)  # (B, n, d) or (B, n, c, d)
         if x.dim() == 4:
             x = x.sum(dim=2)  # (B, n, d)
@@ -121,8 +135,14 @@ class Encoder(nn.Module):
         x = self.drop(x if self.pos_emb is None else x + self.pos_emb[: x.shape[1]])
         weights, pass_state = [], {}  # the layers' shared state of this pass (MultiHeadAttention.forward)
         for layer, block in enumerate(self.blocks):
-            layer_mask = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H)
+            layer_mask = None if head_mask is None else head_mask[..., layer, :]  # (H,) or (B, H) or (K B, H)
+            if copies > 1 and layer < copied_at:
+                layer_mask = None  # keeps every head (copies: above), the batch passes once
             x, w = block(x, key_padding_mask, need_weights, layer_mask, pass_state)
+            if copies > 1 and layer == copied_at:  # the batch's copies part here: what later layers read, copied
+                key_padding_mask = None if key_padding_mask is None else copied(key_padding_mask, x.shape[0])
+                if "first" in pass_state:  # the value residual's first values
+                    pass_state["first"] = copied(pass_state["first"], x.shape[0])
             weights.append(w)
         x = self.final_norm(x)  # (B, n', d)
         if self.readout == "cls":

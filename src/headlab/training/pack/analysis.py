@@ -16,14 +16,14 @@ from headlab.training.vectorized import Stacked
 
 class MembersModel:
     """A pack's members as one model for headlab.heads.importance: inputs (E, B, ...), head masks
-    (E, B, L, H) -> ((E, B, C) logits, None)."""
+    (E, B, L, H) -> ((E, B, C) logits, None); the Encoder's copies and copied_at, the same for every member."""
 
     def __init__(self, stack: Stacked):
         self.stack = stack
         self.n_layers, self.n_heads = stack.template.n_layers, stack.template.n_heads
 
-    def __call__(self, tokens, padding_mask, head_mask=None):
-        return self.stack(tokens, padding_mask, head_mask=head_mask), None
+    def __call__(self, tokens, padding_mask, head_mask=None, **copies):
+        return self.stack(tokens, padding_mask, head_mask=head_mask, **copies), None
 
 
 @run_eagerly  # as a single run's analysis, also when the members' forward is compiled
