@@ -295,7 +295,7 @@ class MultiHeadAttention(nn.Module):
         hook_result, each head's own contribution (B, n, H, d_model) passes it first, and their sum is the output."""
         if head_mask is not None:
             y = copied(y, head_mask.shape[0]) if head_mask.dim() == 2 else y  # (K B, H, n, d_v) for a (K B, H) mask
-            y = y * head_mask.reshape(-1, y.shape[1], 1, 1).to(y.dtype)  # (H,) or (B, H) -> broadcast over n, d_v
+            y = y * head_mask.reshape(-1, y.shape[1], 1, 1).to(y.dtype)  # (H,), (B, H) or (K B, H): over n, d_v
         B, H, n, _ = y.shape
         if self.hook_result.hooked:
             W = self.out_proj.weight.view(self.d_model, H, self.d_v)  # (d_model, H, d_v): W_O by head
