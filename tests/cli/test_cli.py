@@ -111,6 +111,15 @@ def test_multirun_writes_one_directory_per_job(run_cli, tmp_path):
     assert heads == {1, 2}
 
 
+def test_hydra_mode_makes_a_sweep_without_m_and_m_makes_one_whatever_it_says(run_cli, tmp_path):
+    """Without -m the config's hydra.mode decides (an experiment's MULTIRUN makes it a sweep); with -m the command is
+    a sweep even where hydra.mode says RUN. model.d_model=-1: each job is refused before anything trains."""
+    for mode, flag in (("MULTIRUN", []), ("RUN", ["-m"])):
+        done = run_cli(*flag, f"hydra.mode={mode}", "seed=0,1", "model.d_model=-1", f"hydra.sweep.dir={mode}")
+        assert done.returncode == 1 and "2 of 2 jobs did not complete" in done.stderr, done.stderr[-2000:]
+        assert sorted(p.name for p in (tmp_path / mode).iterdir() if p.name.isdigit()) == ["0", "1"]
+
+
 def test_several_loggers_at_once(run_cli, tmp_path):
     result = run_cli(*TINY, "trainer.max_epochs=1", "logger=[csv,tensorboard,wandb]", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
