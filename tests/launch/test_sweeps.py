@@ -206,6 +206,25 @@ def test_the_packed_launchers_estimate_times_a_packs_step_and_a_run_alone_only_f
     assert dry_run.step_s > 0 and 2 in dry_run.packs
 
 
+def test_the_packed_launchers_estimate_times_shapes_only_while_that_costs_a_tenth_of_what_they_take():
+    """Three shapes of packs of short runs: timing the first costs about as much as its pack trains, so the others
+    are priced like it; the same shapes trained 400 epochs: each is timed (a dry run times every shape)."""
+    import torch
+
+    from headlab.launch.dry_run import estimate
+
+    shapes = [compose_job(*QUICK, f"model.attention.n_heads={h}") for h in (1, 2, 4)]
+    long = [compose_job(*QUICK, f"model.attention.n_heads={h}", "trainer.max_epochs=400") for h in (1, 2, 4)]
+    threads = torch.get_num_threads()  # measuring sets them, as in a process of its own: put back for the next test
+    try:
+        short_seconds, *short_timed = estimate([2, 2, 4], shapes, n_jobs=1)
+        long_seconds, *long_timed = estimate([2, 2, 4], long, n_jobs=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert short_timed == [1, 3] and long_timed == [3, 3]
+    assert 0 < short_seconds < long_seconds
+
+
 def test_a_dry_run_of_a_sweep_in_rounds_prices_every_round_and_the_first_alone(run_cli, tmp_path):
     """sweep.sequential.looks=2 over 4 seeds: the sweep's seconds price every round (its most), seconds_first_look
     its first round alone (2 seeds an arm: where every arm is decided at the first look, its least)."""

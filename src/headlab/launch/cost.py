@@ -249,7 +249,7 @@ def _head_logger(cfg: DictConfig):
 
 
 def costs(configs: list[DictConfig], threads: int, members: list[int] | None = None, alone: bool = True) -> list[Cost]:
-    """Each config's Cost, measured once for configs of one shape (_shape); members: how many each config's pack
+    """Each config's Cost, measured once for configs of one shape (shape); members: how many each config's pack
     trains (its step timed once for each shape and size); alone=False: a run's own step not timed where its packs'
     are (Cost.step_s None). The process is first set as a run's: what timing says goes where a run's notes go
     (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps freed memory (allocator:
@@ -259,15 +259,15 @@ def costs(configs: list[DictConfig], threads: int, members: list[int] | None = N
     allocator.keep_freed_memory()
     sizes: dict[str, set[int]] = {}
     for cfg, n in zip(configs, members or [1] * len(configs), strict=True):
-        sizes.setdefault(_shape(cfg), set()).add(n)
+        sizes.setdefault(shape(cfg), set()).add(n)
     measured: dict[str, Cost] = {}
     for cfg in configs:
-        if (key := _shape(cfg)) not in measured:
+        if (key := shape(cfg)) not in measured:
             measured[key] = measure(cfg, threads, tuple(sorted(sizes[key])), alone)
-    return [measured[_shape(cfg)] for cfg in configs]
+    return [measured[shape(cfg)] for cfg in configs]
 
 
-def _shape(cfg: DictConfig) -> str:
+def shape(cfg: DictConfig) -> str:
     """What a run's cost depends on: the model, the data but for its fold and seed (folds differ by a row or two),
     R-Drop's and SAM's passes, the trainer's limits and devices, the budget that max_epochs=auto follows, the head
     analysis and whether a logger gets figures."""

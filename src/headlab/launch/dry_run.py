@@ -10,13 +10,14 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from headlab.launch import estimates, planning
 from headlab.launch.compose import compose_jobs
-from headlab.launch.cost import Cost, costs
+from headlab.launch.cost import Cost, costs, shape
 from headlab.launch.plan import PER_MEMBER
 from headlab.printing import duration
 
@@ -52,11 +53,30 @@ def _said_on_stderr():
             handler.setStream(sys.stdout)
 
 
-def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> float:
+TIMING_SHARE = 0.1  # the packed launcher's estimate times shapes while timing costs at most this share of their packs
+
+
+def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> tuple[float, int, int]:
     """About how many seconds packs (or jobs) of these many members and these configs take here, n_jobs at a time,
     each on its share of the cores: what a packed sweep says it will take when it starts (a run's own step is not
-    timed where its pack's is)."""
-    return _total(members, costs(configs, _threads(n_jobs), members, alone=False), n_jobs)
+    timed where its pack's is). Its shapes are timed in turn while the timing has cost at most TIMING_SHARE of what
+    the packs timed so far take; the packs of the shapes left are priced as those, member for member (a sweep of
+    many short shapes starts training instead of timing each). Returns (seconds, shapes timed, shapes)."""
+    by_shape: dict[str, list[int]] = {}
+    for i, cfg in enumerate(configs):
+        by_shape.setdefault(shape(cfg), []).append(i)
+    priced, spent = {}, 0.0  # config index -> its pack's seconds; seconds spent timing
+    for indices in by_shape.values():
+        started = time.perf_counter()
+        measured = costs([configs[i] for i in indices], _threads(n_jobs), [members[i] for i in indices], alone=False)
+        spent += time.perf_counter() - started
+        priced |= {i: cost.pack_seconds(members[i]) for i, cost in zip(indices, measured, strict=True)}
+        if spent > TIMING_SHARE * sum(priced.values()):
+            break
+    per_member = sum(priced.values()) / sum(members[i] for i in priced)
+    seconds = sum(priced.get(i, per_member * n) for i, n in enumerate(members))
+    timed = sum(indices[0] in priced for indices in by_shape.values())
+    return seconds / max(1, min(n_jobs, len(configs))), timed, len(by_shape)
 
 
 def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str]]:

@@ -152,8 +152,12 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
             ledger.estimated.append(known["packs_seconds"])
             said += f", about {duration(known['packs_seconds'])} (its dry run of {known['at']})"
         elif estimated := _estimate(packs, n_jobs):
-            ledger.estimated += estimated
-            said += f", about {duration(estimated[0])} here"
+            seconds, timed, shapes = estimated
+            ledger.estimated.append(seconds)
+            said += f", about {duration(seconds)} here"
+            if timed < shapes:
+                said += f" ({timed} of its {shapes} shapes timed, the rest priced alike: timing each would cost more"
+                said += " than a tenth of the sweep)"
         log.info(said)
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
@@ -197,14 +201,15 @@ def _on_cpu(cfg) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
 
 
-def _estimate(packs: list, n_jobs: int) -> list[float]:
-    """[seconds] the packs take on this CPU, measured as --dry-run measures them; [] where they train elsewhere, or
-    where a pack cannot be built (it says why when it trains, as without an estimate)."""
+def _estimate(packs: list, n_jobs: int) -> tuple[float, int, int] | None:
+    """(seconds, shapes timed, shapes) of the packs on this CPU, timed as --dry-run times them while that costs at
+    most a tenth of what it prices (dry_run.estimate); None where they train elsewhere, or where a pack cannot be
+    built (it says why when it trains, as without an estimate)."""
     from headlab.launch.dry_run import estimate
 
     if not _on_cpu(packs[0].jobs[0].cfg):
-        return []
+        return None
     try:
-        return [estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)]
+        return estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)
     except Exception:
-        return []
+        return None
