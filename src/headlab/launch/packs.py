@@ -147,18 +147,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         return returns
     ledger = PackLedger(packs, ready, n_jobs)
     try:
-        known = estimates.kept(config)
-        if known and known["packs_seconds"] is not None:  # its dry run measured them: not measured again
-            ledger.estimated.append(known["packs_seconds"])
-            said += f", about {duration(known['packs_seconds'])} (its dry run of {known['at']})"
-        elif estimated := _estimate(packs, n_jobs):
-            seconds, timed, shapes = estimated
-            ledger.estimated.append(seconds)
-            said += f", about {duration(seconds)} here"
-            if timed < shapes:
-                said += f" ({timed} of its {shapes} shapes timed, the rest priced alike: timing each would cost more"
-                said += " than a tenth of the sweep)"
-        log.info(said)
+        log.info(said + _estimated(config, packs, n_jobs, ledger))
         from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
 
         trained = [(pack.id, pack.members()) for pack in packs]
@@ -199,6 +188,24 @@ def _on_cpu(cfg) -> bool:
     """Whether the packs train on this machine's CPU (the only device a few timed steps before training tell)."""
     accelerator = str(cfg.trainer.get("accelerator"))
     return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
+
+
+def _estimated(config, packs: list, n_jobs: int, ledger: PackLedger) -> str:
+    """What the launcher says its packs will take, kept in the ledger: its dry run's estimate where the same command
+    had one (not measured twice), else timed here (_estimate); "" where neither can be said."""
+    known = estimates.kept(config)
+    if known and known["packs_seconds"] is not None:
+        ledger.estimated.append(known["packs_seconds"])
+        return f", about {duration(known['packs_seconds'])} (its dry run of {known['at']})"
+    if not (estimated := _estimate(packs, n_jobs)):
+        return ""
+    seconds, timed, shapes = estimated
+    ledger.estimated.append(seconds)
+    said = f", about {duration(seconds)} here"
+    if timed < shapes:
+        said += f" ({timed} of its {shapes} shapes timed, the rest priced alike: timing each would cost more than a"
+        said += " tenth of the sweep)"
+    return said
 
 
 def _estimate(packs: list, n_jobs: int) -> tuple[float, int, int] | None:
