@@ -8,6 +8,7 @@ comparisons at once get Holm's correction. Runs cross-validated over k
 folds are summarised per fold, with Nadeau & Bengio's corrected resampled t interval and test.
 """
 
+import hashlib
 import math
 
 import numpy as np
@@ -180,7 +181,8 @@ def mcnemar_p(a: np.ndarray, b: np.ndarray) -> float:
 def _two_way_means(correct: np.ndarray, seeds: np.ndarray, examples: np.ndarray) -> np.ndarray:
     """Mean correctness of resampled seeds and examples: correct (S, N); seeds (R, S) and examples (R, N) are how
     often each is drawn in each of R resamples -> (R,)."""
-    return np.einsum("rs,sn,rn->r", seeds, correct.astype(float), examples) / (correct.shape[0] * correct.shape[1])
+    drawn = seeds @ correct.astype(float)  # (R, N): each example's correct seeds, as drawn; integer sums, exact
+    return np.einsum("rn,rn->r", drawn, examples) / (correct.shape[0] * correct.shape[1])
 
 
 def _counts(rng, size: int, resamples: int) -> np.ndarray:
@@ -199,14 +201,26 @@ def two_way_interval(correct: np.ndarray, resamples: int = 2000, seed: int = 0) 
     return float(low), float(high)
 
 
+_DRAWN: dict[tuple, np.ndarray] = {}  # the latest pairs' resampled differences: a contrast's p-value and interval
+
+
 def _two_way_differences(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> np.ndarray:
     """The accuracy difference a - b of two arms on the same test examples (a (S_a, N), b (S_b, N)) in each of
-    `resamples` two-way resamples: the examples drawn once for both arms, each arm's seeds on their own -> (R,)."""
-    rng = np.random.default_rng(seed)
-    examples = _counts(rng, a.shape[1], resamples)
-    return _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
-        b, _counts(rng, b.shape[0], resamples), examples
-    )
+    `resamples` two-way resamples: the examples drawn once for both arms, each arm's seeds on their own -> (R,),
+    read-only. Drawn once for a pair (by content) whose p-value and interval are both asked for."""
+    content = hashlib.sha256(a.tobytes() + b.tobytes()).digest()
+    key = (a.shape, b.shape, a.dtype.str, b.dtype.str, content, resamples, seed)
+    if key not in _DRAWN:
+        rng = np.random.default_rng(seed)
+        examples = _counts(rng, a.shape[1], resamples)
+        drawn = _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
+            b, _counts(rng, b.shape[0], resamples), examples
+        )
+        drawn.setflags(write=False)
+        if len(_DRAWN) >= 64:
+            del _DRAWN[next(iter(_DRAWN))]
+        _DRAWN[key] = drawn
+    return _DRAWN[key]
 
 
 def two_way_paired_p(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> float:
