@@ -65,10 +65,10 @@ def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> tupl
     by_shape: dict[str, list[int]] = {}
     for i, cfg in enumerate(configs):
         by_shape.setdefault(shape(cfg), []).append(i)
-    priced, spent = {}, 0.0  # config index -> its pack's seconds; seconds spent timing
+    priced, spent, threads = {}, 0.0, _threads(n_jobs)  # config index -> its pack's seconds; seconds spent timing
     for indices in by_shape.values():
         started = time.perf_counter()
-        measured = costs([configs[i] for i in indices], _threads(n_jobs), [members[i] for i in indices], alone=False)
+        measured = costs([configs[i] for i in indices], threads, [members[i] for i in indices], alone=False)
         spent += time.perf_counter() - started
         priced |= {i: cost.pack_seconds(members[i]) for i, cost in zip(indices, measured, strict=True)}
         if spent > TIMING_SHARE * sum(priced.values()):
@@ -76,7 +76,7 @@ def estimate(members: list[int], configs: list[DictConfig], n_jobs: int) -> tupl
     per_member = sum(priced.values()) / sum(members[i] for i in priced)
     seconds = sum(priced.get(i, per_member * n) for i, n in enumerate(members))
     timed = sum(indices[0] in priced for indices in by_shape.values())
-    return seconds / max(1, min(n_jobs, len(configs))), timed, len(by_shape)
+    return _at_a_time(seconds, len(configs), n_jobs), timed, len(by_shape)
 
 
 def not_done(jobs: list[list[str]], config: DictConfig, loader) -> list[list[str]]:
@@ -236,14 +236,19 @@ def report(groups: list[list[list[str]]], measured: list[Cost], n_jobs: int, sta
     return lines
 
 
+def _at_a_time(seconds: float, packs: int, n_jobs: int) -> float:
+    """Seconds of packs that take `seconds` one after another, run n_jobs at a time."""
+    return seconds / max(1, min(n_jobs, packs))
+
+
 def _total(members: list[int], measured: list[Cost], n_jobs: int) -> float:
     """Seconds of packs of these many members, n_jobs at a time (the sweep's process start-up aside)."""
-    return sum(c.pack_seconds(n) for n, c in zip(members, measured, strict=True)) / max(1, min(n_jobs, len(measured)))
+    return _at_a_time(sum(c.pack_seconds(n) for n, c in zip(members, measured, strict=True)), len(measured), n_jobs)
 
 
 def _summed(groups: list, measured: list[Cost], n_jobs: int, part) -> float:
     """Seconds of one part of every pack, part(members, cost), n_jobs packs at a time."""
-    return sum(part(len(g), c) for g, c in zip(groups, measured, strict=True)) / min(n_jobs, len(groups))
+    return _at_a_time(sum(part(len(g), c) for g, c in zip(groups, measured, strict=True)), len(groups), n_jobs)
 
 
 def _threads(n_jobs: int) -> int:
