@@ -54,7 +54,8 @@ class HandSet(nn.Module):
         self.register_buffer("readout", 2 * torch.cat([values[:, None] * c, -values[:, None] * c]))  # (2V, C)
         self.register_buffer("bias", -(c**2))
 
-    def forward(self, tokens, padding_mask=None, need_weights=False, head_mask=None):
+    def forward(self, tokens, padding_mask=None, need_weights=False, head_mask=None, copies=1, copied_at=0):
+        # copies: the Encoder's (the batch's copies part at the attention's output, its only layer)
         out, weights = self.blocks[0].attn(features(tokens), padding_mask, need_weights, head_mask)
         return 2 * (out[..., : 2 * V] @ self.readout + self.bias), [weights]
 
@@ -347,3 +348,27 @@ def test_a_pass_resumed_at_a_heads_output_is_the_whole_pass_with_that_output_rep
                 resumed, _ = model(batch["tokens"], batch["padding_mask"])
             assert torch.equal(resumed, whole), (design, layer)
             assert not torch.equal(whole, model(batch["tokens"], batch["padding_mask"])[0])  # the edit reached them
+
+
+@pytest.mark.parametrize("design", IDS)
+def test_edits_on_copies_of_a_batch_are_each_edits_own_whole_pass(design):
+    """causal.edited_logits (a layer's ablations and patches on copies of the batch, up to MASKS_PER_FORWARD a pass,
+    resumed at the layer) against each edit alone through a hook on the whole pass (causal.replaced), at every layer
+    of three, for every design: more edits than one pass takes (two passes, the second part-filled)."""
+    from headlab.heads.importance import MASKS_PER_FORWARD
+
+    model, batch = perturbed_model(design, torch.float64)
+    H = model.blocks[0].attn.n_heads
+    edits = [  # zero, shift or swap one head's output: MASKS_PER_FORWARD + 3 edits
+        lambda z, h=i % H, k=i: z.index_fill(1, torch.tensor([h]), 0.0) if k % 3 == 0 else z.roll(k, dims=0)
+        for i in range(MASKS_PER_FORWARD + 3)
+    ]
+    with torch.no_grad():
+        _, passed = causal.passing(model, batch, ("hook_z", "hook_v"))
+        for layer in range(3):
+            together = causal.edited_logits(model, layer, batch, edits, passed)
+            assert len(together) == len(edits)
+            for k, edit in enumerate(edits):
+                with causal.replaced(model, layer, "hook_z", edit):
+                    alone, _ = model(batch["tokens"], batch["padding_mask"])
+                torch.testing.assert_close(together[k], alone, rtol=0, atol=1e-12, msg=f"{design} {layer} {k}")

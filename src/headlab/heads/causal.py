@@ -15,13 +15,14 @@ Shapes: B examples, L layers, H heads, G key/value heads, n positions, d_v value
 """
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 
 import torch
 from scipy import stats
 
 from headlab.conventions import IGNORE_INDEX
-from headlab.heads.importance import _per_example_loss
+from headlab.heads.importance import MASKS_PER_FORWARD, _per_example_loss
 
 KINDS = ("zero", "mean", "resample")  # ablations
 
@@ -123,6 +124,27 @@ def _replacement(kind: str, t: torch.Tensor, index: int, mean: torch.Tensor | No
     return t[:, index].roll(-1, dims=0)  # resample: example b gets example b + 1's
 
 
+def edited_logits(
+    model: torch.nn.Module, layer: int, batch: dict, edits: list[Callable], passed: dict | None, point: str = "hook_z"
+) -> list[torch.Tensor]:
+    """The batch's logits (B, ...) with what passes layer `layer`'s `point` edited by each of `edits` (t -> its
+    edited copy): resumed at the layer from what `passed` recorded (resumed), up to MASKS_PER_FORWARD edits in one
+    forward pass, each on its own copy of the batch from that layer on (the model's copies); with passed None,
+    through a hook on `point` (a key/value group's values, inside the layer), one edit a pass."""
+    per_forward = MASKS_PER_FORWARD if passed is not None else 1
+    logits = []
+    for start in range(0, len(edits), per_forward):
+        chunk = edits[start : start + per_forward]
+
+        def edit(t, chunk=chunk):  # (B, H, n, d) -> (K B, H, n, d): copy k edited by chunk[k]
+            return torch.cat([e(t) for e in chunk])
+
+        with resumed(model, layer, passed, edit) if passed is not None else replaced(model, layer, point, edit):
+            out = model(batch["tokens"], batch["padding_mask"], copies=len(chunk), copied_at=layer)[0]
+        logits.extend(out.chunk(len(chunk)))
+    return logits
+
+
 @torch.no_grad()
 def ablation_effects(
     model: torch.nn.Module, batches: list[dict], reference: list[dict], groups: bool = False
@@ -139,21 +161,22 @@ def ablation_effects(
     base_loss, base_acc = sum(loss for loss, *_ in base) / examples, sum(c for _, c, _ in base) / max(1, scored)
     L, width = len(means), means[0].shape[0]
     out = {kind: {m: torch.zeros(L, width, dtype=torch.float64) for m in ("loss", "acc")} for kind in KINDS}
-    for kind in KINDS:
-        for layer in range(L):
-            for index in range(width):
+    ablations = [(kind, index) for kind in KINDS for index in range(width)]
+    for layer in range(L):
 
-                def edit(t, kind=kind, index=index, mean=means[layer]):
-                    t = t.clone()
-                    t[:, index] = _replacement(kind, t, index, mean)
-                    return t
+        def ablated(t, kind, index, mean=means[layer]):
+            t = t.clone()
+            t[:, index] = _replacement(kind, t, index, mean)
+            return t
 
-                seen = []
-                for b, (_, passed) in zip(batches, passes, strict=True):
-                    with replaced(model, layer, point, edit) if groups else resumed(model, layer, passed, edit):
-                        seen.append(loss_and_correct(model(b["tokens"], b["padding_mask"])[0], b["labels"]))
-                out[kind]["loss"][layer, index] = sum(loss for loss, *_ in seen) / examples - base_loss
-                out[kind]["acc"][layer, index] = sum(c for _, c, _ in seen) / max(1, scored) - base_acc
+        edits = [functools.partial(ablated, kind=kind, index=index) for kind, index in ablations]
+        seen = [[] for _ in ablations]  # per ablation: (loss, correct, scored) of each batch
+        for b, (_, passed) in zip(batches, passes, strict=True):
+            for k, logits in enumerate(edited_logits(model, layer, b, edits, None if groups else passed, point)):
+                seen[k].append(loss_and_correct(logits, b["labels"]))
+        for (kind, index), results in zip(ablations, seen, strict=True):
+            out[kind]["loss"][layer, index] = sum(loss for loss, *_ in results) / examples - base_loss
+            out[kind]["acc"][layer, index] = sum(c for _, c, _ in results) / max(1, scored) - base_acc
     return out
 
 
@@ -182,19 +205,18 @@ def patching_shares(
     L, H, n = len(clean_z), clean_z[0].shape[1], clean_z[0].shape[2]
     where = [slice(None)] if not by_position else [slice(i, i + 1) for i in range(n)]
     shares = torch.zeros(L, H, len(where), dtype=torch.float64)
+    patches = [(head, i, at) for head in range(H) for i, at in enumerate(where)]
     for layer in range(L):
-        for head in range(H):
-            for i, at in enumerate(where):
 
-                def edit(t, layer=layer, head=head, at=at):
-                    t = t.clone()
-                    t[:, head, at] = clean_z[layer][:, head, at]
-                    return t
+        def patch(t, head, at, clean=clean_z[layer]):
+            t = t.clone()
+            t[:, head, at] = clean[:, head, at]
+            return t
 
-                with resumed(model, layer, passed, edit):
-                    patched, _ = model(corrupted["tokens"], corrupted["padding_mask"])
-                restored = logit_difference(patched, position, right, wrong).mean()
-                shares[layer, head, i] = (restored - low) / (high - low) if high != low else 0.0
+        edits = [functools.partial(patch, head=head, at=at) for head, _, at in patches]
+        for (head, i, _), patched in zip(patches, edited_logits(model, layer, corrupted, edits, passed), strict=True):
+            restored = logit_difference(patched, position, right, wrong).mean()
+            shares[layer, head, i] = (restored - low) / (high - low) if high != low else 0.0
     return shares if by_position else shares[..., 0]
 
 
