@@ -1,10 +1,11 @@
-"""The OmegaConf resolvers headlab's configs use (SLURM resources, the benchmarks' folder), registered in one place:
-by each console script before Hydra composes a config, and by each process that composes or resolves one without
-it (a SLURM job, a pack's SLURM job)."""
+"""The OmegaConf resolvers headlab's configs use (SLURM resources, the benchmarks' folder), registered in one place,
+and YAML files parsed once a process (yaml_once): by each console script before Hydra composes a config, and by
+each process that composes or resolves one without it (a SLURM job, a pack's SLURM job)."""
 
 from omegaconf import OmegaConf
 
 from headlab.conventions import data_dir
+from headlab.launch import yaml_once
 
 
 def gpus_per_node(accelerator: str, devices) -> int:
@@ -27,3 +28,4 @@ def configure() -> None:
     OmegaConf.register_new_resolver("headlab.tasks_per_node", tasks_per_node, replace=True)
     OmegaConf.register_new_resolver("headlab.data_dir", lambda: str(data_dir()), replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)
+    yaml_once.install()
