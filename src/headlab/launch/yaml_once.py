@@ -5,14 +5,14 @@ text parsed to and build the config from a copy of that: the same config, from t
 itself, so a file changed since is parsed anew."""
 
 import copy
+import functools
 import os
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
-KEPT = 256  # texts kept at most (a config file's are a few hundred bytes); the oldest goes first
-_parsed: dict[str | bytes, object] = {}
+KEPT = 256  # texts kept at most (a config file's are a few hundred bytes); the least recently read goes first
 
 
 def load(file_) -> DictConfig | ListConfig:
@@ -24,14 +24,16 @@ def load(file_) -> DictConfig | ListConfig:
         text = file_.read()  # bytes from a zipped package's file
     else:
         raise TypeError("Unexpected file type")
-    if text not in _parsed:
-        if len(_parsed) >= KEPT:
-            del _parsed[next(iter(_parsed))]
-        _parsed[text] = yaml.load(text, Loader=get_yaml_loader())
-    obj = _parsed[text]
+    obj = _parsed(text)
     if obj is not None and not isinstance(obj, list | dict | str):
         raise OSError(f"Invalid loaded object type: {type(obj).__name__}")
     return OmegaConf.create() if obj is None else OmegaConf.create(copy.deepcopy(obj))
+
+
+@functools.lru_cache(maxsize=KEPT)
+def _parsed(text: str | bytes):
+    """What PyYAML with OmegaConf's loader makes of a text (shared: load copies it)."""
+    return yaml.load(text, Loader=get_yaml_loader())
 
 
 def install() -> None:
