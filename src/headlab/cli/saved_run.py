@@ -59,9 +59,11 @@ def load(run_dir: Path, which: str, prog: str):
     except OSError:  # a run this user may read but not write: no process of theirs trains it
         pass
     from headlab.config import trust
-    from headlab.training import records
-    from headlab.training.build import build
-    from headlab.training.checkpoints import model_state
+
+    with runtime.heavy_imports():
+        from headlab.training import records
+        from headlab.training.build import build
+        from headlab.training.checkpoints import model_state
 
     runtime.configure()  # the resolvers a saved config may use (${headlab.data_dir:} of the benchmarks' configs)
     cfg = OmegaConf.create(config_text)

@@ -35,7 +35,8 @@ def main(cfg: DictConfig) -> float | None:
     signal.signal(signal.SIGINT, job_.stop_on_ctrl_c)
     try:
         job.check()
-        from headlab.training.pack.train import train_run  # the heavy imports, once the config is known valid
+        with runtime.heavy_imports():  # once the config is known valid
+            from headlab.training.pack.train import train_run
 
         fields = train_run(cfg, job.record["config"], threads=cores.cpu_threads(), run_dir=job.run_dir)
     except BaseException as error:

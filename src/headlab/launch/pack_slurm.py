@@ -26,10 +26,11 @@ class PackJob:
         console.to_stderr(LOG_FORMAT)
         slurm.requeue_survives_its_sigterm()
         requeue_if_warned = slurm.stop_when_warned()
-        import torch
+        with runtime.heavy_imports():
+            import torch
 
-        from headlab.training.cores import usable_cores
-        from headlab.training.pack.train import train_members
+            from headlab.training.cores import usable_cores
+            from headlab.training.pack.train import train_members
 
         torch.set_num_threads(usable_cores())
         for job in jobs:

@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
-from headlab.launch import console, estimates
+from headlab.launch import console, estimates, runtime
 from headlab.launch.compose import compose_jobs
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
 from headlab.launch.plan import plan
@@ -148,7 +148,8 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     ledger = PackLedger(packs, ready, n_jobs)
     try:
         log.info(said + _estimated(config, packs, n_jobs, ledger))
-        from headlab.training.pack.train import train_members  # torch and Lightning, once every job is checked
+        with runtime.heavy_imports():  # torch and Lightning, once every job is checked
+            from headlab.training.pack.train import train_members
 
         trained = [(pack.id, pack.members()) for pack in packs]
 

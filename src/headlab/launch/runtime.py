@@ -1,6 +1,11 @@
 """The OmegaConf resolvers headlab's configs use (SLURM resources, the benchmarks' folder), registered in one place,
 and YAML files parsed once a process (yaml_once): by each console script before Hydra composes a config, and by
-each process that composes or resolves one without it (a SLURM job, a pack's SLURM job)."""
+each process that composes or resolves one without it (a SLURM job, a pack's SLURM job). And how a process imports
+torch and Lightning (heavy_imports)."""
+
+import contextlib
+import gc
+import sys
 
 from omegaconf import OmegaConf
 
@@ -29,3 +34,21 @@ def configure() -> None:
     OmegaConf.register_new_resolver("headlab.data_dir", lambda: str(data_dir()), replace=True)
     OmegaConf.register_new_resolver("headlab.or", lambda value, default: value or default, replace=True)
     yaml_once.install()
+
+
+@contextlib.contextmanager
+def heavy_imports():
+    """Around the import of torch, Lightning and headlab's training: Python's cyclic garbage collector held off
+    while the block runs, and, where it imported anything, every object then alive frozen out of the collector's
+    later passes (gc.freeze). Those modules make millions of objects that live as long as the process: the
+    collector's full passes over them, as they import and again during a run, cost a run of a few seconds a
+    quarter of its CPU time. A process forked afterwards (a pack's worker, a forked rank) finds them frozen too."""
+    modules, enabled = len(sys.modules), gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if len(sys.modules) > modules:
+            gc.freeze()
+        if enabled:
+            gc.enable()

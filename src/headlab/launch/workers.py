@@ -25,7 +25,7 @@ from headlab.launch import console
 
 log = logging.getLogger("headlab")
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's, as the parent logs
-PRELOAD = ["headlab.training.pack.train"]  # what the forkserver imports once: torch, Lightning, the pack's training
+PRELOAD = ["headlab.launch.forkserver_preload"]  # what the forkserver imports once: torch, Lightning, the training
 
 
 class RemoteTraceback(Exception):

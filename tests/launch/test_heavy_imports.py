@@ -1,0 +1,49 @@
+"""torch, Lightning and headlab's training imported without the garbage collector's passes over them: held off
+while they import, their objects frozen out of later passes (runtime.heavy_imports), in a run's process and in
+every pack worker the forkserver forks."""
+
+import subprocess
+import sys
+
+from conftest import cli_env
+
+FRESH = """
+import gc, sys
+from headlab.launch import runtime
+
+with runtime.heavy_imports():
+    during = gc.isenabled()
+    import headlab.training.pack.train
+frozen = gc.get_freeze_count()
+gc.disable()
+with runtime.heavy_imports():
+    import headlab.training.pack.train  # imported already: nothing new to freeze
+print(during, gc.isenabled(), frozen, gc.get_freeze_count() - frozen, "lightning.pytorch" in sys.modules)
+"""
+
+WORKER = """
+import gc, multiprocessing
+from headlab.launch import workers
+
+context = multiprocessing.get_context("forkserver")
+context.set_forkserver_preload(workers.PRELOAD)
+with context.Pool(1) as pool:
+    print(pool.apply(gc.get_freeze_count), gc.get_freeze_count())
+"""
+
+
+def fresh(code: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_the_heavy_imports_run_without_the_collector_and_leave_their_objects_frozen_and_it_as_it_was():
+    during, after, frozen, again, imported = fresh(FRESH)
+    assert (during, after, imported) == ("False", "False", "True")  # held off, then as it was (here: disabled)
+    assert int(frozen) > 100_000 and int(again) == 0  # torch's and Lightning's objects; none the second time
+
+
+def test_a_pack_worker_starts_with_torch_and_lightning_imported_and_frozen_by_its_forkserver():
+    in_worker, in_launcher = map(int, fresh(WORKER))
+    assert in_worker > 100_000 and in_launcher == 0  # imported and frozen in the forkserver, not in the launcher
