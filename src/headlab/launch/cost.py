@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.launch import console, schedule
+from headlab.launch import console, runtime, schedule
 from headlab.training import allocator
 
 WARM_UP, TIMED = 2, 5  # untimed then timed repetitions of each measured step
@@ -254,9 +254,11 @@ def costs(configs: list[DictConfig], threads: int, members: list[int] | None = N
     are (Cost.step_s None). The process is first set as a run's: what timing says goes where a run's notes go
     (matplotlib's and Lightning's to the log file only: console.quiet), and malloc keeps freed memory (allocator:
     else a step's large buffers, a batched pack's most, are faulted in again at every timed step, and a pack's way
-    is timed unlike it then runs)."""
+    is timed unlike it then runs), with torch and Lightning imported as a run imports them (runtime.heavy_imports)."""
     console.quiet()
     allocator.keep_freed_memory()
+    with runtime.heavy_imports():
+        import headlab.training.pack.train  # noqa: F401  (what measure imports: torch, Lightning, the pack's modules)
     sizes: dict[str, set[int]] = {}
     for cfg, n in zip(configs, members or [1] * len(configs), strict=True):
         sizes.setdefault(shape(cfg), set()).add(n)
