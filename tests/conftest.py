@@ -20,6 +20,7 @@ if "HEADLAB_CACHE" not in os.environ:  # the suite prepares data in a cache of i
     os.environ["HEADLAB_CACHE"] = tempfile.mkdtemp(prefix="headlab-tests-cache-")
     atexit.register(shutil.rmtree, os.environ["HEADLAB_CACHE"], True)
 
+from headlab.launch import runtime  # noqa: E402
 from hydra_plugins.headlab_launcher import register  # noqa: E402
 
 register()  # configs composed in a test compose as in the CLI: headlab's resolvers and launchers
@@ -38,6 +39,14 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(len(share))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The test modules import torch, Lightning and the rest as a headlab process imports them (runtime.heavy_imports):
+    the garbage collector's passes during the tests after do not walk their objects again and again."""
+    with runtime.heavy_imports():
+        return (yield)
 
 
 def pytest_collection_modifyitems(items):
