@@ -28,9 +28,10 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
     designs = f"+design={','.join(DESIGNS)}"
     analysis = ["callbacks.attention.analysis_batches=2", "callbacks.attention.causal_batches=2"]  # two of each: the
     # head analysis over batches, as many as its assertions need (20 and 4 by default)
-    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *COMMON, *analysis, "hydra.sweep.dir=packed")
+    common = [*COMMON, "trainer.max_epochs=1"]  # eight steps: a member's every step is its single run's
+    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *analysis, "hydra.sweep.dir=packed")
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("-m", designs, "seed=1", *COMMON, "callbacks.attention=null", "hydra.sweep.dir=alone")  # its
+    alone = run_cli("-m", designs, "seed=1", *common, "callbacks.attention=null", "hydra.sweep.dir=alone")  # its
     # numbers only: the head logging draws from no random stream training uses (the members' analysis: below)
     assert alone.returncode == 0, alone.stderr[-3000:]
     members, singles = records(tmp_path / "packed", 1), records(tmp_path / "alone", 1)
