@@ -40,9 +40,9 @@ def configure() -> None:
 def heavy_imports():
     """Around the import of torch, Lightning and headlab's training: Python's cyclic garbage collector held off
     while the block runs, and, where it imported anything, every object then alive frozen out of the collector's
-    later passes (gc.freeze). Those modules make millions of objects that live as long as the process: the
-    collector's full passes over them, as they import and again during a run, cost a run of a few seconds a
-    quarter of its CPU time. A process forked afterwards (a pack's worker, a forked rank) finds them frozen too."""
+    later passes (gc.freeze). Those modules make over half a million objects that live as long as the process:
+    the collector's full passes over them, as they import and again during a run, cost a run of a few seconds a
+    third of its CPU time. A process forked afterwards (a pack's worker, a forked rank) finds them frozen too."""
     modules, enabled = len(sys.modules), gc.isenabled()
     gc.disable()
     try:
