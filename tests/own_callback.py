@@ -1,7 +1,9 @@
 """A callback of a run's own (+callbacks.watch._target_=own_callback.Watch), reading what a callback written for a
 single run reads: its model's weights and gradients (pl_module.model), its metrics (trainer.callback_metrics) and
-loggers, logging through pl_module.log, and keeping its state in the run's checkpoints."""
+loggers, logging through pl_module.log, and keeping its state in the run's checkpoints. And one that says what the
+garbage collector holds as training starts (own_callback.Collector)."""
 
+import gc
 import json
 from pathlib import Path
 
@@ -36,3 +38,13 @@ class Watch(pl.Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.seen, self.first_gradient = state["seen"], state["first_gradient"]
+
+
+class Collector(pl.Callback):
+    """As training starts: how many objects the garbage collector has frozen and whether it is on, written to `out`."""
+
+    def __init__(self, out: str):
+        self.out = Path(out)
+
+    def on_train_start(self, trainer, pl_module):
+        self.out.write_text(json.dumps({"frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}))

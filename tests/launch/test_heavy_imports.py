@@ -2,10 +2,13 @@
 while they import, their objects frozen out of later passes (runtime.heavy_imports), in a run's process and in
 every pack worker the forkserver forks."""
 
+import json
 import subprocess
 import sys
 
-from conftest import cli_env
+import pytest
+
+from conftest import TESTS, TINY, cli_env, headlab_train
 
 FRESH = """
 import gc, sys
@@ -47,3 +50,15 @@ def test_the_heavy_imports_run_without_the_collector_and_leave_their_objects_fro
 def test_a_pack_worker_starts_with_torch_and_lightning_imported_and_frozen_by_its_forkserver():
     in_worker, in_launcher = map(int, fresh(WORKER))
     assert in_worker > 100_000 and in_launcher == 0  # imported and frozen in the forkserver, not in the launcher
+
+
+@pytest.mark.e2e
+def test_a_run_trains_with_torch_and_lightning_frozen_and_the_collector_on(tmp_path):
+    """headlab-train's process, as training starts (a callback of the run's own looks)."""
+    seen = tmp_path / "collector.json"
+    collector = ["+callbacks.gc._target_=own_callback.Collector", f"+callbacks.gc.out={seen}"]
+    env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI
+    done = headlab_train(*TINY, "logger=csv", *collector, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(seen.read_text())
+    assert state["frozen"] > 100_000 and state["enabled"] is True
