@@ -41,10 +41,13 @@ class Watch(pl.Callback):
 
 
 class Collector(pl.Callback):
-    """As training starts: how many objects the garbage collector has frozen and whether it is on, written to `out`."""
+    """As training starts: how many objects the garbage collector has frozen and whether it is on, written by each
+    rank to its own file in the folder `out` (rank0.json, ...)."""
 
     def __init__(self, out: str):
         self.out = Path(out)
 
     def on_train_start(self, trainer, pl_module):
-        self.out.write_text(json.dumps({"frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}))
+        self.out.mkdir(parents=True, exist_ok=True)
+        state = {"frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(state))

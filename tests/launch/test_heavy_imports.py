@@ -55,10 +55,10 @@ def test_a_pack_worker_starts_with_torch_and_lightning_imported_and_frozen_by_it
 @pytest.mark.e2e
 def test_a_run_trains_with_torch_and_lightning_frozen_and_the_collector_on(tmp_path):
     """headlab-train's process, as training starts (a callback of the run's own looks)."""
-    seen = tmp_path / "collector.json"
+    seen = tmp_path / "collector"
     collector = ["+callbacks.gc._target_=own_callback.Collector", f"+callbacks.gc.out={seen}"]
     env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI
     done = headlab_train(*TINY, "logger=csv", *collector, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    state = json.loads(seen.read_text())
+    state = json.loads((seen / "rank0.json").read_text())
     assert state["frozen"] > 100_000 and state["enabled"] is True

@@ -118,13 +118,22 @@ def test_forked_ranks_on_a_many_core_host_do_not_hang_inside_a_multirun(tmp_path
 
 
 @pytest.mark.e2e
-def test_spawned_ranks_report_their_epochs_steps_and_curve(run_process, tmp_path):
-    result = run_process(*DDP, "trainer.strategy=ddp_spawn", "logger=csv", "hydra.run.dir=run")
+def test_spawned_ranks_report_their_epochs_steps_and_curve(tmp_path):
+    """Ranks Lightning spawns (ddp_spawn): the run's epochs, steps and curve; and each rank imported torch and
+    Lightning as a run's process imports them, frozen out of the garbage collector's passes, the collector on as
+    training starts (a callback of the run's own, own_callback.Collector, looks in each rank)."""
+    seen = tmp_path / "collector"
+    collector = ["+callbacks.gc._target_=own_callback.Collector", f"+callbacks.gc.out={seen}"]
+    env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
+    overrides = [*DDP, "trainer.strategy=ddp_spawn", "logger=csv", *collector, "hydra.run.dir=run"]
+    result = headlab_train(*overrides, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "completed" and {"val/acc_best", "test/acc"} <= results["metrics"].keys()
     assert (results["epochs"], results["global_step"]) == (1, 4)
     assert [(p["epoch"], p["step"]) for p in results["curve"]] == [(0, 4)]
+    ranks = [json.loads((seen / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(state["frozen"] > 100_000 and state["enabled"] is True for state in ranks), ranks
 
 
 def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):

@@ -5,6 +5,7 @@ reported in one line at once; a job's life (its run directory, its record, its e
 """
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import sys
@@ -133,6 +134,12 @@ def _mode_not_composed(multirun: bool):
     finally:
         Hydra.get_mode = composing
 
+
+if getattr(multiprocessing.current_process(), "_inheriting", False):  # as multiprocessing itself tells it (spawn.py)
+    # a rank that Lightning spawns (trainer.strategy=ddp_spawn) runs this module first, then imports torch and
+    # Lightning to unpickle its work: imported here before, as a run's process imports them
+    with runtime.heavy_imports():
+        import headlab.training.pack.train  # noqa: F401
 
 if __name__ == "__main__":  # python -m headlab.cli.train: run the imported module, the one the launchers use too
     from headlab.cli.train import cli as imported_cli
