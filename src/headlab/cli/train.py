@@ -136,8 +136,9 @@ def _mode_not_composed(multirun: bool):
 
 
 if getattr(multiprocessing.current_process(), "_inheriting", False):  # as multiprocessing itself tells it (spawn.py)
-    # a rank that Lightning spawns (trainer.strategy=ddp_spawn) runs this module first, then imports torch and
-    # Lightning to unpickle its work: imported here before, as a run's process imports them
+    # a process started by running this module first, to train next: a rank that Lightning spawns (ddp_spawn), which
+    # imports torch and Lightning as it unpickles its work, a worker of the local launcher (joblib's loky): they are
+    # imported here before, as a run's process imports them
     with runtime.heavy_imports():
         import headlab.training.pack.train  # noqa: F401
 
