@@ -239,6 +239,13 @@ def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_th
         step_losses(tmp_path / "a" / str(i)) for i in (0, 1)
     ]  # the same way: the same numbers, to the last bit
 
+    # sigmoid attention: the same parameters, another computation (the explicit path, not the fused kernel), timed
+    # for itself, not given the plain model's choice (which would then depend on which of the two ran here first)
+    other = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "+design=sigmoid", "hydra.sweep.dir=other")
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert len(list((tmp_path / "cache" / "pack_compute").glob("*.json"))) == 2
+    assert records(tmp_path / "other")[0]["pack"]["compute_step_s"] != seconds
+
 
 @pytest.mark.parametrize("debug", ["fast", "overfit"])
 def test_a_debug_run_trains_in_a_pack_as_alone(run_cli, tmp_path, debug):

@@ -210,7 +210,7 @@ def lightning_step_seconds(cfg: DictConfig, datamodule, model, members: int = 1)
     models = [model] if members == 1 else [copy.deepcopy(model) for _ in range(members)]
     optim = [OmegaConf.to_container(cfg.optim)] * members
     module = PackedModule(models, optim, compile=bool(cfg.model.get("compile")), compute=compute.asked(cfg))
-    choice = [compute.ComputeChoice(None)] if compute.to_measure(cfg, members) else []
+    choice = [compute.ComputeChoice(None, cfg)] if compute.to_measure(cfg, members) else []
     with _quiet():
         trainer = pl.Trainer(
             accelerator="cpu", devices=1, precision=cfg.trainer.get("precision", "32-true"), max_steps=steps,

@@ -6,8 +6,9 @@ the fused kernel, turn on the shapes and on the machine. `auto` takes the batche
 times both ways on the pack's first training batch and keeps the faster, for the whole pack (its validation, test
 and head analysis too), unless the members draw dropout masks (each then draws its single run's, one after another)
 or are compiled.
-The ways round differently: a choice is kept in $HEADLAB_CACHE/pack_compute for the machine, the threads and the
-pack's shapes, so that the same command computes the same numbers each time it runs here (delete it to time again).
+The ways round differently: a choice is kept in $HEADLAB_CACHE/pack_compute for the machine, the threads, the pack's
+shapes and what its members compute (their model's config: designs of the same parameters compute differently), so
+that the same command computes the same numbers each time it runs here, whatever ran before (delete it to time again).
 The dry run and the packed launcher's estimate time a pack's step through the same callback (headlab.launch.cost),
 so that a pack usually finds its choice kept, made before it started, by the timing its price came from.
 """
@@ -72,12 +73,18 @@ def seconds_a_step(module, batch: dict) -> dict[str, float]:
     return seconds
 
 
-def kept_path(module, batch: dict) -> Path:
+def computation(cfg: DictConfig) -> dict:
+    """What a pack's members compute beyond their parameters' shapes: their model's config (its scoring, normaliser,
+    position, gates: designs of one parameter count differ in it) and the trainer's precision."""
+    return {"model": OmegaConf.to_container(cfg.model, resolve=True), "precision": str(cfg.trainer.get("precision"))}
+
+
+def kept_path(module, batch: dict, computes: dict) -> Path:
     """Where the choice for this CPU (its model, flags and cores), torch, thread count, pack (its parameters' shapes
-    and precision, its members) and batch shape is kept."""
+    and precision, its members, what they compute: computation) and batch shape is kept."""
     stack = module.stack
     said = [cpu_identity(), os.cpu_count(), torch.__version__, torch.get_num_threads()]
-    said += [stack.names, stack.shapes, str(stack.flat.dtype), stack.size, list(batch["tokens"].shape)]
+    said += [stack.names, stack.shapes, str(stack.flat.dtype), stack.size, list(batch["tokens"].shape), computes]
     digest = hashlib.sha256(json.dumps(said, default=str).encode()).hexdigest()[:24]
     return cache_root() / "pack_compute" / f"{digest}.json"
 
@@ -94,18 +101,18 @@ def kept(path: Path) -> dict[str, float] | None:
 
 class ComputeChoice(pl.Callback):
     """pack.compute=auto where the pack times both ways (to_measure): at its first training batch the faster is kept,
-    as timed here before for the same shapes (kept_path) or timed now; with several ranks none is timed (each rank
-    would choose for itself), and the CPU's way, each, is kept."""
+    as timed here before for the same shapes and computation (kept_path) or timed now; with several ranks none is
+    timed (each rank would choose for itself), and the CPU's way, each, is kept. cfg: the pack's (its members')."""
 
-    def __init__(self, pack_id: str | None):
-        self.pack_id = pack_id
+    def __init__(self, pack_id: str | None, cfg: DictConfig):
+        self.pack_id, self.computes = pack_id, computation(cfg)
         self.seconds: dict[str, float] | None = None
         self.cached = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.seconds is not None or trainer.world_size > 1:
             return
-        path = kept_path(pl_module, batch)
+        path = kept_path(pl_module, batch, self.computes)
         self.seconds = kept(path)
         self.cached = self.seconds is not None
         if not self.cached:

@@ -249,7 +249,7 @@ def pack_module(members: list[Member], pack_id: str | None) -> tuple[PackedModul
     models, streams = [m.module.model for m in members], [m.stream for m in members]
     hparams = [m.module.hparams for m in members]
     module = PackedModule(models, hparams, streams, bool(cfg.model.get("compile")), compute.asked(cfg))
-    return module, compute.ComputeChoice(pack_id) if compute.to_measure(cfg, len(members)) else None
+    return module, compute.ComputeChoice(pack_id, cfg) if compute.to_measure(cfg, len(members)) else None
 
 
 def train_pack(
