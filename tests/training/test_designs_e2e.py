@@ -23,25 +23,42 @@ def records(sweep: Path, seed: int) -> dict[str, dict]:
 @pytest.mark.e2e
 def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path):
     """Each design packed with a second seed of itself (designs differ in their config, so each is a pack of its
-    own: two members), its seed-1 member against the same run alone."""
+    own: two members), computed each way (batched: one vmap computation over the members, the explicit attention
+    path; each: one after another on views of the stacked parameters), its seed-1 member against the same run alone
+    (its model's own kernels)."""
     assert {"plain", "gate_headwise", "differential", "sigmoid", "latent_kv", "latent_kv_8"} <= set(DESIGNS)
     designs = f"+design={','.join(DESIGNS)}"
     analysis = ["callbacks.attention.analysis_batches=2", "callbacks.attention.causal_batches=2"]  # two of each: the
     # head analysis over batches, as many as its assertions need (20 and 4 by default)
     common = [*COMMON, "trainer.max_epochs=1"]  # eight steps: a member's every step is its single run's
-    packed = run_cli("-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *analysis, "hydra.sweep.dir=packed")
+    packed = run_cli(  # batched, not auto: the way each design computes is not left to a timing
+        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *analysis, "pack.compute=batched",
+        "hydra.sweep.dir=packed",
+    )  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-3000:]
-    alone = run_cli("-m", designs, "seed=1", *common, "callbacks.attention=null", "hydra.sweep.dir=alone")  # its
-    # numbers only: the head logging draws from no random stream training uses (the members' analysis: below)
+    numbers_only = ["callbacks.attention=null"]  # the head logging draws from no random stream training uses (the
+    # members' analysis: below)
+    each = run_cli(
+        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *numbers_only, "pack.compute=each",
+        "hydra.sweep.dir=each",
+    )  # fmt: skip
+    assert each.returncode == 0, each.stderr[-3000:]
+    alone = run_cli("-m", designs, "seed=1", *common, *numbers_only, "hydra.sweep.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
-    members, singles = records(tmp_path / "packed", 1), records(tmp_path / "alone", 1)
-    assert sorted(members) == sorted(singles) == sorted(records(tmp_path / "packed", 0)) == DESIGNS
-    for design, member in members.items():
-        assert member["status"] == singles[design]["status"] == "completed", design
-        assert member["pack"]["size"] == 2 and "pack" not in singles[design], design
-        # float32 on a CPU, the same seed: the pack's member is its single run (to rounding)
-        assert member["metrics"]["test/loss"] == pytest.approx(singles[design]["metrics"]["test/loss"], abs=1e-4)
-        assert member["params"] == singles[design]["params"] and member["flops_per_token"] > 0
+    singles = records(tmp_path / "alone", 1)
+    assert sorted(singles) == sorted(records(tmp_path / "packed", 0)) == DESIGNS
+    for way in ("batched", "each"):
+        members = records(tmp_path / ("packed" if way == "batched" else way), 1)
+        assert sorted(members) == DESIGNS
+        for design, member in members.items():
+            assert member["status"] == singles[design]["status"] == "completed", (way, design)
+            assert member["pack"]["size"] == 2 and member["pack"]["compute"] == way, (way, design)
+            assert "pack" not in singles[design], design
+            # float32 on a CPU, the same seed: the pack's member is its single run (to rounding)
+            single = singles[design]["metrics"]["test/loss"]
+            assert member["metrics"]["test/loss"] == pytest.approx(single, abs=1e-4), (way, design)
+            assert member["params"] == singles[design]["params"] and member["flops_per_token"] > 0
+    members = records(tmp_path / "packed", 1)
 
     plain = members["plain"]
     assert members["latent_kv"]["params"]["attention"] < plain["params"]["attention"]
