@@ -1,11 +1,14 @@
-"""A sweep's jobs composed once per group of jobs that differ only in per-member values (headlab.launch.compose):
-every job's config equal to Hydra's own composition of it."""
+"""A sweep's jobs composed once per group of jobs that differ only in per-member values (headlab.launch.compose),
+and a single run composed once (headlab.cli.train): every config equal to Hydra's own composition of it."""
 
+import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from conftest import TINY, train_here
+from headlab.cli import train
 from headlab.launch.compose import compose_jobs
 
 
@@ -41,3 +44,25 @@ def test_every_job_composed_once_a_group_is_the_config_hydra_composes_for_it():
         assert OmegaConf.to_container(cfg) == OmegaConf.to_container(hydras), job
     assert ours[1].optim.lr == 3e-4 and ours[0].optim.lr == 1e-3 and ours[1].data.seed == 3 and ours[1].seed == 0
     assert ours[0].hydra.job.override_dirname == "model.attention.n_heads=1,optim.lr=0.001,seed=0"
+
+
+@pytest.mark.parametrize("given", [[], ["hydra.mode=RUN"]], ids=["mode unsaid", "mode=RUN"])
+def test_a_run_is_composed_once_into_the_config_hydra_composes_for_it(monkeypatch, tmp_path, given):
+    """headlab-train without -m: Hydra reads hydra.mode from a composition of its own, then composes the run's config
+    again; headlab-train composes once and runs that, and the run's .hydra files are what Hydra alone writes."""
+    counted = []
+    load = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda *a, **k: counted.append(1) or load(*a, **k))
+    overrides = [*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", *given, "hydra.run.dir=run"]
+    written = {}
+    for way in ("headlab", "hydra"):
+        if way == "hydra":  # Hydra's own get_mode: the composition of its own, then the run's
+            monkeypatch.setattr(train, "_mode_of_the_run", lambda hydra, get_mode, **given: get_mode(hydra, **given))
+        counted.clear()
+        (tmp_path / way).mkdir()
+        assert train_here(*overrides, cwd=tmp_path / way).returncode == 0
+        assert len(counted) == (1 if way == "headlab" else 2)
+        files = sorted((tmp_path / way / "run" / ".hydra").iterdir())
+        written[way] = {f.name: f.read_text().replace(str(tmp_path / way), "<cwd>") for f in files}
+    assert written["headlab"] == written["hydra"]
+    assert "- hydra.mode=RUN" in written["headlab"]["hydra.yaml"]

@@ -5,6 +5,7 @@ reported in one line at once; a job's life (its run directory, its record, its e
 """
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import signal
@@ -109,7 +110,7 @@ def cli() -> None:
         busy = f"{line.split(' too:', 1)[0]}: this dry run's times are measured beside it" if dry_run else line
         print(f"headlab-train: {busy}", file=sys.stderr)
     try:
-        with _mode_not_composed(any(a in ("-m", "--multirun") for a in sys.argv[1:])):
+        with _composed_once(any(a in ("-m", "--multirun") for a in sys.argv[1:])):
             main()
     except Exception as error:
         message = None if job_.tracebacks() else one_line(error)
@@ -120,20 +121,55 @@ def cli() -> None:
 
 
 @contextlib.contextmanager
-def _mode_not_composed(multirun: bool):
-    """With -m, Hydra's composition of the whole config only to read hydra.mode (Hydra.get_mode, 0.1-0.3 s before
-    the jobs are composed) is skipped: the command is a multirun whatever the config says (Hydra would only warn
-    where it said RUN). Without -m it is read, as an experiment's hydra.mode: MULTIRUN makes one a sweep."""
-    if not multirun:
-        yield
-        return
+def _composed_once(multirun: bool):
+    """Hydra composes the whole config (0.1-0.3 s) to read hydra.mode (Hydra.get_mode), then again to run it. With -m
+    that first composition is skipped: the command is a multirun whatever the config says (Hydra would only warn
+    where it said RUN). Without -m, the mode is read from the composition the run then gets (_mode_of_the_run)."""
     composing = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # None and -m: Hydra runs it as a multirun
+    Hydra.get_mode = (
+        (lambda self, config_name, overrides: None)  # None and -m: Hydra runs it as a multirun
+        if multirun
+        else functools.partialmethod(_mode_of_the_run, composing)
+    )
     try:
         yield
     finally:
         Hydra.get_mode = composing
 
+
+def _mode_of_the_run(hydra: Hydra, get_mode, config_name: str | None, overrides: list[str]):
+    """hydra.mode as Hydra.run composes the config, that composition kept for Hydra.run (the loader's next
+    load_configuration, where it asks for the same one): where the config names no mode, Hydra runs it with
+    hydra.mode=RUN added to the overrides, which is applied to the kept config as Hydra applies it; where an
+    experiment says MULTIRUN, the sweep composes its own. Where it cannot compose so (a sweep's a,b without -m, which
+    a MULTIRUN experiment allows), Hydra's own get_mode reads the mode."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    loader = hydra.config_loader
+    try:
+        cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN)
+    except Exception:
+        return get_mode(hydra, config_name, overrides)
+    mode = cfg.hydra.mode
+    if mode == RunMode.MULTIRUN:
+        return mode
+    run_overrides = list(overrides)
+    if mode is None:  # Hydra's _run_app adds hydra.mode=RUN to the overrides it runs with
+        run_overrides.append("hydra.mode=RUN")
+        added = OverridesParser.create().parse_overrides(run_overrides[-1:])
+        ConfigLoaderImpl._apply_overrides_to_config(added, cfg)
+        cfg.hydra.overrides.hydra.append(run_overrides[-1])
+    load = loader.load_configuration
+
+    def kept(*args, **given):
+        loader.load_configuration = load  # once
+        asked = (given.get("config_name"), given.get("overrides"), given.get("run_mode"))
+        return cfg if not args and asked == (config_name, run_overrides, RunMode.RUN) else load(*args, **given)
+
+    loader.load_configuration = kept
+    return mode
 
 if getattr(multiprocessing.current_process(), "_inheriting", False):  # as multiprocessing itself tells it (spawn.py)
     # a process started by running this module first, to train next: a rank that Lightning spawns (ddp_spawn), which
