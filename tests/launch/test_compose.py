@@ -1,6 +1,8 @@
 """A sweep's jobs composed once per group of jobs that differ only in per-member values (headlab.launch.compose),
 and a single run composed once (headlab.cli.train): every config equal to Hydra's own composition of it."""
 
+import json
+
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
@@ -66,3 +68,22 @@ def test_a_run_is_composed_once_into_the_config_hydra_composes_for_it(monkeypatc
         written[way] = {f.name: f.read_text().replace(str(tmp_path / way), "<cwd>") for f in files}
     assert written["headlab"] == written["hydra"]
     assert "- hydra.mode=RUN" in written["headlab"]["hydra.yaml"]
+
+
+def test_a_sweeps_jobs_are_composed_once_a_group_where_the_basic_launcher_runs_them(monkeypatch, tmp_path):
+    """Hydra's basic sweeper composes every job to check it before the first one runs, and its basic launcher each
+    again to run it: headlab's grid sweeper composes once a group of jobs that differ only in per-member values,
+    and the basic launcher runs each job on its own composition."""
+    counted = []
+    load = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda *a, **k: counted.append(1) or load(*a, **k))
+    quick = [*TINY, "trainer.max_epochs=1", "logger=csv", "callbacks.attention=null", "hydra.sweep.dir=sweep"]
+    done = train_here("-m", *quick, "model.attention.n_heads=1,2", "seed=0,1,2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(counted) == 1 + 2  # the sweep's own config, then one a head count (Hydra's sweeper: 1 + 6 + 6)
+    for job in range(6):
+        hydra = tmp_path / "sweep" / str(job) / ".hydra"
+        given = dict(line[2:].split("=") for line in (hydra / "overrides.yaml").read_text().splitlines())
+        cfg = OmegaConf.load(hydra / "config.yaml")
+        assert (cfg.seed, cfg.model.attention.n_heads) == (int(given["seed"]), int(given["model.attention.n_heads"]))
+        assert json.loads((hydra.parent / "results.json").read_text())["seed"] == cfg.seed

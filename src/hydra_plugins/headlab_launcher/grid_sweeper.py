@@ -28,6 +28,8 @@ class GridSweeper(Sweeper):
         self.config = config
         if getattr(self.grid.launcher, "composes_every_job_first", False):  # the packed launcher: composing each
             self.grid.validate_batch_is_legal = lambda batch: None  # job twice cost ~0.3 s a job (a resume too)
+        else:
+            self.grid.validate_batch_is_legal = self.composed_first
 
     def sweep(self, arguments: list[str]):
         from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep, sequential_sweep
@@ -66,6 +68,27 @@ class GridSweeper(Sweeper):
             returns.append(self.grid.launcher.launch(jobs, initial_job_idx=done))
             done += len(jobs)
         return returns
+
+    def composed_first(self, batch) -> None:
+        """Hydra's check that every job of a batch composes, before the first one runs (BasicSweeper composes each
+        job for it, and the launcher each again to run it), at one composition a group of jobs that differ only in
+        per-member values (headlab.launch.compose); Hydra's basic launcher, which composes each job here as it
+        runs it, is given these compositions (the loader's load_sweep_config, once a job), not composing twice."""
+        from headlab.launch.compose import compose_jobs
+
+        loader = self.grid.hydra_context.config_loader
+        composed = compose_jobs(loader, self.config, batch)
+        if type(self.grid.launcher).__name__ != "BasicLauncher":  # the others compose each job where it runs
+            return
+        kept = {tuple(job): cfg for job, cfg in zip(batch, composed, strict=True)}
+
+        def load_sweep_config(master_config, sweep_overrides):
+            cfg = kept.pop(tuple(sweep_overrides), None)
+            if not kept:
+                del loader.load_sweep_config  # the loader's own again
+            return cfg if cfg is not None else type(loader).load_sweep_config(loader, master_config, sweep_overrides)
+
+        loader.load_sweep_config = load_sweep_config
 
     def jobs(self, arguments: list[str]) -> list[list[str]]:
         """Each job's overrides, as the basic sweeper makes them from the sweeper's params and the arguments."""
