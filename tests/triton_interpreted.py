@@ -19,7 +19,7 @@ def padding_mask(lengths, n):
     return torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]  # (B, n), True = padding
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 37, 20, 12), (1, 2, 16, 16, 16), (2, 1, 5, 40, 33)])  # (B, H, n, d_k, d_v)
+@pytest.mark.parametrize("shape", [(2, 3, 21, 20, 12), (1, 2, 16, 16, 16), (2, 1, 5, 40, 33)])  # (B, H, n, d_k, d_v)
 def test_triton_additive_attention_equals_the_naive_formula_with_padding_and_gradients(shape):
     """Blocks of 16 queries, keys and d_k: sizes that end inside a block, d_v padded to 16, padded keys; against
     float64 autograd through the naive formula. fp32 sums over m keys and d_k terms, so the error is a few
