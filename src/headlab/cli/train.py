@@ -171,6 +171,7 @@ def _mode_of_the_run(hydra: Hydra, get_mode, config_name: str | None, overrides:
     loader.load_configuration = kept
     return mode
 
+
 if getattr(multiprocessing.current_process(), "_inheriting", False):  # as multiprocessing itself tells it (spawn.py)
     # a process started by running this module first, to train next: a rank that Lightning spawns (ddp_spawn), which
     # imports torch and Lightning as it unpickles its work, a worker of the local launcher (joblib's loky): they are
