@@ -87,3 +87,15 @@ def test_a_sweeps_jobs_are_composed_once_a_group_where_the_basic_launcher_runs_t
         cfg = OmegaConf.load(hydra / "config.yaml")
         assert (cfg.seed, cfg.model.attention.n_heads) == (int(given["seed"]), int(given["model.attention.n_heads"]))
         assert json.loads((hydra.parent / "results.json").read_text())["seed"] == cfg.seed
+
+
+def test_a_dry_run_composes_once_a_group_of_jobs_it_prices(monkeypatch, tmp_path):
+    """The default launcher's sweep of three seeds: one job a group to price, composed once for the three."""
+    counted = []
+    load = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda *a, **k: counted.append(1) or load(*a, **k))
+    quick = [*TINY, "logger=csv", "callbacks.attention=null", "hydra.sweep.dir=sweep"]
+    done = train_here("-m", *quick, "seed=0,1,2", "--dry-run", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(json.loads(done.stdout)["jobs"]) == 3
+    assert len(counted) == 1 + 1  # the sweep's own config, then the seeds' (Hydra's loader, a job each: 1 + 3)

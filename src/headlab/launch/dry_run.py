@@ -109,7 +109,8 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
         max_pack: int | None = None) -> list:  # fmt: skip
     """Print the dry run of these jobs (each its overrides) as the sweep's launcher would run them (packs of at
     most max_pack, the launcher's by default): lines for a person, or with sweep.dry_run=json one JSON object.
-    Hydra's config loader composes each pack's config. Returns the sweep's (empty) list of returns."""
+    Each pack's (or job's) config is composed as Hydra composes it, once for those that differ only in per-member
+    values (headlab.launch.compose). Returns the sweep's (empty) list of returns."""
     from headlab.config.check import check_config
 
     as_object = str(OmegaConf.select(config, "sweep.dry_run")) == "json"
@@ -120,7 +121,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             launcher = config.hydra.launcher
             max_pack = max_pack or int(launcher.get("max_pack") or 1)
             groups = pack_groups(jobs, packed, max_pack)
-            configs = [loader.load_sweep_config(config, group[0]) for group in groups]
+            configs = compose_jobs(loader, config, [group[0] for group in groups])  # once a group of seeds, ...
             for cfg in configs:  # what each job would refuse, before any data is prepared to time it
                 check_config(cfg)
             n_jobs = int(launcher.get("n_jobs") or 1)
