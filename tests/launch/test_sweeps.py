@@ -438,6 +438,7 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
     assert written == []  # timed as the run makes it (heads.json, the head view) in a folder removed after
 
 
+@pytest.mark.e2e  # the real CLI in a process of its own
 def test_a_dry_run_says_its_own_lines_not_the_notes_of_what_it_times(tmp_path):
     """Timing a run's figures loads matplotlib's fonts, whose notes (a math font missing here, replaced; once a
     process) go where a run's notes go, its log file: a packed dry run in a process of its own says its lines alone."""

@@ -64,6 +64,7 @@ def test_training_steps_reuse_their_memory_without_page_faults():
         assert returned >= pages
 
 
+@pytest.mark.e2e  # the real CLI in a process of its own
 def test_a_dry_run_times_the_steps_with_malloc_set_as_the_runs_set_it(tmp_path):
     """The dry run (and the packed launcher's estimate, which measures as it does: headlab.launch.cost) times a
     run's and a pack's steps in its own process: with glibc's defaults there, a batched pack's large buffers were
