@@ -138,14 +138,15 @@ def _composed_once(multirun: bool):
 
 
 def _mode_of_the_run(hydra: Hydra, get_mode, config_name: str | None, overrides: list[str]):
-    """hydra.mode as Hydra.run composes the config, that composition kept for Hydra.run (the loader's next
-    load_configuration, where it asks for the same one): where the config names no mode, Hydra runs it with
-    hydra.mode=RUN added to the overrides, which is applied to the kept config as Hydra applies it; where an
-    experiment says MULTIRUN, the sweep composes its own. Where it cannot compose so (a sweep's a,b without -m, which
-    a MULTIRUN experiment allows), Hydra's own get_mode reads the mode."""
+    """hydra.mode as Hydra.run composes the config, that composition handed over to Hydra.run (hand_over): where the
+    config names no mode, Hydra runs it with hydra.mode=RUN added to the overrides, which is applied to the kept
+    config as Hydra applies it; where an experiment says MULTIRUN, the sweep composes its own. Where it cannot compose
+    so (a sweep's a,b without -m, which a MULTIRUN experiment allows), Hydra's own get_mode reads the mode."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
+
+    from headlab.launch.compose import hand_over
 
     loader = hydra.config_loader
     try:
@@ -161,15 +162,14 @@ def _mode_of_the_run(hydra: Hydra, get_mode, config_name: str | None, overrides:
         added = OverridesParser.create().parse_overrides(run_overrides[-1:])
         ConfigLoaderImpl._apply_overrides_to_config(added, cfg)
         cfg.hydra.overrides.hydra.append(run_overrides[-1])
-    load = loader.load_configuration
-
-    def kept(*args, **given):
-        loader.load_configuration = load  # once
-        asked = (given.get("config_name"), given.get("overrides"), given.get("run_mode"))
-        return cfg if not args and asked == (config_name, run_overrides, RunMode.RUN) else load(*args, **given)
-
-    loader.load_configuration = kept
+    kept = {(config_name, tuple(run_overrides), RunMode.RUN): cfg}
+    hand_over(loader, "load_configuration", kept, _composition_asked)
     return mode
+
+
+def _composition_asked(config_name=None, overrides=(), run_mode=None, **how) -> tuple:
+    """Which config ConfigLoader.load_configuration is asked for (Hydra.compose_config names its arguments)."""
+    return config_name, tuple(overrides), run_mode
 
 
 if getattr(multiprocessing.current_process(), "_inheriting", False):  # as multiprocessing itself tells it (spawn.py)

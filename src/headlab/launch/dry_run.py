@@ -121,7 +121,7 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             launcher = config.hydra.launcher
             max_pack = max_pack or int(launcher.get("max_pack") or 1)
             groups = pack_groups(jobs, packed, max_pack)
-            configs = compose_jobs(loader, config, [group[0] for group in groups])  # once a group of seeds, ...
+            configs = compose_jobs(loader, config, [group[0] for group in groups])
             for cfg in configs:  # what each job would refuse, before any data is prepared to time it
                 check_config(cfg)
             n_jobs = int(launcher.get("n_jobs") or 1)

@@ -73,22 +73,15 @@ class GridSweeper(Sweeper):
         """Hydra's check that every job of a batch composes, before the first one runs (BasicSweeper composes each
         job for it, and the launcher each again to run it), at one composition a group of jobs that differ only in
         per-member values (headlab.launch.compose); Hydra's basic launcher, which composes each job here as it
-        runs it, is given these compositions (the loader's load_sweep_config, once a job), not composing twice."""
-        from headlab.launch.compose import compose_jobs
+        runs it, is given these compositions (hand_over), not composing twice; the local and SLURM launchers compose
+        each job in the process that runs it."""
+        from headlab.launch.compose import compose_jobs, hand_over
 
         loader = self.grid.hydra_context.config_loader
         composed = compose_jobs(loader, self.config, batch)
-        if type(self.grid.launcher).__name__ != "BasicLauncher":  # the others compose each job where it runs
-            return
-        kept = {tuple(job): cfg for job, cfg in zip(batch, composed, strict=True)}
-
-        def load_sweep_config(master_config, sweep_overrides):
-            cfg = kept.pop(tuple(sweep_overrides), None)
-            if not kept:
-                del loader.load_sweep_config  # the loader's own again
-            return cfg if cfg is not None else type(loader).load_sweep_config(loader, master_config, sweep_overrides)
-
-        loader.load_sweep_config = load_sweep_config
+        if type(self.grid.launcher).__name__ == "BasicLauncher":  # by name: Hydra's plugin scan reloads its class
+            kept = {tuple(job): cfg for job, cfg in zip(batch, composed, strict=True)}
+            hand_over(loader, "load_sweep_config", kept, lambda master_config, overrides: tuple(overrides))
 
     def jobs(self, arguments: list[str]) -> list[list[str]]:
         """Each job's overrides, as the basic sweeper makes them from the sweeper's params and the arguments."""
