@@ -33,8 +33,9 @@ def test_quick_bench_writes_every_section(tmp_path, monkeypatch, capsys):
     assert "On one thread, as packs and sweeps of several jobs run, the native dropout kernel" in text
     assert "with malloc keeping freed memory, as headlab's runs set it" in text
     assert "| additive, fused |" in text and "| additive, fused, torch ops |" in text
-    assert "| compiled tokens/s | ceiling tokens/s (ratio) |" in text
-    assert re.search(r" \| not measured \| [\d,]+ \([\d.]+x\) \|\n", text)  # --quick compiles nothing
+    assert "| compiled tokens/s | ceiling at the peak tokens/s (ratio) | its matmuls alone tokens/s (ratio) |" in text
+    assert re.search(r" \| not measured \| [\d,]+ \([\d.]+x\) \| [\d,]+ \([\d.]+x\) \|\n", text)  # --quick compiles
+    # nothing
     for scope in ("one layer", "4-layer encoder"):
         assert f"| {scope} | additive, native kernels |" in text and f"| {scope} | additive, torch ops |" in text
 
@@ -89,4 +90,24 @@ def test_a_packs_ceiling_is_its_training_flops_at_the_matmul_peak():
     assert row["ceiling_tokens_per_s"] == pytest.approx(100e9 / flops)
     assert row["ceiling_ratio"] == pytest.approx(row["ceiling_tokens_per_s"] / row["solo_tokens_per_s"])
     said = report.cpu_packs([row])
-    assert said[-1].endswith(f"| {row['ceiling_tokens_per_s']:,.0f} ({row['ceiling_ratio']:.2f}x) |")
+    assert f"| {row['ceiling_tokens_per_s']:,.0f} ({row['ceiling_ratio']:.2f}x) |" in said[-1]
+    assert said[-1].endswith(f"| {row['matmuls_tokens_per_s']:,.0f} ({row['matmuls_ratio']:.2f}x) |")
+    assert row["matmuls_ratio"] == pytest.approx(row["matmuls_tokens_per_s"] / row["solo_tokens_per_s"])
+
+
+def test_a_packs_matmuls_alone_are_every_linear_layers_three_products_and_its_attention():
+    """What the matmuls-alone ceiling computes: for each Linear of the default run's model (in -> out, on M = B n
+    rows), its forward (M, in) x (in, out) and its gradients' (M, out) x (out, in) and (out, M) x (M, in), and the
+    attention's fused call on (B, H, n, d_k), written out from the model's sizes."""
+    from headlab.cli.bench import matmuls, packing
+
+    shape, cpu = packing.SHAPES["default run"], torch.device("cpu")
+    model = packing._models(shape, 1, cpu)[0]
+    M, B, n, d = shape["batch"] * shape["n"], shape["batch"], shape["n"], shape["d_model"]
+    expected = {}
+    for layer in (m for m in model.modules() if isinstance(m, torch.nn.Linear)):
+        i, o = layer.in_features, layer.out_features
+        for a, b in (((M, i), (i, o)), ((M, o), (o, i)), ((o, M), (M, i))):
+            expected[("product", (a, b))] = expected.get(("product", (a, b)), 0) + 1
+    expected[("attention", ((B, 4, n, d // 4),) * 3)] = 1
+    assert dict(matmuls.recorded(packing.solo_steps(shape, 1, cpu))) == expected

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from headlab.cli.bench import matmuls
 from headlab.cli.bench.commands import TRAIN
 from headlab.cli.bench.timing import synchronized
 from headlab.files import write_text_atomic
@@ -137,7 +138,9 @@ def pack_throughput(
     computation, torch.func.vmap), the pack's own being the one pack.compute=auto chooses by a timing of its own
     (compute.timed, not the figures reported); and compiled (model.compile=true, its compilation untimed).
     peak: the machine's matmul GFLOP/s, where measured: each row's ceiling, the tokens/s of a step that were its
-    training FLOPs alone (headlab.model.flops_per_token) at that peak, the most any way of packing could reach."""
+    training FLOPs alone (headlab.model.flops_per_token) at that peak. On a CPU, beside it, the step's matmuls
+    alone at their own shapes for the E members (matmuls.alone), timed with the others: the most any way of
+    packing could reach here."""
     rows = []
     for name in shapes:
         shape = SHAPES[name]
@@ -146,6 +149,8 @@ def pack_throughput(
             steps = {}
             if E <= 16 or device.type == "cuda":
                 steps["one at a time"] = synchronized(solo_steps(shape, E, device), device)
+            if device.type == "cpu":
+                steps["matmuls alone"] = matmuls.alone(solo_steps(shape, 1, device), E)
             if device.type == "cpu" and E > 1:
                 steps["each"] = synchronized(pack_step(shape, E, device, "each"), device)
                 steps["vmap"] = synchronized(pack_step(shape, E, device, "batched"), device)
@@ -175,6 +180,9 @@ def pack_throughput(
                 row["ratio"] = seconds["one at a time"] / seconds[packed]
                 if ceiling:
                     row["ceiling_tokens_per_s"], row["ceiling_ratio"] = ceiling, ceiling / row["solo_tokens_per_s"]
+                if "matmuls alone" in seconds:
+                    row["matmuls_tokens_per_s"] = tokens / seconds["matmuls alone"]
+                    row["matmuls_ratio"] = seconds["one at a time"] / seconds["matmuls alone"]
             for path in ("each", "vmap", "compiled"):
                 if path in seconds:
                     row[f"{path}_tokens_per_s"] = tokens / seconds[path]
