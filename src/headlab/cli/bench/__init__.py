@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     quick = args.quick
 
     def peak() -> float:  # what the encoder's rows are a share of (micro.encoder_throughput reads args.peak)
-        args.peak = timing.matmul_peak(repeats=args.repeats)
+        args.peak = timing.matmul_peak()
         return args.peak
 
     sizes, shapes = ((1, 4), ("default run",)) if quick else ((1, 4, 16), tuple(packing.SHAPES))

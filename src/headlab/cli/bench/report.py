@@ -103,7 +103,7 @@ def report(r: dict, args) -> str:
         "",
         f"Written by `{r['command']}` on {r['date']}.",
         f"Machine: {r['machine']}.",
-        f"Matmul peak (fp32, 1024 x 1024): {r['peak']:.0f} GFLOP/s.",
+        f"Matmul peak (fp32, 1024 x 1024, its fastest call): {r['peak']:.0f} GFLOP/s.",
         "",
         "Medians of interleaved repeats; ratios compare runs measured side by side in the same process.",
         *([times_line(r["times"])] if r.get("times") else []),

@@ -33,7 +33,7 @@ from headlab.model.kernels import cpu_identity
 from headlab.timing import interleaved
 
 log = logging.getLogger("headlab")
-REPEATS = 3  # timed forward and backward passes of each way, after one untimed
+REPEATS = 5  # timed forward and backward passes of each way, after one untimed (the median of 5 holds on a busy CPU)
 
 
 def asked(cfg: DictConfig) -> str:
