@@ -12,6 +12,8 @@ import torch
 
 from headlab.training.cores import usable_cores
 
+CPU = torch.device("cpu")
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (a no-op on the CPU, where every op has finished when it returns)."""
@@ -29,17 +31,20 @@ def synchronized(step, device: torch.device):
     return run
 
 
-def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
-    """fp32 GFLOP/s of a square matmul, the machine's practical peak: its fastest of `repeats` calls after three
-    untimed (a peak is what the machine reaches; a median of a few calls, each ~10 ms, falls with any neighbour's
-    burst, and the ceilings and MFU figures built on it would read as reached when they are not)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(
+    n: int = 1024, repeats: int = 20, device: torch.device = CPU, dtype: torch.dtype = torch.float32
+) -> float:
+    """GFLOP/s of a square matmul on device, the practical peak: its fastest of `repeats` calls after three untimed
+    (a peak is what the device reaches; a median of a few calls of ~10 ms falls with any neighbour's burst, and the
+    ceilings and MFU figures built on it would read as reached when they are not)."""
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    step = synchronized(lambda: a @ b, device)
     for _ in range(3):
-        a @ b
+        step()
     fastest = math.inf
     for _ in range(repeats):
         started = time.perf_counter()
-        a @ b
+        step()
         fastest = min(fastest, time.perf_counter() - started)
     return 2 * n**3 / fastest / 1e9
 
