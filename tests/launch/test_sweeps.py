@@ -416,13 +416,13 @@ def test_a_dry_run_counts_the_validations_lightning_schedules(run_cli, tmp_path,
     assert job["validations"] == checks
 
 
-@pytest.mark.parametrize("logger, draws", [("csv", 0), ("tensorboard", 2)])
-def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli, tmp_path, logger, draws):
+@pytest.mark.parametrize("logger, every, draws", [("csv", 3, 0), ("tensorboard", 3, 2), ("tensorboard", 0, 0)])
+def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli, tmp_path, logger, every, draws):
     """TensorBoard (and W&B) get the attention maps at every figures_every_n_val_epochs-th validation and after the
-    last: of 4, the 3rd and the 4th, and the head analysis' figures after training; a CSV logger gets none. The dry
-    run counts them and times a drawing of each."""
-    every_3 = "++callbacks.attention.figures_every_n_val_epochs=3"
-    result = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run", "--json")
+    last: of 4, the 3rd and the 4th, and the head analysis' figures after training; a CSV logger gets none, nor
+    does any with figures_every_n_val_epochs 0. The dry run counts them and times a drawing of each."""
+    cadence = f"callbacks.attention.figures_every_n_val_epochs={every}"
+    result = run_cli(*TINY, "trainer.max_epochs=4", cadence, f"logger={logger}", "--dry-run", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = json.loads(result.stdout)["jobs"]
     assert job["figures"] == draws and (job["figures_seconds"] > 0) == (draws > 0)
@@ -430,7 +430,7 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
     parts = ("evaluation_seconds", "analysis_seconds", "figures_seconds", "importance_figures_seconds")
     assert job["analysis_seconds"] > 0 and job["evaluation_seconds"] > 0
     assert sum(job[k] for k in parts) <= job["seconds"] + 0.05 * len(parts)  # shares of the run, each to 0.1 s
-    said = run_cli(*TINY, "trainer.max_epochs=4", every_3, f"logger={logger}", "--dry-run").stdout
+    said = run_cli(*TINY, "trainer.max_epochs=4", cadence, f"logger={logger}", "--dry-run").stdout
     drawn = ", 2 drawings of the attention maps and head analysis with its figures about "
     assert (drawn in said) == (draws > 0) and (" and head analysis about " in said) == (draws == 0), said
     assert re.search(r"; training [^;]+ and head analysis [^;]+ of it\)", said), said  # the sweep's line

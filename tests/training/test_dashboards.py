@@ -197,6 +197,27 @@ def test_head_statistics_reach_the_dashboards_at_every_validation_and_figures_at
         assert [e.step for e in events.Images("attention/layer_0")] == validations[1:]
 
 
+@pytest.mark.parametrize("launcher", ["basic", "packed"])
+def test_no_figures_leaves_the_dashboards_every_number_and_draws_nothing(run_cli, tmp_path, launcher):
+    """figures_every_n_val_epochs=0: no attention map, similarity or importance figure reaches TensorBoard, while
+    every head's statistics (at each validation) and importance do, and heads.json and the head view are written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    done = run_cli(
+        "-m", *TINY, "seed=0", "logger=tensorboard", f"hydra/launcher={launcher}",
+        "callbacks.attention.figures_every_n_val_epochs=0", "hydra.sweep.dir=sweep",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "sweep" / "0"
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert events.Tags()["images"] == []
+    assert [e.step for e in events.Scalars("heads/L0/H0/entropy")][:2] == [7, 15]  # both validations
+    assert events.Scalars("heads/L0/H0/importance")
+    assert isinstance(json.loads((run / "heads.json").read_text())["rows"][0]["importance"], float)
+    assert (run / "heads" / "view.html").is_file()
+
+
 @pytest.mark.e2e
 def test_a_sweeps_tensorboard_names_runs_by_what_varies_and_opens_hparams_on_the_comparison(run_cli, tmp_path):
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer

@@ -129,7 +129,7 @@ RULES: dict[str, tuple[Callable, str]] = {
         "two numbers in [0, 1), e.g. [0.9, 0.98]",
     ),
     "callbacks.attention.every_n_val_epochs": POSITIVE,
-    "callbacks.attention.figures_every_n_val_epochs": POSITIVE,
+    "callbacks.attention.figures_every_n_val_epochs": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: no figures)"),
     "callbacks.attention.n_probe": POSITIVE,
     "callbacks.attention.importance": (lambda v: isinstance(v, bool), "true or false"),
     "callbacks.attention.pruning_step": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),

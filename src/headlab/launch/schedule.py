@@ -3,7 +3,7 @@ draws, as Lightning and headlab's head logger make them (what a dry run prices: 
 
 import math
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 MEDIA_LOGGERS = ("wandb", "tensorboard")  # the loggers a run draws its figures for (attention_logging)
 
@@ -81,9 +81,11 @@ def batches(datamodule, split: str, limit, world: int = 1) -> int:
 
 
 def draws_figures(cfg: DictConfig) -> bool:
-    """Whether a run draws figures: for a W&B or TensorBoard logger (attention_logging)."""
+    """Whether a run draws figures: for a W&B or TensorBoard logger, unless callbacks.attention.
+    figures_every_n_val_epochs is 0 (AttentionLogger.media_loggers)."""
     loggers = cfg.get("logger") or {}
-    return any(loggers.get(name) for name in MEDIA_LOGGERS)
+    never = OmegaConf.select(cfg, "callbacks.attention.figures_every_n_val_epochs") == 0
+    return not never and any(loggers.get(name) for name in MEDIA_LOGGERS)
 
 
 def figure_draws(checks: int, every: int) -> int:

@@ -51,7 +51,8 @@ class AttentionLogger(pl.Callback):
     time, drawn with the seed, plus `sentences` for text data): each statistic per (layer, head) as
     heads/L{l}/H{h}/{stat} to every logger; every `figures_every_n_val_epochs` validations, to W&B and TensorBoard,
     per-layer attention-map figures and the head similarity figure (W&B also gets the statistics as a table). Both
-    after the last epoch.
+    after the last epoch. With `figures_every_n_val_epochs` 0 no figure is drawn and no table logged, here or at the
+    end (a figure costs a small run more than its training: heads.json and the scalars hold the numbers).
 
     At the end of training, on the best checkpoint's weights (the final ones without a checkpoint): head importance
     on `analysis_batches` batches of `importance_split`, and pruning curves on as many batches of `pruning_split`
@@ -110,7 +111,7 @@ class AttentionLogger(pl.Callback):
         for logger in loggers:
             logger.log_metrics(scalars, step=step)
         snapshot = None
-        if figures_due and _media_loggers(loggers):
+        if figures_due and self.media_loggers(loggers):
             snapshot = probe.snapshot(model, datamodule, batch, seen, step, figures.EXAMPLES)
             if media:
                 self.log_media(loggers, snapshot, figures.render_heads(snapshot))
@@ -223,7 +224,7 @@ class AttentionLogger(pl.Callback):
         numbers = ["importance", *(k for k in causal if k != "role")]
         for logger in loggers:
             logger.log_metrics({f"heads/L{r['layer']}/H{r['head']}/{k}": r[k] for r in rows for k in numbers}, step)
-        if not _media_loggers(loggers):
+        if not self.media_loggers(loggers):
             return None
         for logger in _wandb_loggers(loggers):
             import wandb
@@ -269,10 +270,17 @@ class AttentionLogger(pl.Callback):
         log_images(loggers, pngs, job["step"], job["tables"])
 
     def due(self, epoch: int, max_epochs: int | None) -> tuple[bool, bool]:
-        """Count a validation: (statistics due, figures due), at every n-th of each and both after the last epoch."""
+        """Count a validation: (statistics due, figures due), at every n-th of each and both after the last epoch
+        (figures never with figures_every_n_val_epochs 0)."""
         self.val_epochs += 1
         last = epoch + 1 >= (max_epochs or 0)
-        return last or self.val_epochs % self.every == 0, last or self.val_epochs % self.figures_every == 0
+        figures = self.figures_every > 0 and (last or self.val_epochs % self.figures_every == 0)
+        return last or self.val_epochs % self.every == 0, figures
+
+    def media_loggers(self, loggers: list) -> list:
+        """The loggers this logger draws figures and tables for: W&B and TensorBoard, none with
+        figures_every_n_val_epochs 0 (schedule.draws_figures prices the same)."""
+        return _media_loggers(loggers) if self.figures_every else []
 
 
 def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:
