@@ -62,7 +62,8 @@ def pytest_collection_modifyitems(items):
 
 TESTS = Path(__file__).parent  # helpers (faults.py, the Triton runners) and fixtures/ live here
 ROOT = TESTS.parent  # the repository
-TINY = [  # a run of a few seconds: small data, two short epochs
+NO_FIGURES = "callbacks.attention.figures_every_n_val_epochs=0"  # drawing them takes most of a tiny run's time
+TINY = [  # a run of a second: small data, two short epochs, no figures
     "data.n_train=256",
     "data.n_val=64",
     "data.n_test=64",
@@ -70,7 +71,9 @@ TINY = [  # a run of a few seconds: small data, two short epochs
     "model.d_model=16",
     "trainer.max_epochs=2",
     "callbacks.progress_bar=null",
+    NO_FIGURES,
 ]
+DRAWN = [o for o in TINY if o != NO_FIGURES]  # TINY with its figures drawn as shipped (W&B, TensorBoard)
 
 
 def cli_env() -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, cli_env, train_here
+from conftest import NO_FIGURES, TINY, cli_env, train_here
 
 pytestmark = pytest.mark.e2e
 NOISE = (
@@ -37,7 +37,7 @@ def test_a_run_says_its_model_progress_and_outcome_and_nothing_else(run_cli, tmp
     progress given as a callback of the run's own."""
     own = ["callbacks.progress_bar=null", "+callbacks.plain._target_=headlab.training.progress.PlainProgress"]
     logger = "logger=csv" if path == "a bar of its own" else "logger=[csv,tensorboard]"
-    done = run_cli(*[o for o in TINY if o != "callbacks.progress_bar=null"], logger,
+    done = run_cli(*[o for o in TINY if o not in ("callbacks.progress_bar=null", NO_FIGURES)], logger,
                    *(own if path == "a bar of its own" else []), "hydra.run.dir=run")  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())

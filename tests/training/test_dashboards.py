@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, train_here
+from conftest import DRAWN, TINY, train_here
 from headlab.heads import statistics
 from headlab.launch.wandb_offline import read_run
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 def run(tmp_path_factory) -> Path:
     """A two-layer run logged to W&B (offline) and TensorBoard at once."""
     where = tmp_path_factory.mktemp("dashboards")
-    result = train_here(*TINY, "logger=[wandb,tensorboard]", "model.n_layers=2", "hydra.run.dir=run", cwd=where)
+    result = train_here(*DRAWN, "logger=[wandb,tensorboard]", "model.n_layers=2", "hydra.run.dir=run", cwd=where)
     assert result.returncode == 0, result.stderr[-3000:]
     return where / "run"
 
