@@ -199,12 +199,13 @@ def test_head_statistics_reach_the_dashboards_at_every_validation_and_figures_at
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_no_figures_leaves_the_dashboards_every_number_and_draws_nothing(run_cli, tmp_path, launcher):
-    """figures_every_n_val_epochs=0: no attention map, similarity or importance figure reaches TensorBoard, while
-    every head's statistics (at each validation) and importance do, and heads.json and the head view are written."""
+    """figures_every_n_val_epochs=0: no attention map, similarity or importance figure reaches TensorBoard or W&B,
+    nor a head table to W&B, while every head's statistics (at each validation) and importance do, and heads.json and
+    the head view are written."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     done = run_cli(
-        "-m", *TINY, "seed=0", "logger=tensorboard", f"hydra/launcher={launcher}",
+        "-m", *TINY, "seed=0", "logger=[tensorboard,wandb]", f"hydra/launcher={launcher}",
         "callbacks.attention.figures_every_n_val_epochs=0", "hydra.sweep.dir=sweep",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -214,6 +215,9 @@ def test_no_figures_leaves_the_dashboards_every_number_and_draws_nothing(run_cli
     assert events.Tags()["images"] == []
     assert [e.step for e in events.Scalars("heads/L0/H0/entropy")][:2] == [7, 15]  # both validations
     assert events.Scalars("heads/L0/H0/importance")
+    keys = set().union(*read_run(run)["history"])
+    assert {k for k in keys if k.endswith("/_type")} == {"heads/view/_type"}  # the page, as with figures
+    assert {"heads/L0/H0/entropy", "heads/L0/H0/importance"} <= keys
     assert isinstance(json.loads((run / "heads.json").read_text())["rows"][0]["importance"], float)
     assert (run / "heads" / "view.html").is_file()
 

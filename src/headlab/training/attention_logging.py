@@ -280,7 +280,10 @@ class AttentionLogger(pl.Callback):
     def media_loggers(self, loggers: list) -> list:
         """The loggers this logger draws figures and tables for: W&B and TensorBoard, none with
         figures_every_n_val_epochs 0 (schedule.draws_figures prices the same)."""
-        return _media_loggers(loggers) if self.figures_every else []
+        from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+        shown = [logger for logger in loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
+        return shown if self.figures_every else []
 
 
 def log_images(loggers: list, pngs: dict[str, bytes], step: int, tables: dict | None = None) -> None:
@@ -308,10 +311,3 @@ def _wandb_loggers(loggers: list) -> list:
     from lightning.pytorch.loggers import WandbLogger
 
     return [logger for logger in loggers if isinstance(logger, WandbLogger)]
-
-
-def _media_loggers(loggers: list) -> list:
-    """The loggers that show figures: W&B and TensorBoard."""
-    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
-
-    return [logger for logger in loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
