@@ -171,10 +171,23 @@ def test_roles_read_which_head_fetches_which_key():
     assert roles == ["key a", "key b", "broad", "broad"]
 
 
-def test_rank_agreement_is_spearmans_rho():
-    a, b = torch.tensor([[0.3, 0.1, 0.9, 0.5]]), torch.tensor([[2.0, 2.0, 7.0, 1.0]])
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([[0.3, 0.1, 0.9, 0.5]], [[2.0, 2.0, 7.0, 1.0]]),  # ties in one
+        ([[1.0, 1.0, 1.0, 2.0], [3.0, 3.0, 0.5, 0.5]], [[4.0, 4.0, 0.0, 9.0], [9.0, 1.0, 1.0, 1.0]]),  # in both, 2-d
+        ([[0.1, 0.2, 0.3, 0.4, 0.5]], [[5.0, 4.0, 3.0, 2.0, 1.0]]),  # reversed: -1
+        ([[-3.0, 8.0, 0.0, 2.5, 1e-9, 7.0]], [[0.2, 0.1, 0.4, 0.3, 0.6, 0.5]]),  # no ties
+    ],
+)
+def test_rank_agreement_is_spearmans_rho(a, b):
+    a, b = torch.tensor(a), torch.tensor(b)
     assert causal.rank_agreement(a, b) == pytest.approx(stats.spearmanr(a.flatten(), b.flatten()).statistic)
-    assert math.isnan(causal.rank_agreement(a, torch.ones(1, 4)))
+
+
+def test_rank_agreement_of_a_constant_score_is_nan():
+    assert math.isnan(causal.rank_agreement(torch.tensor([[0.3, 0.1, 0.9, 0.5]]), torch.ones(1, 4)))
+    assert math.isnan(causal.rank_agreement(torch.full((2, 2), 0.5), torch.tensor([[1.0, 2.0], [3.0, 4.0]])))
 
 
 @pytest.mark.e2e

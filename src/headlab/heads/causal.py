@@ -19,7 +19,6 @@ import functools
 from collections.abc import Callable, Iterable
 
 import torch
-from scipy import stats
 
 from headlab.conventions import IGNORE_INDEX
 from headlab.heads.importance import MASKS_PER_FORWARD, _per_example_loss
@@ -221,11 +220,20 @@ def patching_shares(
 
 
 def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman's rank correlation of two per-head scores (any shape, flattened); nan where either is constant."""
-    x, y = (t.flatten().double().numpy() for t in (a, b))
-    if len(set(x)) < 2 or len(set(y)) < 2:
+    """Spearman's rank correlation of two per-head scores (any shape, flattened): the Pearson correlation of their
+    ranks, tied scores sharing their mean rank; nan where either is constant."""
+    x, y = (_ranks(t.flatten().double()) for t in (a, b))
+    if x.std() == 0 or y.std() == 0:
         return float("nan")
-    return float(stats.spearmanr(x, y).statistic)
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
+
+
+def _ranks(t: torch.Tensor) -> torch.Tensor:
+    """(N,) -> (N,) ranks 1..N, equal values sharing the mean of theirs."""
+    _, which, counts = torch.unique(t, return_inverse=True, return_counts=True)  # sorted distinct values
+    last = counts.cumsum(0).double()  # (distinct,) the highest rank of each value
+    return (last - (counts - 1) / 2)[which]
 
 
 # A head's role (on a task whose corruptions name the roles they change: pair_recall's "key a", "key b"), by
