@@ -5,6 +5,7 @@ garbage collector holds as training starts (own_callback.Collector)."""
 
 import gc
 import json
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -42,7 +43,8 @@ class Watch(pl.Callback):
 
 class Collector(pl.Callback):
     """As training starts: how many objects the garbage collector has frozen and whether it is on, written by each
-    rank to its own file in the folder `out` (rank0.json, ...)."""
+    rank to its own file in the folder `out` (rank0.json, ...); as the run's last stage ends, the scipy modules
+    its process has imported (rank0_end.json, ...)."""
 
     def __init__(self, out: str):
         self.out = Path(out)
@@ -51,3 +53,7 @@ class Collector(pl.Callback):
         self.out.mkdir(parents=True, exist_ok=True)
         state = {"frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(state))
+
+    def teardown(self, trainer, pl_module, stage):
+        scipy = sorted(m for m in sys.modules if m.startswith(("scipy.signal", "scipy.stats")))
+        (self.out / f"rank{trainer.global_rank}_end.json").write_text(json.dumps({"stage": stage, "scipy": scipy}))
