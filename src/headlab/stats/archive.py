@@ -7,6 +7,7 @@ committed beside it), and `tar -xJf ARCHIVE -C DIR` puts the records back where 
 (completed runs are skipped, the others run).
 """
 
+import collections
 import contextlib
 import functools
 import io
@@ -76,8 +77,7 @@ def _replacing(partial: Path, path: Path):
 def duplicates(path: Path) -> list[str]:
     """The member names an archive holds more than once (archives written before roots got distinct names):
     `tar -x` keeps one of each, so a sweep continued from it would lose runs; read() keeps them apart."""
-    names = [f.name for f in _files(path)]
-    return sorted({n for n in names if names.count(n) > 1})
+    return sorted(name for name, n in collections.Counter(f.name for f in _files(path)).items() if n > 1)
 
 
 def rebuild(path: Path) -> int:
