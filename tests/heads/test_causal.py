@@ -188,6 +188,7 @@ def test_rank_agreement_is_spearmans_rho(a, b):
 def test_rank_agreement_of_a_constant_score_is_nan():
     assert math.isnan(causal.rank_agreement(torch.tensor([[0.3, 0.1, 0.9, 0.5]]), torch.ones(1, 4)))
     assert math.isnan(causal.rank_agreement(torch.full((2, 2), 0.5), torch.tensor([[1.0, 2.0], [3.0, 4.0]])))
+    assert math.isnan(causal.rank_agreement(torch.tensor([0.3]), torch.tensor([2.0])))  # one head: no ranking
 
 
 @pytest.mark.e2e

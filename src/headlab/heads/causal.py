@@ -223,7 +223,7 @@ def rank_agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     """Spearman's rank correlation of two per-head scores (any shape, flattened): the Pearson correlation of their
     ranks, tied scores sharing their mean rank; nan where either is constant."""
     x, y = (_ranks(t.flatten().double()) for t in (a, b))
-    if x.std() == 0 or y.std() == 0:
+    if x.min() == x.max() or y.min() == y.max():
         return float("nan")
     x, y = x - x.mean(), y - y.mean()
     return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
