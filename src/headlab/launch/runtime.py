@@ -44,11 +44,11 @@ def heavy_imports():
     later passes (gc.freeze). Those modules make over half a million objects that live as long as the process:
     the collector's full passes over them, as they import and again during a run, cost a run of a few seconds a
     third of its CPU time. A process forked afterwards (a pack's worker, a forked rank) finds them frozen too.
-    torchmetrics, which Lightning imports, is imported first, without scipy.signal (_torchmetrics_alone)."""
+    torchmetrics, which Lightning imports, is imported first, without scipy.signal (see below)."""
     modules, enabled = len(sys.modules), gc.isenabled()
     gc.disable()
     try:
-        _torchmetrics_alone()
+        _torchmetrics_without_scipy_signal()
         yield
     finally:
         if len(sys.modules) > modules:
@@ -57,7 +57,7 @@ def heavy_imports():
             gc.enable()
 
 
-def _torchmetrics_alone() -> None:
+def _torchmetrics_without_scipy_signal() -> None:
     """Import torchmetrics with a placeholder for scipy.signal, then take the placeholder away. torchmetrics imports
     scipy.signal as it imports, only to give it back a name an audio package it does not ship looks for
     (`scipy.signal.hamming`): with the scipy.stats it imports in turn, 0.5 s of the 3.5 s a small run's process
