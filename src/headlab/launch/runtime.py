@@ -61,8 +61,8 @@ def _torchmetrics_without_scipy_signal() -> None:
     """Import torchmetrics with a placeholder for scipy.signal, then take the placeholder away. torchmetrics imports
     scipy.signal as it imports, only to give it back a name an audio package it does not ship looks for
     (`scipy.signal.hamming`): with the scipy.stats it imports in turn, 0.5 s of the 3.5 s a small run's process
-    takes, start to end. headlab uses no
-    torchmetrics metric that reads scipy.signal; the real one imports, as before, wherever something asks for it."""
+    takes, start to end. headlab uses no torchmetrics metric that reads scipy.signal; the real one imports, as
+    before, wherever something asks for it."""
     if "torchmetrics" in sys.modules or "scipy.signal" in sys.modules:
         return
     placeholder = types.ModuleType("scipy.signal", "what torchmetrics' import looks at in place of scipy.signal")
