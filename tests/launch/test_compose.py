@@ -68,6 +68,8 @@ def test_a_run_is_composed_once_into_the_config_hydra_composes_for_it(monkeypatc
         written[way] = {f.name: f.read_text().replace(str(tmp_path / way), "<cwd>") for f in files}
     assert written["headlab"] == written["hydra"]
     assert "- hydra.mode=RUN" in written["headlab"]["hydra.yaml"]
+    for name, text in written["headlab"].items():  # each as OmegaConf writes the config it holds (Hydra saves it so)
+        assert text == OmegaConf.to_yaml(OmegaConf.create(text)), name
 
 
 def test_a_sweeps_jobs_are_composed_once_a_group_where_the_basic_launcher_runs_them(monkeypatch, tmp_path):
