@@ -41,8 +41,12 @@ def test_a_file_changed_since_is_parsed_anew_and_a_loaded_config_changed_reaches
     first = yaml_once.load(path)
     assert first.d == 0.001 and first.c == 1  # OmegaConf's loader: 1e-3 a float; interpolations kept
     first.a, first.b[0] = 5, "changed"
+    del first["d"]
+    OmegaConf.set_struct(first, True)  # as Hydra sets its flags on what it loaded
     again = yaml_once.load(path)
     assert OmegaConf.to_container(again) == {"a": 1, "b": ["x", "y"], "c": "${a}", "d": 0.001}
+    again.e = 1  # no flag of the first load's either
+    assert not OmegaConf.is_struct(yaml_once.load(path)) and again._get_parent() is None
     stat = path.stat()
     path.write_text("a: 2\nb: [x, z]\nc: ${a}\nd: 1e-4\n")  # the same size, its time put back
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
