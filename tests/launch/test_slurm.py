@@ -49,10 +49,11 @@ def start(cluster, cwd: Path, *overrides: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-def signal_once_training(cluster, run_dir: Path, how: list[str]) -> None:
-    """Once run_dir's first validation wrote its last.ckpt, signal the SLURM job that trains it (scancel ...)."""
+def signal_once_training(cluster, run_dir: Path, how: list[str], written: str = "checkpoints/last.ckpt") -> None:
+    """Once run_dir holds `written` (by default its first validation's last.ckpt; progress.json: training began),
+    signal the SLURM job that trains it (scancel ...)."""
     deadline = time.time() + 240
-    while not (run_dir / "checkpoints" / "last.ckpt").exists():
+    while not (run_dir / written).exists():
         assert time.time() < deadline, "the job did not start training"
         time.sleep(0.2)
     # array task 0 of this sweep's array trains run_dir (its job or its pack): named by its submitit folder, not by
@@ -172,7 +173,7 @@ def test_a_cancelled_job_is_recorded_and_the_sweep_summarised_without_accounting
     slurm += ["hydra.launcher.mem_gb=2"]
     longer = [*QUICK, "data.n_train=20000,2000"]  # job 0 trains long enough to be cancelled; job 1 completes soon
     process = start(cluster, tmp_path, *slurm, *longer, "hydra.sweep.dir=sweep")
-    signal_once_training(cluster, tmp_path / "sweep" / "0", [])
+    signal_once_training(cluster, tmp_path / "sweep" / "0", [], written="progress.json")  # cancelled in training
     _, stderr = process.communicate(timeout=400)
     assert process.returncode == 1 and "Traceback" not in stderr
     cancelled, done = records(tmp_path / "sweep", 2)
