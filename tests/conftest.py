@@ -72,6 +72,8 @@ TINY = [  # a run of a second: small data, two short epochs, no figures
     "trainer.max_epochs=2",
     "callbacks.progress_bar=null",
     NO_FIGURES,
+    "callbacks.attention.analysis_batches=2",  # the head analysis over two batches of each split, its ablations
+    "callbacks.attention.causal_batches=1",  # and patching on one (20 and 4 by default): what a tiny run's tests need
 ]
 DRAWN = [o for o in TINY if o != NO_FIGURES]  # TINY with its figures drawn as shipped (W&B, TensorBoard)
 

@@ -193,7 +193,8 @@ def test_rank_agreement_of_a_constant_score_is_nan():
 
 @pytest.mark.e2e
 def test_a_run_records_ablations_patching_roles_and_group_ablations(tmp_path):
-    done = train_here(*TINY, "logger=csv", "model.attention.n_kv_heads=2", "hydra.run.dir=run", cwd=tmp_path)
+    shipped = "callbacks.attention.causal_batches=4"  # its default: every validation batch of the two (TINY's: one)
+    done = train_here(*TINY, shipped, "logger=csv", "model.attention.n_kv_heads=2", "hydra.run.dir=run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     heads = json.loads((tmp_path / "run" / "heads.json").read_text())
     row = heads["rows"][0]

@@ -28,11 +28,9 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
     (its model's own kernels)."""
     assert {"plain", "gate_headwise", "differential", "sigmoid", "latent_kv", "latent_kv_8"} <= set(DESIGNS)
     designs = f"+design={','.join(DESIGNS)}"
-    analysis = ["callbacks.attention.analysis_batches=2", "callbacks.attention.causal_batches=2"]  # two of each: the
-    # head analysis over batches, as many as its assertions need (20 and 4 by default)
     common = [*COMMON, "trainer.max_epochs=1"]  # eight steps: a member's every step is its single run's
     packed = run_cli(  # batched, not auto: the way each design computes is not left to a timing
-        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *analysis, "pack.compute=batched",
+        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, "pack.compute=batched",
         "hydra.sweep.dir=packed",
     )  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-3000:]

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_heads_json_holds_statistics_importance_and_pruning(run_cli, tmp_path):
-    result = run_cli(*TINY, "logger=none", "model.n_layers=2", "hydra.run.dir=run")
+    shipped = "callbacks.attention.analysis_batches=20"  # its default: every training batch of the 8 (TINY's: two)
+    result = run_cli(*TINY, shipped, "logger=none", "model.n_layers=2", "hydra.run.dir=run")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "heads.json").read_text())
     assert [(r["layer"], r["head"]) for r in report["rows"]] == [(lay, h) for lay in range(2) for h in range(4)]
