@@ -63,7 +63,11 @@ def pytest_collection_modifyitems(items):
 TESTS = Path(__file__).parent  # helpers (faults.py, the Triton runners) and fixtures/ live here
 ROOT = TESTS.parent  # the repository
 NO_FIGURES = "callbacks.attention.figures_every_n_val_epochs=0"  # drawing them takes most of a tiny run's time
-TINY = [  # a run of a second: small data, two short epochs, no figures
+SMALL_ANALYSIS = [  # the head analysis over two batches of each split, its ablations and patching on one (20 and 4
+    "callbacks.attention.analysis_batches=2",  # by default): what the tests of small runs need of it
+    "callbacks.attention.causal_batches=1",
+]
+TINY = [  # a run of a second: small data, two short epochs, no figures, a small head analysis
     "data.n_train=256",
     "data.n_val=64",
     "data.n_test=64",
@@ -72,8 +76,7 @@ TINY = [  # a run of a second: small data, two short epochs, no figures
     "trainer.max_epochs=2",
     "callbacks.progress_bar=null",
     NO_FIGURES,
-    "callbacks.attention.analysis_batches=2",  # the head analysis over two batches of each split, its ablations
-    "callbacks.attention.causal_batches=1",  # and patching on one (20 and 4 by default): what a tiny run's tests need
+    *SMALL_ANALYSIS,
 ]
 DRAWN = [o for o in TINY if o != NO_FIGURES]  # TINY with its figures drawn as shipped (W&B, TensorBoard)
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 import slurm_cluster
-from conftest import cli_env
+from conftest import SMALL_ANALYSIS, cli_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
-QUICK = ["data.n_train=8000", "trainer.max_epochs=3", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null"]
+QUICK = ["data.n_train=8000", "trainer.max_epochs=3", "model.d_model=16", "logger=csv", "callbacks.progress_bar=null",
+         *SMALL_ANALYSIS]  # fmt: skip
 SHORT = ["data.n_train=256", "data.n_val=64", "data.n_test=64", "model.d_model=16", "trainer.max_epochs=2",
-         "logger=csv", "callbacks.progress_bar=null"]  # fmt: skip  # a job that needs only to complete
+         "logger=csv", "callbacks.progress_bar=null", *SMALL_ANALYSIS]  # fmt: skip  # a job that needs only to complete
 EXACT = ["trainer.deterministic=true", "model.dropout=0.1"]  # the same steps and dropout masks, run to run
 
 

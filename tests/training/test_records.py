@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, as_interrupted, cli_env, cli_here, train_here
+from conftest import SMALL_ANALYSIS, TESTS, as_interrupted, cli_env, cli_here, train_here
 from headlab.data import subwords
 from headlab.heads import head_view
 from headlab.launch.plan import pack_key
@@ -44,7 +44,8 @@ def write_csv(path: Path, rows) -> None:
     path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
 
 
-TEXT = ["data=files", "model.d_model=16", "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null"]
+TEXT = ["data=files", "model.d_model=16", "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null",
+        *SMALL_ANALYSIS]  # fmt: skip
 
 
 def test_the_subword_vocabulary_is_learned_by_the_most_frequent_pair_with_ties_broken_by_the_pair():
