@@ -100,7 +100,7 @@ test: $(TEST_STAMP)  ## the whole test suite (what CI runs)
 test-fast: $(TEST_STAMP)  ## the tests without end-to-end CLI runs
 	$(call PYTEST,$(XDIST) -m "not e2e")
 
-bench: $(STAMP)  ## rewrite BENCHMARKS.md (44-58 min on 2 idle cores of a 132-196 GFLOP/s matmul, 29 at 421: BENCHMARKS.md names its own; each section said as it starts, with the time left)
+bench: $(STAMP)  ## rewrite BENCHMARKS.md (41-58 min on 2 idle cores of a 132-199 GFLOP/s matmul, 29 at 421: BENCHMARKS.md names its own; each section said as it starts, with the time left)
 	$(BIN)/headlab-bench --sst2-recipe $(ARGS)
 
 lint: $(TEST_STAMP)  ## ruff check and format check
