@@ -3,6 +3,7 @@ single run reads: its model's weights and gradients (pl_module.model), its metri
 loggers, logging through pl_module.log, and keeping its state in the run's checkpoints. And one that says what the
 garbage collector holds as training starts (own_callback.Collector)."""
 
+import atexit
 import gc
 import json
 import sys
@@ -44,10 +45,15 @@ class Watch(pl.Callback):
 class Collector(pl.Callback):
     """As training starts: how many objects the garbage collector has frozen and whether it is on, written by each
     rank to its own file in the folder `out` (rank0.json, ...); as the run's last stage ends, the scipy modules
-    its process has imported (rank0_end.json, ...)."""
+    its process has imported (rank0_end.json, ...); as the process of a stage's rank exits, whether a process group
+    is still up (rank0_fit_exit.json, ...)."""
 
     def __init__(self, out: str):
         self.out = Path(out)
+
+    def setup(self, trainer, pl_module, stage):
+        self.exit_file = self.out / f"rank{trainer.global_rank}_{stage.value}_exit.json"
+        _collectors.append(self)
 
     def on_train_start(self, trainer, pl_module):
         self.out.mkdir(parents=True, exist_ok=True)
@@ -57,3 +63,22 @@ class Collector(pl.Callback):
     def teardown(self, trainer, pl_module, stage):
         scipy = sorted(m for m in sys.modules if m.startswith(("scipy.signal", "scipy.stats")))
         (self.out / f"rank{trainer.global_rank}_end.json").write_text(json.dumps({"stage": stage, "scipy": scipy}))
+
+
+_collectors: list[Collector] = []  # those set up in this process
+
+
+def _at_exit() -> None:
+    """Registered as this module imports (a spawned rank unpickles its callbacks before it sets up), so it runs
+    after the exit handlers the run registers as it sets up: what is left of the process group at the very end, and
+    of the DDP wrappers that hold one."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrappers = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())  # each holds a group
+    for collector in _collectors:
+        state = {"process_group": dist.is_available() and dist.is_initialized(), "ddp_wrappers": wrappers}
+        collector.exit_file.write_text(json.dumps(state))
+
+
+atexit.register(_at_exit)

@@ -120,9 +120,10 @@ def test_forked_ranks_on_a_many_core_host_do_not_hang_inside_a_multirun(tmp_path
 
 @pytest.mark.e2e
 def test_spawned_ranks_report_their_epochs_steps_and_curve(tmp_path):
-    """Ranks Lightning spawns (ddp_spawn): the run's epochs, steps and curve; and each rank imported torch and
+    """Ranks Lightning spawns (ddp_spawn): the run's epochs, steps and curve; each rank imported torch and
     Lightning as a run's process imports them, frozen out of the garbage collector's passes, the collector on as
-    training starts (a callback of the run's own, own_callback.Collector, looks in each rank)."""
+    training starts; and each ends with its process group destroyed (a callback of the run's own,
+    own_callback.Collector, looks in each rank)."""
     seen = tmp_path / "collector"
     collector = ["+callbacks.gc._target_=own_callback.Collector", f"+callbacks.gc.out={seen}"]
     env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
@@ -135,6 +136,10 @@ def test_spawned_ranks_report_their_epochs_steps_and_curve(tmp_path):
     assert [(p["epoch"], p["step"]) for p in results["curve"]] == [(0, 4)]
     ranks = [json.loads((seen / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert all(state["frozen"] > 100_000 and state["enabled"] is True for state in ranks), ranks
+    # each rank's process destroys its gloo group before it exits (one alive at exit aborts a rank now and then)
+    exits = {p.name: json.loads(p.read_text()) for p in seen.glob("rank*_exit.json")}
+    ends = [f"rank{rank}_{stage}_exit.json" for stage in ("fit", "test") for rank in (0, 1)]  # the fit's, the test's
+    assert exits == dict.fromkeys(ends, {"process_group": False, "ddp_wrappers": 0}), exits
 
 
 def test_relaunching_ddp_is_refused_inside_a_local_sweep(run_cli, tmp_path):

@@ -7,6 +7,8 @@ process tests, analyses and records them as it would members it trained itself.
 Shapes: E members.
 """
 
+import atexit
+import functools
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +21,27 @@ from headlab.training.build import configure_torch
 from headlab.training.callbacks import ThroughputMeter
 from headlab.training.checkpoints import model_state
 from headlab.training.pack.member import Member
+
+
+class ProcessGroupRelease(pl.Callback):
+    """Each process of a run on several devices destroys its process group as it exits, before Python and C++ tear
+    down what is left (atexit, registered as the rank sets up): a gloo group alive at a process's exit aborts the
+    process now and then ("terminate called without an active exception", SIGABRT; a spawned rank that aborts fails
+    the run). Lightning's teardown has let go of the DDP wrapper that holds it by then."""
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.world_size > 1:
+            _release_at_exit()
+
+
+@functools.cache
+def _release_at_exit() -> None:
+    atexit.register(_release_process_group)
+
+
+def _release_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 class Handover(pl.Callback):

@@ -33,7 +33,7 @@ from headlab.training.pack.data import PackedData, stack_split
 from headlab.training.pack.member import Member, build_member, shape_key
 from headlab.training.pack.module import PackedModule
 from headlab.training.pack.progress import PackBar, PackProgress
-from headlab.training.pack.ranks import Handover
+from headlab.training.pack.ranks import Handover, ProcessGroupRelease
 from headlab.training.pack.stopping import MembersStopping
 from headlab.training.pack.writer import MemberWriter
 from headlab.training.progress_record import ProgressRecord
@@ -274,7 +274,7 @@ def train_pack(
     stopping, bars = MembersStopping(members, pack_id), pack_progress(members, pack_id, progress)
     elsewhere = cores.rank_start(members[0].cfg.trainer) is not None
     handover = Handover(members, meter, threads) if elsewhere else None
-    ranks = [handover, RankThreads(threads)] if elsewhere else []
+    ranks = [ProcessGroupRelease(), *([handover, RankThreads(threads)] if elsewhere else [])]
     callbacks = [meter, outputs, *bars, stopping, ExactResume(), progress_record(members, pack_id), *ranks]
     callbacks += [choice] if choice else []
     trainer = pack_trainer(members, callbacks, own_callbacks(members))  # the bars before the stopping: a
