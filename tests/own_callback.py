@@ -52,8 +52,10 @@ class Collector(pl.Callback):
         self.out = Path(out)
 
     def setup(self, trainer, pl_module, stage):
-        self.exit_file = self.out / f"rank{trainer.global_rank}_{stage.value}_exit.json"
-        _collectors.append(self)
+        if self not in _collectors:  # a rank that re-ran the command sets up for the fit, then for the test
+            _collectors.append(self)
+            self.exit_files = []
+        self.exit_files.append(self.out / f"rank{trainer.global_rank}_{stage.value}_exit.json")
 
     def on_train_start(self, trainer, pl_module):
         self.out.mkdir(parents=True, exist_ok=True)
@@ -76,9 +78,9 @@ def _at_exit() -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     wrappers = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())  # each holds a group
-    for collector in _collectors:
-        state = {"process_group": dist.is_available() and dist.is_initialized(), "ddp_wrappers": wrappers}
-        collector.exit_file.write_text(json.dumps(state))
+    state = {"process_group": dist.is_available() and dist.is_initialized(), "ddp_wrappers": wrappers}
+    for path in (path for collector in _collectors for path in collector.exit_files):
+        path.write_text(json.dumps(state))
 
 
 atexit.register(_at_exit)

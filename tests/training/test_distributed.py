@@ -68,16 +68,24 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(tmp_path):
 
 
 @pytest.mark.e2e
-def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(run_process, tmp_path):
+def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(tmp_path):
     """trainer.devices=3 on the plain CPU trainer: Lightning starts ranks 1 and 2 by running the command again;
-    they train, and only rank 0 writes results.json and metrics.csv."""
-    result = run_process(*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", "hydra.run.dir=run")
+    they train, only rank 0 writes results.json and metrics.csv, and each rank's process ends with its process
+    group destroyed (own_callback.Collector looks in each)."""
+    seen = tmp_path / "collector"
+    collector = ["+callbacks.gc._target_=own_callback.Collector", f"+callbacks.gc.out={seen}"]
+    env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
+    overrides = [*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", *collector, "hydra.run.dir=run"]
+    result = headlab_train(*overrides, cwd=tmp_path, env=env)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed" and results["resources"]["devices"] == 3
     assert {"val/acc", "val/acc_best", "test/acc"} <= results["metrics"].keys()
     assert "test/acc" in (run / "metrics.csv").read_text().splitlines()[0]
+    exits = {p.name: json.loads(p.read_text()) for p in seen.glob("rank*_exit.json")}
+    ends = [f"rank{rank}_{stage}_exit.json" for stage in ("fit", "test") for rank in (0, 1, 2)]  # one process each
+    assert exits == dict.fromkeys(ends, {"process_group": False, "ddp_wrappers": 0}), exits
 
 
 AS_MANY_CORES = """import sys
