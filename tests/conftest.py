@@ -81,6 +81,16 @@ TINY = [  # a run of a second: small data, two short epochs, no figures, a small
 DRAWN = [o for o in TINY if o != NO_FIGURES]  # TINY with its figures drawn as shipped (W&B, TensorBoard)
 
 
+FATAL = ("terminate called", "what():", "Fatal Python error", "Segmentation fault")  # a process's abnormal end
+
+
+def said(stderr: str, tail: int = 3000) -> str:
+    """A failed command's stderr for an assertion's message: first the lines that say how one of its processes ended
+    abnormally (a DDP rank's C++ abort, which the job process's traceback pushes out of the tail), then the tail."""
+    fatal = [line for line in stderr.splitlines() if line.lstrip().startswith(FATAL)]
+    return "\n".join([*fatal[:10], "[...]", stderr[-tail:]]) if fatal else stderr[-tail:]
+
+
 def cli_env() -> dict:
     """This process's environment, without HYDRA_FULL_ERROR (which would turn one-line errors into tracebacks)."""
     return {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "HEADLAB_TRACEBACKS")}

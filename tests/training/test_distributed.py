@@ -10,7 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import NO_FIGURES, TESTS, TINY, cli_env, cli_here, headlab_train
+from conftest import NO_FIGURES, TESTS, TINY, cli_env, cli_here, headlab_train, said
 from headlab.launch.wandb_offline import read_run
 
 DDP = [*TINY, "trainer=ddp_cpu", "trainer.max_epochs=1"]
@@ -26,7 +26,7 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(tmp_path):
     env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
     drawn = [o for o in DDP if o != NO_FIGURES]  # rank 0's figures too
     result = headlab_train(*drawn, "logger=[csv,wandb]", *watch, "hydra.run.dir=run", cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, said(result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir() if p != watched) == ["run"]  # none from another rank
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
@@ -62,7 +62,7 @@ def test_ddp_cpu_run_writes_one_directory_and_complete_results(tmp_path):
     # the ranks' sums are the whole split's: the best checkpoint evaluated again in one process gives the same numbers
     for split, key in (("test", "test/acc"), ("val", "val/acc_best")):
         again = cli_here("eval", str(run), split, cwd=tmp_path)
-        assert again.returncode == 0, again.stderr[-3000:]
+        assert again.returncode == 0, said(again.stderr)
         written = json.loads((run / "eval" / f"{split}-{Path(results['checkpoints']['best']).stem}.json").read_text())
         assert written["metrics"][f"{split}/acc"] == pytest.approx(results["metrics"][key], abs=1e-6)
 
@@ -77,7 +77,7 @@ def test_three_cpu_ranks_started_as_subprocesses_write_one_record_from_rank_0(tm
     env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
     overrides = [*TINY, "trainer.max_epochs=1", "trainer.devices=3", "logger=csv", *collector, "hydra.run.dir=run"]
     result = headlab_train(*overrides, cwd=tmp_path, env=env)
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0 and "Traceback" not in result.stderr, said(result.stderr)
     run = tmp_path / "run"
     results = json.loads((run / "results.json").read_text())
     assert results["status"] == "completed" and results["resources"]["devices"] == 3
@@ -116,7 +116,7 @@ def test_forked_ranks_on_a_many_core_host_do_not_hang_inside_a_multirun(tmp_path
         text=True,
         timeout=240,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, said(result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
     records = [json.loads((tmp_path / "sweep" / job / "results.json").read_text()) for job in "012"]
     assert [r["status"] for r in records] == ["completed"] * 3
@@ -137,7 +137,7 @@ def test_spawned_ranks_report_their_epochs_steps_and_curve(tmp_path):
     env = cli_env() | {"PYTHONPATH": str(TESTS)}  # own_callback.py importable by the CLI and its ranks
     overrides = [*DDP, "trainer.strategy=ddp_spawn", "logger=csv", *collector, "hydra.run.dir=run"]
     result = headlab_train(*overrides, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, said(result.stderr)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "completed" and {"val/acc_best", "test/acc"} <= results["metrics"].keys()
     assert (results["epochs"], results["global_step"]) == (1, 4)
