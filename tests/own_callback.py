@@ -49,12 +49,11 @@ class Collector(pl.Callback):
     is still up (rank0_fit_exit.json, ...)."""
 
     def __init__(self, out: str):
-        self.out = Path(out)
+        self.out, self.exit_files = Path(out), []
 
     def setup(self, trainer, pl_module, stage):
         if self not in _collectors:  # a rank that re-ran the command sets up for the fit, then for the test
             _collectors.append(self)
-            self.exit_files = []
         self.exit_files.append(self.out / f"rank{trainer.global_rank}_{stage.value}_exit.json")
 
     def on_train_start(self, trainer, pl_module):
