@@ -285,6 +285,33 @@ def test_the_two_way_bootstrap_agrees_with_a_plain_loop_and_widens_with_seed_noi
     assert inference.two_way_paired_p(better, correct) < 0.01 and inference.two_way_paired_p(correct, correct) > 0.5
 
 
+def test_arms_of_one_shape_share_the_seeded_draws_and_each_gets_its_own_interval_and_difference():
+    """The resample counts depend only on the seed and the sizes (drawn once for every arm, or pair, of a shape):
+    each arm's interval and each pair's difference are still the bootstrap of its own runs, written out here."""
+
+    def counts(rng, size):
+        return rng.multinomial(size, np.full(size, 1 / size), 500).astype(float)
+
+    def means(correct, seeds, examples):  # each resample's mean correctness, seeds and examples weighted as drawn
+        drawn = zip(seeds, examples, strict=True)
+        return np.array([(s @ correct.astype(float) * e).sum() / correct.size for s, e in drawn])
+
+    rng = np.random.default_rng(8)
+    arms = [rng.random((4, 300)) < p for p in (0.6, 0.7, 0.8)]
+    for arm in [*arms, arms[0]]:
+        draw = np.random.default_rng(3)
+        seeds = counts(draw, 4)
+        expected = np.quantile(means(arm, seeds, counts(draw, 300)), [0.025, 0.975])
+        assert inference.two_way_interval(arm, resamples=500, seed=3) == pytest.approx(tuple(expected), abs=1e-12)
+    for a, b in [(arms[1], arms[0]), (arms[2], arms[0]), (arms[2], arms[1])]:
+        draw = np.random.default_rng(6)
+        examples = counts(draw, 300)
+        diffs = means(a, counts(draw, 4), examples) - means(b, counts(draw, 4), examples)
+        found = inference.two_way_difference(a, b, resamples=500, seed=6)
+        assert (found["low"], found["high"]) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), abs=1e-12)
+        assert found["se"] == pytest.approx(diffs.std(ddof=1), abs=1e-12)
+
+
 def test_the_test_over_examples_has_a_difference_interval_and_power_so_a_small_test_set_reads_inconclusive():
     rng = np.random.default_rng(4)
     hard = rng.random(600) < 0.3

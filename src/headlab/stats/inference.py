@@ -8,6 +8,7 @@ comparisons at once get Holm's correction. Runs cross-validated over k
 folds are summarised per fold, with Nadeau & Bengio's corrected resampled t interval and test.
 """
 
+import functools
 import hashlib
 import math
 
@@ -185,17 +186,22 @@ def _two_way_means(correct: np.ndarray, seeds: np.ndarray, examples: np.ndarray)
     return np.einsum("rn,rn->r", drawn, examples) / (correct.shape[0] * correct.shape[1])
 
 
-def _counts(rng, size: int, resamples: int) -> np.ndarray:
-    return rng.multinomial(size, np.full(size, 1 / size), resamples).astype(float)  # (R, size)
+@functools.lru_cache(maxsize=2)
+def _counts(seed: int, resamples: int, sizes: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """How often each of n items is drawn in each of `resamples` resamples, for each n of sizes in turn, from one
+    generator seeded with seed: ((R, n), ...), read-only. The same for every arm (or pair) of those sizes: drawn
+    once, not again for each (the multinomial draws are most of a table's bootstrap)."""
+    rng = np.random.default_rng(seed)
+    drawn = tuple(rng.multinomial(size, np.full(size, 1 / size), resamples).astype(float) for size in sizes)
+    for counts in drawn:
+        counts.setflags(write=False)
+    return drawn
 
 
 def two_way_interval(correct: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """LEVEL percentile interval of an arm's accuracy over seeds and test examples both (correct (S, N), seeds
     crossed with the same examples): seeds and examples are resampled independently (a two-way bootstrap)."""
-    rng = np.random.default_rng(seed)
-    means = _two_way_means(
-        correct, _counts(rng, correct.shape[0], resamples), _counts(rng, correct.shape[1], resamples)
-    )
+    means = _two_way_means(correct, *_counts(seed, resamples, correct.shape))
     tail = (1 - LEVEL) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
     return float(low), float(high)
@@ -211,11 +217,8 @@ def _two_way_differences(a: np.ndarray, b: np.ndarray, resamples: int, seed: int
     content = hashlib.sha256(a.tobytes() + b.tobytes()).digest()
     key = (a.shape, b.shape, a.dtype.str, b.dtype.str, content, resamples, seed)
     if key not in _DRAWN:
-        rng = np.random.default_rng(seed)
-        examples = _counts(rng, a.shape[1], resamples)
-        drawn = _two_way_means(a, _counts(rng, a.shape[0], resamples), examples) - _two_way_means(
-            b, _counts(rng, b.shape[0], resamples), examples
-        )
+        examples, seeds_a, seeds_b = _counts(seed, resamples, (a.shape[1], a.shape[0], b.shape[0]))
+        drawn = _two_way_means(a, seeds_a, examples) - _two_way_means(b, seeds_b, examples)
         drawn.setflags(write=False)
         if len(_DRAWN) >= 64:
             del _DRAWN[next(iter(_DRAWN))]
