@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import ROOT, cli_env, cli_here, train_here
+from conftest import ROOT, SMALL_ANALYSIS, cli_env, cli_here, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.data import folds, text_files
 from headlab.errors import DataError
@@ -21,7 +21,7 @@ from headlab.stats.runs import load_dirs
 
 SHARED = ROOT.resolve().parent / "shared" / "data"
 QUICK = ["model.d_model=16", "trainer.max_epochs=1", "logger=csv", "callbacks.progress_bar=null",
-         "data.tokenizer.vocab_size=80", "data.batch_size=16"]  # fmt: skip
+         "data.tokenizer.vocab_size=80", "data.batch_size=16", *SMALL_ANALYSIS]  # fmt: skip
 WORDS = ["good", "bad", "film", "plot", "dull", "great", "story", "actor", "café", "naïve"]
 
 
