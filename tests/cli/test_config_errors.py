@@ -2,6 +2,7 @@
 with one line on stderr naming the problem, no traceback, and no results.json that claims success. The cases run
 the CLI's entry in the test process; one of each way to be refused early runs as a real process too."""
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,8 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig, OmegaConf
 
-from conftest import cli_env, headlab_train, train_here
+from conftest import ROOT, cli_env, headlab_train, train_here
+from headlab.cli.hydra_errors import one_line, refused_group
 from headlab.config.check import check_config, check_launch
 from headlab.errors import ConfigError, as_written
 from headlab.model.encoder import Encoder
@@ -70,6 +74,9 @@ CASES = [
     value("callbacks.attention.pruning_step=0", "a number in (0, 1]"),
     value("callbacks.attention.n_probe=-1", "an int >= 1"),
     value("trainer.log_every_n_steps=0", "an int >= 1"),
+    value("trainer.deterministic=maybe", "true, false, warn or null"),
+    value("trainer.enable_model_summary=maybe", "true or false"),
+    value("resume=5", "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"),
     value("trainer.gradient_clip_val=-1", "a number >= 0 or null"),
     value("tf32=maybe", "true or false"),
     value("pack.compute=vmap", "one of auto, each, batched"),
@@ -150,6 +157,38 @@ CASES = [
         "optim.betas=[0.9]",
         ["optim.betas=[0.9]"],
         "invalid config: optim.betas=[0.9] is invalid: expected two numbers in [0, 1), e.g. [0.9, 0.98]",
+    ),
+    # a section given one value, a list in place of keys or keys in place of a list, a key below one value
+    value("optim=5", "keys of its own: set one of them as optim.<key>=..."),
+    value("sweep.plan=soon", "keys of its own: set one of them as sweep.plan.<key>=..."),
+    value("model.attention=4", "keys of its own: set one of them as model.attention.<key>=..."),
+    value("compare=5", "keys of its own or null: set one of them as compare.<key>=..."),
+    Case(
+        "logger.wandb=5",
+        ["logger=wandb", "logger.wandb=5"],
+        "invalid config: logger.wandb=5 is invalid: expected a logger's config (its _target_ and arguments), or null",
+    ),
+    Case(
+        "a list in place of a section's keys",
+        ["sweep.sequential=[1,2]"],
+        "invalid config: sweep.sequential=[1,2] is invalid: expected keys of its own: set one of them as "
+        "sweep.sequential.<key>=...",
+    ),
+    Case(
+        "keys in place of a list",
+        ["optim.betas={{a:1}}"],  # {tmp} is formatted into a case's arguments and message
+        "invalid config: optim.betas={{a:1}} is invalid: expected two numbers in [0, 1), e.g. [0.9, 0.98]",
+    ),
+    Case(
+        "a key of a launcher that has none",
+        ["hydra.launcher.n_jobs=2"],
+        "invalid config: hydra.launcher.n_jobs is not a key of the config: hydra.launcher has none to set",
+    ),
+    Case(
+        "a key below one value",
+        ["model.d_model.x=1"],
+        "invalid config: model.d_model.x is not a key of the config: model.d_model is one value, with no keys of its "
+        "own",
     ),
     Case(
         "max_pack=0",
@@ -320,6 +359,29 @@ CASES = [
     ),
     unknown("hydra/launcher", "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm"),
     unknown("hydra/sweeper", "basic, grid, search"),
+    # a config group given a value that is no name (a number, null, true; in a list, in a sweep's values too)
+    *[
+        Case(given, args, f"invalid config: {said} is unknown: expected one of {options}")
+        for given, args, said, options in [
+            ("trainer=5", ["trainer=5"], "trainer=5", "cpu, ddp, ddp_cpu, gpu"),
+            ("model=null", ["model=null"], "model=null", "encoder"),
+            ("logger=true", ["logger=true"], "logger=true", "csv, none, tensorboard, wandb"),
+            ("logger=[csv,5]", ["logger=[csv,5]"], "logger=5", "csv, none, tensorboard, wandb"),
+            ("+design=1.5", ["+design=1.5"], "design=1.5", "alibi, differential, differential_paper, "),
+            (
+                "hydra/launcher=5",
+                ["hydra/launcher=5"],
+                "hydra/launcher=5",
+                "basic, joblib, local, packed, packed_slurm, slurm, submitit_local, submitit_slurm",
+            ),
+            ("a sweep's value", ["hydra.mode=MULTIRUN", "trainer=cpu,5"], "trainer=5", "cpu, ddp, ddp_cpu, gpu"),
+        ]
+    ],
+    # a group a run needs, removed
+    *[
+        Case(given, [given], f"invalid config: {given} is invalid: expected a {group} config (a run needs one): ")
+        for given, group in [("~model", "model"), ("trainer=[]", "trainer"), ("~data", "data")]
+    ],
     Case(
         "+scoring=nope",
         ["+scoring=nope"],
@@ -474,6 +536,8 @@ CASES = [
         fast=False,
     ),
 ]
+DATA_CONFIGS = sorted(p.stem for p in (ROOT / "conf" / "data").glob("[!_]*.yaml"))
+DESIGNS = sorted(p.stem for p in (ROOT / "conf" / "design").glob("*.yaml"))
 SUBPROCESS = {"model.attention.n_heads=0", "data=nope", "missing data file"}  # one of each way to be refused early
 
 
@@ -546,6 +610,51 @@ def test_a_model_too_large_for_memory_names_first_the_size_that_costs_most(run_c
 def test_every_shipped_data_config_composes_and_validates(data):
     with initialize_config_module("headlab.conf", version_base="1.3"):
         check_config(compose("train", overrides=[f"data={data}"]))
+
+
+def _sections(node, prefix: str = "") -> list[str]:
+    """Every key of a composed config (below hydra) whose value is keys of its own."""
+    found = []
+    for key in node:
+        if isinstance(node._get_node(key), DictConfig) and f"{prefix}{key}" != "hydra":
+            found += [f"{prefix}{key}", *_sections(node[key], f"{prefix}{key}.")]
+    return found
+
+
+def test_every_section_of_every_shipped_config_given_one_value_or_a_list_is_refused_by_its_name():
+    """Whatever section a shipped config has (each data config's, each design's, each logger's), one value in its
+    place fails the checks, and a list in its place fails as Hydra merges it, each in the line that names it."""
+    groups = {"data": DATA_CONFIGS, "+design": DESIGNS, "logger": ["[csv,tensorboard,wandb]"]}
+    choices = [f"{group}={option}" for group, options in groups.items() for option in options]
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        composed = {choice: compose("train", overrides=[choice]) for choice in choices}
+        sections = {section: choice for choice, cfg in reversed(composed.items()) for section in _sections(cfg)}
+        assert {"optim", "sweep.plan", "data.task", "data.files", "data.tokenizer", "model.attention.moh"} <= set(
+            sections
+        )
+        for section, choice in sections.items():
+            cfg = copy.deepcopy(composed[choice])
+            OmegaConf.update(cfg, section, 5, merge=False)
+            with pytest.raises(ConfigError) as refused:
+                check_config(cfg)
+            assert str(refused.value).startswith(f"{section}=5 is invalid: expected "), (choice, refused.value)
+            if "." not in section and (ROOT / "conf" / section).is_dir():  # a group: [1,2] would name its configs
+                assert refused_group([choice, f"{section}=[1,2]"]).startswith(f"invalid config: {section}=1 is unknown")
+                continue
+            with pytest.raises(ConfigCompositionException) as merged:
+                compose("train", overrides=[choice, f"{section}=[1,2]"])
+            said = one_line(merged.value)
+            assert said.startswith(f"invalid config: {section}=[1,2] is invalid: expected "), (choice, said)
+
+
+def test_a_section_given_one_value_for_a_whole_sweep_is_refused_before_any_job(run_cli, tmp_path):
+    done = run_cli("-m", "sweep=3", "seed=0,1", "hydra.sweep.dir=sweep")
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.strip().splitlines()[-1] == (
+        "headlab-train: invalid config: sweep=3 is invalid: expected keys of its own: set one of them as "
+        "sweep.<key>=..."
+    )
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_pack_refuses_callbacks_it_would_never_call():

@@ -286,11 +286,12 @@ def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(swee
     (root / "stopped" / "results.json").write_text(json.dumps({**record, "error": "SystemExit"}))
     (root / "bare").mkdir()
     (root / "bare" / "results.json").write_text('{"status": "completed", "metrics": {"test/acc": 1.0}}')
-    main([str(root), str(root / "empty")])
+    main([str(root), str(root / "empty"), str(root / "misspelt")])
     err = capsys.readouterr().err
     assert f"skipped {root / 'bare' / 'results.json'}: a completed record without config" in err
     assert f"skipped {root / '0' / 'results.json'}: not JSON (" in err
     assert f"skipped {root / 'empty'}: no results.json below it" in err
+    assert f"skipped {root / 'misspelt'}: it does not exist" in err
     assert f"left out {root / 'failed'}: failed\n" in err
     assert f"left out {root / 'stopped'}: interrupted: SystemExit\n" in err  # a SIGTERM'd run, resumable
     table = list(csv.DictReader((root / "compare.csv").open()))

@@ -8,43 +8,90 @@ from importlib.resources import files
 from pathlib import Path
 
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
+from omegaconf.errors import ConfigTypeError, OmegaConfBaseException
 
-from headlab.errors import ConfigError, DataError
+from headlab.config.check import RULES, section_rule
+from headlab.errors import ConfigError, DataError, as_written
 
 
 def _flat(text: str) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-def _options(group: str) -> list[str]:
-    """The configs headlab ships in a group (Hydra does not always say, e.g. for an entry of a list)."""
-    folder = files("headlab.conf").joinpath(group)
-    if not folder.is_dir():
-        return []
-    return [f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")]
+def _group_options(group: str) -> list[str]:
+    """The configs of a group as Hydra lists them (Hydra's own and its plugins' too: hydra/launcher=basic), where
+    Hydra's error does not say (an entry of a list; a value that is no name: refused_group)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_automatic_config_search_path
+
+    path = create_automatic_config_search_path(None, None, "pkg://headlab.conf")
+    return ConfigLoaderImpl(config_search_path=path).get_group_options(group)
 
 
 def _unknown_option(error: MissingConfigException) -> str:
     group, _, name = (error.missing_cfg_file or "").rpartition("/")
-    options = sorted(o for o in (error.options or _options(group)) if not o.startswith("_"))  # _text: a base
+    options = sorted(o for o in (error.options or _group_options(group)) if not o.startswith("_"))  # _text: a base
     if not group or not options:
         return f"invalid config: {_flat(error)}"
     return f"invalid config: {group}={name} is unknown: expected one of {', '.join(options)}"
 
 
+MERGING = "Error merging override "  # Hydra's words for an override whose value cannot replace the key's
+
+
 def _unknown_key(error: ConfigCompositionException) -> str:
+    """An override Hydra could not apply: a key the config has not, one below a single value (model.d_model.x=1), or
+    a list in place of a section's keys (sweep.plan=[1,2]) or keys in place of a list (optim.betas={a:1})."""
     cause = error.__cause__
     key = getattr(cause, "full_key", None)
     parent = getattr(cause, "parent_node", None)
     if not isinstance(cause, OmegaConfBaseException) or not key or parent is None:
         return f"invalid config: {_flat(error)}"
+    if isinstance(cause, ConfigTypeError) and str(error).startswith(MERGING):
+        given = str(error).removeprefix(MERGING).partition("=")[2]
+        allowed = section_rule(key) if isinstance(parent, DictConfig) else RULES.get(key, (None, "a list: [a, b]"))[1]
+        return f"invalid config: {key}={given} is invalid: expected {allowed}"
+    prefix = str(key).rpartition(".")[0]
+    if hasattr(parent, "keys") and not len(parent):  # Hydra's empty stand-in for a key that holds one value
+        return f"invalid config: {key} is not a key of the config: {prefix} is one value, with no keys of its own"
     known = [str(k) for k in parent if not str(k).startswith("_")] if hasattr(parent, "keys") else []
     near = difflib.get_close_matches(str(key).rsplit(".", 1)[-1], known, n=1)
-    prefix = str(key).rpartition(".")[0]
     meant = f"did you mean {prefix + '.' if prefix else ''}{near[0]}? " if near else ""
     added = "" if str(key).startswith("model.") else f" (or +{key}=... to add one)"  # the model takes no other
-    return f"invalid config: {key} is not a key of the config: {meant}expected one of {', '.join(known)}{added}"
+    expected = f"expected one of {', '.join(known)}" if known else f"{prefix} has none to set"  # the basic launcher
+    return f"invalid config: {key} is not a key of the config: {meant}{expected}{added}"
+
+
+NEEDED_GROUPS = ("model", "trainer", "data")  # a run has a config of each (logger=[] or ~logger: no logger)
+
+
+def refused_group(argv: list[str]) -> str | None:
+    """The line refusing a config group given what names none of its configs (trainer=5, data=[1,2], a sweep's
+    trainer=cpu,5) or a group a run needs removed (~model, trainer=[]), which Hydra fails on without saying which;
+    None where every group override names configs (an unknown name: Hydra's error, _unknown_option)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, groups = OverridesParser.create(), {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
+    for given in [a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")]:
+        try:
+            (override,) = parser.parse_overrides([given])
+        except OverrideParseException:  # Hydra says what it cannot parse
+            continue
+        group = override.key_or_group
+        if "/" not in group and group not in groups:  # a key, not a group
+            continue
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        names = [name for v in values for name in (v if isinstance(v, list) else [v])]
+        bad = [n for n in names if not isinstance(n, str | dict) and not (override.is_delete() and n is None)]  # a
+        # dict sets keys of the group's config (model={attention: {n_heads: 4}})
+        removed = group in NEEDED_GROUPS and (override.is_delete() or [] in values)
+        options = ", ".join(sorted(o for o in _group_options(group) if not o.startswith("_"))) if bad or removed else ""
+        if options and bad:
+            return f"invalid config: {group}={as_written(bad[0])} is unknown: expected one of {options}"
+        if options:
+            return f"invalid config: {given} is invalid: expected a {group} config (a run needs one): {options}"
+    return None
 
 
 def _long_key(filename) -> str | None:

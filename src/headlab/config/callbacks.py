@@ -35,9 +35,7 @@ def check_callbacks(cfg: DictConfig) -> None:
     shipped = OmegaConf.load(files("headlab.conf").joinpath("callbacks", "default.yaml"))
     callbacks = cfg.get("callbacks") or {}
     why = "headlab writes a run's checkpoints itself: its best by val/acc, and last.ckpt after every validation"
-    for name, node in callbacks.items():
-        if node is not None and not isinstance(node, DictConfig):
-            fail(f"callbacks.{name}", node, "a callback's config (its _target_ and arguments), or null")
+    for name, node in callbacks.items():  # each a mapping or null (headlab.config.check.check_sections)
         target = str(node.get("_target_", "")) if node is not None else ""
         if name not in CHECKPOINTS and target in CHECKPOINT_TARGETS:
             fail(f"callbacks.{name}._target_", target, f"another callback ({why})")

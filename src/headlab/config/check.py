@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from headlab.config.callbacks import check_callbacks, pack_refusal
-from headlab.conventions import ADDED_KEYS, SPLITS, as_now
+from headlab.conventions import ADDED_KEYS, SPLITS
 from headlab.errors import ConfigError, fail
 from headlab.model import rules
 from headlab.printing import seconds_of
@@ -122,6 +122,8 @@ RULES: dict[str, tuple[Callable, str]] = {
     "auto_epochs.max": POSITIVE,
     "auto_epochs.scale": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
+    "trainer.deterministic": (lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false, warn or null"),
+    "trainer.enable_model_summary": (lambda v: isinstance(v, bool), "true or false"),
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
     "tf32": (lambda v: isinstance(v, bool), "true or false"),
     "optim.betas": (
@@ -154,6 +156,44 @@ def _value(cfg: DictConfig, key: str):
     return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
 
 
+ENTRIES = {"callbacks": "a callback's", "logger": "a logger's"}  # each entry a component's config, or null (off)
+# The config's other sections (keys whose value is keys of their own) -> whether null is allowed: those RULES checks
+# a key of (optim, sweep.plan, ...), those a run reads besides, those of an experiment's pre-stated analysis.
+SECTIONS = {
+    **{
+        key.rsplit(".", i)[0]: False
+        for key in RULES
+        for i in range(1, key.count(".") + 1)
+        if key.partition(".")[0] not in ENTRIES  # callbacks.attention: an entry
+    },
+    **dict.fromkeys(("data.task", "data.cv", "data.files", "data.hub_splits"), False),
+    **dict.fromkeys(("compare", "confirm", *ENTRIES), True),
+}
+
+
+def section_rule(key: str) -> str:
+    """What a section (SECTIONS) or an entry of ENTRIES takes, said where it is given one value instead."""
+    group, entry, _ = key.partition(".")
+    if group in ENTRIES and entry:
+        return f"{ENTRIES[group]} config (its _target_ and arguments), or null"
+    return f"keys of its own{' or null' if SECTIONS.get(key) else ''}: set one of them as {key}.<key>=..."
+
+
+def check_sections(cfg: DictConfig) -> None:
+    """A section given one value in place of its keys (optim=5, sweep.plan=3) is refused by its name here, before
+    anything reads a key of it: a single run in one line; a sweep before its first job where every job has it
+    (headlab.launch.job.check_sweep), else each job that has it is recorded as failed. A list in place of a
+    section's keys fails as Hydra merges it (headlab.cli.hydra_errors)."""
+    for key, nullable in SECTIONS.items():
+        value = _value(cfg, key)
+        if value is not _ABSENT and not isinstance(value, DictConfig) and not (nullable and value is None):
+            fail(key, value, section_rule(key))
+    for group in [g for g in ENTRIES if isinstance(_value(cfg, g), DictConfig)]:
+        for name, node in cfg[group].items():
+            if node is not None and not isinstance(node, DictConfig):
+                fail(f"{group}.{name}", node, section_rule(f"{group}.{name}"))
+
+
 def check_model_keys(cfg: DictConfig) -> None:
     """Every key under model and model.attention is one the model takes (conf/model/encoder.yaml states them all):
     a key added with + (model.attention.gaet, a typo of gate) would fail only when the model is built, after the
@@ -177,6 +217,7 @@ def check_model_keys(cfg: DictConfig) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first invalid value, then for impossible combinations."""
+    check_sections(cfg)
     check_model_keys(cfg)
     for key, (ok, allowed) in RULES.items():
         value = _value(cfg, key)
@@ -327,35 +368,3 @@ def check_launch(cfg: DictConfig, in_sweep: bool, launcher: str | None, user_res
             "ddp_spawn (or ddp_fork on CPU) inside a local sweep: Lightning's ddp "
             "re-runs the whole -m command in every rank; or keep ddp with hydra/launcher=slurm",
         )
-
-
-def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
-    """A resumed run must be the same run: same directory, and the same config as its first attempt (recorded in
-    its results.json, or in its .hydra/config.yaml where results.json cannot be read). One killed before it wrote
-    checkpoints/last.ckpt starts again from its first step."""
-    from pathlib import Path
-
-    from headlab.config.run_config import recorded_config
-    from headlab.record import defining_keys
-
-    marks = (Path(cfg.resume) / ".hydra" / "config.yaml", Path(cfg.resume) / "checkpoints" / "last.ckpt")
-    if not any(mark.exists() for mark in marks):
-        fail(
-            "resume", cfg.resume, "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
-        )
-    from headlab.record import read_record
-
-    if (read_record(Path(cfg.resume)) or {}).get("status") == "completed":
-        fail(
-            "resume",
-            cfg.resume,
-            f"an incomplete run: it completed, its records are final (headlab-eval {cfg.resume} evaluates a "
-            "checkpoint of it again; a new run needs a new directory)",
-        )
-    before = recorded_config(Path(cfg.resume))
-    if before is None:
-        return  # a run killed before it wrote either: nothing to compare with
-    flat_config = as_now(flat_config)  # a run composed from a config saved before keys were added
-    for key in defining_keys(before, flat_config):
-        if before.get(key) != flat_config.get(key):
-            fail(key, flat_config.get(key), f"{before.get(key)!r} as in the run being resumed ({cfg.resume})")

@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf._utils import get_omega_conf_dumper
 
 from headlab.config import trust
-from headlab.config.check import check_config, check_launch, check_resume
-from headlab.config.run_config import flat_config, recorded_config
+from headlab.config.check import check_config, check_launch, check_sections
+from headlab.config.run_config import check_resume, flat_config, recorded_config
 from headlab.errors import ConfigError, DataError, DiskFull, TrainingError, UsageError
 from headlab.files import write_atomic, write_text_atomic
 from headlab.launch import console, rundir
@@ -69,6 +69,12 @@ def objective(cfg: DictConfig, record: dict) -> float:
     """What a job returns to its sweeper (Optuna maximises it): sweep.objective of its metrics, NaN if it failed."""
     value = record.get("metrics", {}).get(cfg.sweep.objective) if record.get("status") == "completed" else None
     return float("nan") if value is None else float(value)
+
+
+def check_sweep(config: DictConfig) -> None:
+    """What every job of a sweep shares, refused before its first job (the sweepers': grid, search): a section given
+    one value for all of them (sweep=3, optim=5), which no job could read."""
+    check_sections(config)
 
 
 def composed_files(cfg: DictConfig) -> dict[str, str]:
@@ -126,7 +132,7 @@ class Job:
         in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
         job = cls(cfg, run_dir, record, in_sweep=in_sweep, continued=continued)
         job.sweep_dir = Path(hydra_cfg.sweep.dir) if in_sweep else None
-        if not cfg.resume and cfg.sweep.resume and rundir.continues(run_dir, record["config"]):
+        if not cfg.resume and job.rerun and rundir.continues(run_dir, record["config"]):
             log.info("continuing %s from its checkpoints/last.ckpt (sweep.resume=true)", run_dir)
             job.continued = True
             with open_dict(cfg):
@@ -139,10 +145,15 @@ class Job:
             record["config"] = {**{k: v for k, v in before.items() if "." not in k}, **record["config"]}
         return job
 
+    @property
+    def rerun(self) -> bool:
+        """sweep.resume, read before the checks: a sweep section given one value (sweep=3) is theirs to refuse."""
+        return bool(OmegaConf.select(self.cfg, "sweep.resume", default=False))
+
     def skipped(self) -> float | None:
         """The objective of the job's earlier result when sweep.resume skips it (it completed before with the same
         config); None when it is to run."""
-        if self.cfg.sweep.resume and rundir.completed_before(self.run_dir, self.record["config"]):
+        if self.rerun and rundir.completed_before(self.run_dir, self.record["config"]):
             log.info("skipping %s: completed before with the same config (sweep.resume=true)", self.run_dir)
             return objective(self.cfg, read_record(self.run_dir) or {})
         return None
@@ -153,7 +164,7 @@ class Job:
         by headlab once the directory is the job's."""
         cfg = self.cfg
         if cores.process_rank() == 0:  # other ranks of a run that re-runs the command write nothing
-            resuming, rerun = bool(cfg.resume), cfg.sweep.resume
+            resuming, rerun = bool(cfg.resume), self.rerun
             self.fresh = rundir.claim(self.run_dir, self.record["config"], resuming=resuming, rerun=rerun)
             self.owned = True
         if cfg.resume:

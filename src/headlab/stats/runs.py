@@ -53,7 +53,7 @@ def load_dirs(dirs: list[Path]) -> Runs:
                 else:
                     found[str(path.parent)] = functools.partial(_text, path.parent)
         if not files:
-            runs.unreadable.append((str(root), "no results.json below it"))
+            runs.unreadable.append((str(root), "no results.json below it" if root.exists() else "it does not exist"))
         for where, read in found.items():
             _add_run(runs, where, read)
     return runs

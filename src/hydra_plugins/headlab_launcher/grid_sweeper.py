@@ -33,7 +33,9 @@ class GridSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]):
         from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep, sequential_sweep
+        from headlab.launch.job import check_sweep
 
+        check_sweep(self.config)
         extend = OmegaConf.select(self.config, "sweep.extend")
         if extend and extend.get("key"):  # before any job: a misspelt key costs nothing
             params = OmegaConf.select(self.config, "hydra.sweeper.params")

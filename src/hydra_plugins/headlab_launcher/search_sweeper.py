@@ -31,7 +31,9 @@ class SearchSweeper(Sweeper):
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         from headlab.launch import extras
+        from headlab.launch.job import check_sweep
 
+        check_sweep(self.config)
         search = extras.search()  # or one line: the optuna extra is not installed
         packed, objective = getattr(self.launcher, "composes_every_job_first", False), str(self.config.sweep.objective)
         search.check(self.n_trials, self.n_jobs, self.settings["pruner"], packed, self.settings["direction"], objective)
