@@ -75,6 +75,13 @@ CASES = [
     value("callbacks.attention.n_probe=-1", "an int >= 1"),
     value("trainer.log_every_n_steps=0", "an int >= 1"),
     value("trainer.deterministic=maybe", "true, false, warn or null"),
+    value("trainer.devices=x", "an int >= 1, -1 (every device), auto, or device indices ([0, 1] or '0,1')"),
+    Case(
+        "data.n_classes=x",
+        ["data=sst2", "data.n_classes=x"],
+        "invalid config: data.n_classes='x' is invalid: expected an int >= 2, or null (from the labels)",
+    ),
+    value("sweep.resume=maybe", "true or false"),
     value("trainer.enable_model_summary=maybe", "true or false"),
     value("resume=5", "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"),
     value("trainer.gradient_clip_val=-1", "a number >= 0 or null"),
@@ -645,6 +652,36 @@ def test_every_section_of_every_shipped_config_given_one_value_or_a_list_is_refu
                 compose("train", overrides=[choice, f"{section}=[1,2]"])
             said = one_line(merged.value)
             assert said.startswith(f"invalid config: {section}=[1,2] is invalid: expected "), (choice, said)
+
+
+def _leaves(node, prefix: str = "") -> dict[str, object]:
+    """Every key of a composed config (below hydra) that holds one value, with the value as shipped (unresolved)."""
+    found = {}
+    for key in node:
+        child, name = node._get_node(key), f"{prefix}{key}"
+        if isinstance(child, DictConfig):
+            found |= _leaves(child, f"{name}.") if name != "hydra" else {}
+        else:
+            found[name] = child._value()
+    return found
+
+
+def test_every_true_false_or_number_key_shipped_given_a_word_is_refused_by_its_name():
+    """Whatever key a shipped config holds true or false, or a number, in (each data config's, each design's, each
+    logger's), a word in its place fails the checks, in the line that names it."""
+    groups = {"data": DATA_CONFIGS, "+design": DESIGNS, "logger": ["[csv,tensorboard,wandb]"]}
+    choices = [f"{group}={option}" for group, options in groups.items() for option in options]
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+        composed = {choice: compose("train", overrides=[choice]) for choice in choices}
+    keys = {key: (choice, v) for choice, cfg in reversed(composed.items()) for key, v in _leaves(cfg).items()}
+    typed = {key: (choice, v) for key, (choice, v) in keys.items() if isinstance(v, bool | int | float)}
+    assert {"tf32", "data.tokenizer.lowercase", "data.task.n_pairs", "optim.lr", "sweep.resume"} <= set(typed)
+    for key, (choice, shipped) in typed.items():
+        cfg = copy.deepcopy(composed[choice])
+        OmegaConf.update(cfg, key, "maybe" if isinstance(shipped, bool) else "x", merge=False)
+        with pytest.raises(ConfigError) as refused:
+            check_config(cfg)
+        assert str(refused.value).startswith(f"{key}="), (choice, key, refused.value)
 
 
 def test_a_section_given_one_value_for_a_whole_sweep_is_refused_before_any_job(run_cli, tmp_path):

@@ -49,10 +49,23 @@ POSITIVE = (positive_int, "an int >= 1")
 OPTIONAL_POSITIVE = (optional_positive_int, "an int >= 1 or null")
 PROBABILITY = (probability, "a number in [0, 1)")
 METRIC = (lambda v: v in OBJECTIVES, f"a metric of every run's record: {', '.join(OBJECTIVES)}")
+SEED = (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)")
+BOOLEAN = (lambda v: isinstance(v, bool), "true or false")
+
+
+def devices(v) -> bool:
+    """Lightning's trainer.devices: a count, -1 (every device), auto, or device indices ([0, 1] or '0,1')."""
+    if isinstance(v, str):
+        return v == "auto" or all(i.strip().isdigit() for i in v.split(","))
+    if isinstance(v, list | tuple | ListConfig):
+        return len(v) > 0 and all(_is_int(i) and i >= 0 for i in v)
+    return positive_int(v) or v == -1
+
 
 # key -> (check, what is allowed); keys absent from the config (another task, say) are skipped
 RULES: dict[str, tuple[Callable, str]] = {
-    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)"),
+    "seed": SEED,
+    "data.cv.seed": SEED,
     "model.d_model": POSITIVE,
     "model.n_layers": POSITIVE,
     "model.d_ff": OPTIONAL_POSITIVE,
@@ -61,19 +74,19 @@ RULES: dict[str, tuple[Callable, str]] = {
     "model.positional": one_of(*rules.POSITIONALS),
     "model.rope_base": (lambda v: _is_number(v) and v > 1, "a number > 1 (rotary angles base^(-2i/d_k))"),
     "model.readout": one_of(None, *rules.READOUTS),
-    "model.compile": (lambda v: isinstance(v, bool), "true or false"),
+    "model.compile": BOOLEAN,
     "pack.compute": one_of("auto", "each", "batched"),
     "model.attention.n_heads": POSITIVE,
     "model.attention.d_k": OPTIONAL_POSITIVE,
     "model.attention.d_v": OPTIONAL_POSITIVE,
     "model.attention.n_kv_heads": OPTIONAL_POSITIVE,
-    "model.attention.scale": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.scale": BOOLEAN,
     "model.attention.dropout": PROBABILITY,
     "model.attention.talking_heads": one_of(*rules.TALKING_HEADS),
-    "model.attention.differential": (lambda v: isinstance(v, bool), "true or false"),
-    "model.attention.qk_norm": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.differential": BOOLEAN,
+    "model.attention.qk_norm": BOOLEAN,
     "model.attention.latent_kv": (optional_positive_int, "an int >= 1 (the latent's rank) or null"),
-    "model.attention.value_residual": (lambda v: isinstance(v, bool), "true or false"),
+    "model.attention.value_residual": BOOLEAN,
     "data.batch_size": POSITIVE,
     "data.n_train": POSITIVE,
     "data.n_val": POSITIVE,
@@ -81,7 +94,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "data.num_workers": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     "data.max_length": POSITIVE,
     "data.val_fraction": (lambda v: _is_number(v) and 0 < v < 1, "a number in (0, 1)"),
-    "data.bucketing": (lambda v: isinstance(v, bool), "true or false"),
+    "data.bucketing": BOOLEAN,
     "data.tokenizer.kind": one_of("wordpiece", "bpe"),
     "data.tokenizer.vocab_size": (lambda v: _is_int(v) and v > 3, "an int > 3 (room for [PAD], [UNK], [SEP])"),
     "optim.lr": (lambda v: _is_number(v) and v > 0, "a number > 0"),
@@ -123,9 +136,16 @@ RULES: dict[str, tuple[Callable, str]] = {
     "auto_epochs.scale": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.deterministic": (lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false, warn or null"),
-    "trainer.enable_model_summary": (lambda v: isinstance(v, bool), "true or false"),
+    "trainer.enable_model_summary": BOOLEAN,
+    "trainer.devices": (devices, "an int >= 1, -1 (every device), auto, or device indices ([0, 1] or '0,1')"),
+    "data.n_classes": (lambda v: v is None or (_is_int(v) and v >= 2), "an int >= 2, or null (from the labels)"),
+    "data.tokenizer.lowercase": BOOLEAN,
+    "sweep.resume": BOOLEAN,
+    "logger.tensorboard.default_hp_metric": BOOLEAN,
+    "callbacks.progress_bar.every_s": (lambda v: _is_number(v) and v > 0, "a number of seconds > 0"),
+    "callbacks.progress_bar.every_n_steps": POSITIVE,
     "trainer.gradient_clip_val": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0 or null"),
-    "tf32": (lambda v: isinstance(v, bool), "true or false"),
+    "tf32": BOOLEAN,
     "optim.betas": (
         lambda v: isinstance(v, list | tuple | ListConfig) and len(v) == 2 and all(probability(b) for b in v),
         "two numbers in [0, 1), e.g. [0.9, 0.98]",
@@ -133,7 +153,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "callbacks.attention.every_n_val_epochs": POSITIVE,
     "callbacks.attention.figures_every_n_val_epochs": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: no figures)"),
     "callbacks.attention.n_probe": POSITIVE,
-    "callbacks.attention.importance": (lambda v: isinstance(v, bool), "true or false"),
+    "callbacks.attention.importance": BOOLEAN,
     "callbacks.attention.pruning_step": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "callbacks.attention.analysis_batches": POSITIVE,
     "callbacks.attention.causal_batches": (lambda v: _is_int(v) and v >= 0, "an int >= 0 (0: no causal analysis)"),

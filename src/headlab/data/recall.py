@@ -41,6 +41,8 @@ class AssociativeRecall:
                 raise InvalidSetting(name(key), value, "an int >= 1")
         if lookups not in (1, 2):
             raise InvalidSetting(name("lookups"), lookups, "one of 1, 2")
+        if not isinstance(fused, bool):
+            raise InvalidSetting(name("fused"), fused, "true or false")
         if lookups == 2 and fused is not True:
             rule = f"true when {name('lookups')}=2 (a query position holds both keys)"
             raise InvalidSetting(name("fused"), fused, rule)
