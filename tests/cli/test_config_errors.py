@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from conftest import ROOT, cli_env, headlab_train, train_here
-from headlab.cli.hydra_errors import one_line, refused_group
+from headlab.cli.hydra_errors import one_line, refused_override
 from headlab.config.check import check_config, check_launch
 from headlab.errors import ConfigError, as_written
 from headlab.model.encoder import Encoder
@@ -82,8 +82,27 @@ CASES = [
         "invalid config: data.n_classes='x' is invalid: expected an int >= 2, or null (from the labels)",
     ),
     value("sweep.resume=maybe", "true or false"),
+    Case(
+        "a path that reads as a number",
+        ["data=files", "data.files.train=5"],
+        "invalid config: data.files.train=5 is invalid: expected a path, or null (quote one that reads as a number: "
+        "'5')",
+    ),
+    Case(
+        "a task's class that names no module",
+        ["data.task._target_=5"],
+        "invalid config: data.task._target_='5' is invalid: expected an importable task class (Empty module name)",
+    ),
     value("trainer.enable_model_summary=maybe", "true or false"),
-    value("resume=5", "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"),
+    *[
+        Case(
+            given,
+            [given],
+            f"invalid config: {given} is invalid: expected a run directory of headlab-train (with "
+            ".hydra/config.yaml or checkpoints/last.ckpt)",
+        )
+        for given in ("resume=5", "resume=[a]", "resume={{a:1}}")  # {{: the case's {tmp} is formatted in
+    ],  # fmt: skip
     value("trainer.gradient_clip_val=-1", "a number >= 0 or null"),
     value("tf32=maybe", "true or false"),
     value("pack.compute=vmap", "one of auto, each, batched"),
@@ -646,7 +665,8 @@ def test_every_section_of_every_shipped_config_given_one_value_or_a_list_is_refu
                 check_config(cfg)
             assert str(refused.value).startswith(f"{section}=5 is invalid: expected "), (choice, refused.value)
             if "." not in section and (ROOT / "conf" / section).is_dir():  # a group: [1,2] would name its configs
-                assert refused_group([choice, f"{section}=[1,2]"]).startswith(f"invalid config: {section}=1 is unknown")
+                said = refused_override([choice, f"{section}=[1,2]"])
+                assert said.startswith(f"invalid config: {section}=1 is unknown"), (choice, said)
                 continue
             with pytest.raises(ConfigCompositionException) as merged:
                 compose("train", overrides=[choice, f"{section}=[1,2]"])

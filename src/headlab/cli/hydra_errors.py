@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigTypeError, OmegaConfBaseException
 
 from headlab.config.check import RULES, section_rule
+from headlab.config.run_config import RUN_DIRECTORY
 from headlab.errors import ConfigError, DataError, as_written
 
 
@@ -21,7 +22,7 @@ def _flat(text: str) -> str:
 
 def _group_options(group: str) -> list[str]:
     """The configs of a group as Hydra lists them (Hydra's own and its plugins' too: hydra/launcher=basic), where
-    Hydra's error does not say (an entry of a list; a value that is no name: refused_group)."""
+    Hydra's error does not say (an entry of a list; a value that is no name: refused_override)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_automatic_config_search_path
 
@@ -66,10 +67,11 @@ def _unknown_key(error: ConfigCompositionException) -> str:
 NEEDED_GROUPS = ("model", "trainer", "data")  # a run has a config of each (logger=[] or ~logger: no logger)
 
 
-def refused_group(argv: list[str]) -> str | None:
-    """The line refusing a config group given what names none of its configs (trainer=5, data=[1,2], a sweep's
-    trainer=cpu,5) or a group a run needs removed (~model, trainer=[]), which Hydra fails on without saying which;
-    None where every group override names configs (an unknown name: Hydra's error, _unknown_option)."""
+def refused_override(argv: list[str]) -> str | None:
+    """The line refusing an override Hydra fails on without naming it: a config group given what names none of its
+    configs (trainer=5, data=[1,2], a sweep's trainer=cpu,5), a group a run needs removed (~model, trainer=[]), resume
+    given a list or keys (the run's directory is named from it); None where there is none (an unknown name of a
+    group: Hydra's error, _unknown_option)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, groups = OverridesParser.create(), {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
@@ -79,6 +81,8 @@ def refused_group(argv: list[str]) -> str | None:
         except OverrideParseException:  # Hydra says what it cannot parse
             continue
         group = override.key_or_group
+        if group == "resume" and not isinstance(override.value(), str | None):
+            return f"invalid config: {given} is invalid: expected {RUN_DIRECTORY}"
         if "/" not in group and group not in groups:  # a key, not a group
             continue
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from headlab.cli import neighbours
-from headlab.cli.hydra_errors import one_line, refused_group
+from headlab.cli.hydra_errors import one_line, refused_override
 from headlab.launch import job as job_
 from headlab.launch import runtime
 from headlab.launch.job import Job
@@ -105,7 +105,7 @@ def cli() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing them
     register()
     sys.argv[1:] = resume_argv(dry_run_argv(sys.argv[1:]))
-    if refused := refused_group(sys.argv[1:]):  # trainer=5, ~model: Hydra would fail without naming the group
+    if refused := refused_override(sys.argv[1:]):  # trainer=5, ~model, resume=[a]: Hydra would not name them
         _refuse(refused)
     dry_run = any(a.startswith("sweep.dry_run=") for a in sys.argv)
     if "hydra/launcher=slurm" not in sys.argv and (line := neighbours.warning()):  # slurm: it trains elsewhere

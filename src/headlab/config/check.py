@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from headlab.config.callbacks import check_callbacks, pack_refusal
+from headlab.config.memory import check_device
 from headlab.conventions import ADDED_KEYS, SPLITS
 from headlab.errors import ConfigError, fail
 from headlab.model import rules
@@ -51,6 +52,12 @@ PROBABILITY = (probability, "a number in [0, 1)")
 METRIC = (lambda v: v in OBJECTIVES, f"a metric of every run's record: {', '.join(OBJECTIVES)}")
 SEED = (lambda v: _is_int(v) and 0 <= v < 2**32, "an int in [0, 2**32)")
 BOOLEAN = (lambda v: isinstance(v, bool), "true or false")
+PATH = (lambda v: v is None or isinstance(v, str), "a path, or null (quote one that reads as a number: '5')")
+NAME = (lambda v: v is None or isinstance(v, str), "a name, or null (quote one that reads as a number: '5')")
+
+
+def names(v) -> bool:
+    return isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v)
 
 
 def devices(v) -> bool:
@@ -140,6 +147,14 @@ RULES: dict[str, tuple[Callable, str]] = {
     "trainer.devices": (devices, "an int >= 1, -1 (every device), auto, or device indices ([0, 1] or '0,1')"),
     "data.n_classes": (lambda v: v is None or (_is_int(v) and v >= 2), "an int >= 2, or null (from the labels)"),
     "data.tokenizer.lowercase": BOOLEAN,
+    **dict.fromkeys(("data.files.train", "data.files.val", "data.files.test", "data.tokenizer.path"), PATH),
+    "data.cache_dir": PATH,
+    **dict.fromkeys(("data.hub", "data.hub_splits.train", "data.hub_splits.val", "data.hub_splits.test"), NAME),
+    **dict.fromkeys(("data.files.encoding", "data.tokenizer.hub", "data.text_pair_column"), NAME),
+    "data.column_names": (
+        lambda v: v is None or names(v) or (isinstance(v, DictConfig) and all(names(n) for n in v.values())),
+        "a list of names, for every file or per split ({test: [...]}), or null (the files' header row)",
+    ),
     "sweep.resume": BOOLEAN,
     "logger.tensorboard.default_hp_metric": BOOLEAN,
     "callbacks.progress_bar.every_s": (lambda v: _is_number(v) and v > 0, "a number of seconds > 0"),
@@ -327,22 +342,6 @@ def check_cross_validation(data: DictConfig) -> None:
         fail("data.cv.fold", fold, f"a fold of 0..{k - 1}")
 
 
-def check_device(cfg: DictConfig) -> None:
-    """A GPU run on a machine without an NVIDIA GPU (no driver: no /dev/nvidiactl, no nvidia-smi), without torch."""
-    import shutil
-    import sys
-    from pathlib import Path
-
-    accelerator = str(cfg.trainer.get("accelerator"))
-    no_driver = not Path("/dev/nvidiactl").exists() and shutil.which("nvidia-smi") is None
-    if accelerator in ("gpu", "cuda") and sys.platform == "linux" and no_driver:
-        fail(
-            "trainer.accelerator",
-            accelerator,
-            "cpu on this machine, which has no NVIDIA GPU (no driver found): trainer=cpu",
-        )
-
-
 def check_task(cfg: DictConfig) -> None:
     """The rules of a generated task, stated by the task class itself (its static `check`, headlab.data.task)."""
     task = _value(cfg, "data.task")
@@ -351,7 +350,7 @@ def check_task(cfg: DictConfig) -> None:
     module, _, name = str(task._target_).rpartition(".")
     try:
         check = getattr(getattr(importlib.import_module(module), name), "check", None)
-    except (ImportError, AttributeError) as error:
+    except (ImportError, AttributeError, ValueError) as error:  # ValueError: no module named (_target_=5)
         fail("data.task._target_", str(task._target_), f"an importable task class ({error})")
     if check is not None:
         settings = {k: v for k, v in OmegaConf.to_container(task, resolve=True).items() if k != "_target_"}

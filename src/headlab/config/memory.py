@@ -1,15 +1,30 @@
-"""Will it fit? The memory a run needs to train (headlab.model.rules.training_bytes, from its config and its data's
-sizes) against what the device it trains on has free: a run that cannot fit is refused before its model is built,
-and a pack holds as many members as fit."""
+"""Will it fit? A GPU run on a machine without one is refused before anything is imported; the memory a run needs to
+train (headlab.model.rules.training_bytes, from its config and its data's sizes) against what the device it trains on
+has free: a run that cannot fit is refused before its model is built, and a pack holds as many members as fit."""
 
 import copy
 import os
+import shutil
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.errors import ConfigError
+from headlab.errors import ConfigError, fail
 from headlab.model import rules
+
+
+def check_device(cfg: DictConfig) -> None:
+    """A GPU run on a machine without an NVIDIA GPU (no driver: no /dev/nvidiactl, no nvidia-smi), without torch."""
+    accelerator = str(cfg.trainer.get("accelerator"))
+    no_driver = not Path("/dev/nvidiactl").exists() and shutil.which("nvidia-smi") is None
+    if accelerator in ("gpu", "cuda") and sys.platform == "linux" and no_driver:
+        fail(
+            "trainer.accelerator",
+            accelerator,
+            "cpu on this machine, which has no NVIDIA GPU (no driver found): trainer=cpu",
+        )
+
 
 SHARE = 0.7  # of the free memory a run (or a pack's members together) may plan to take
 

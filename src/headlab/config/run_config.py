@@ -34,15 +34,16 @@ def recorded_config(run_dir: Path) -> dict | None:
         return as_now(flatten(OmegaConf.to_container(saved)))
 
 
+RUN_DIRECTORY = "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"  # resume=
+
+
 def check_resume(cfg: DictConfig, run_dir, flat_config: dict) -> None:
     """A resumed run must be the same run: same directory, and the same config as its first attempt (recorded in
     its results.json, or in its .hydra/config.yaml where results.json cannot be read). One killed before it wrote
     checkpoints/last.ckpt starts again from its first step."""
     marks = (Path(".hydra") / "config.yaml", Path("checkpoints") / "last.ckpt")
     if not isinstance(cfg.resume, str) or not any((Path(cfg.resume) / mark).exists() for mark in marks):
-        fail(
-            "resume", cfg.resume, "a run directory of headlab-train (with .hydra/config.yaml or checkpoints/last.ckpt)"
-        )
+        fail("resume", cfg.resume, RUN_DIRECTORY)
     if (read_record(Path(cfg.resume)) or {}).get("status") == "completed":
         fail(
             "resume",
