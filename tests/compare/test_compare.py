@@ -276,6 +276,28 @@ def test_a_table_says_when_its_runs_trained_in_packs_of_different_sizes(tmp_path
     ) in (tmp_path / "compare.md").read_text()
 
 
+def test_a_run_read_twice_under_other_directories_is_one_replicate(tmp_path, capsys):
+    """Two sweeps of one arm read together, or one sweep given seed=0,0: a seed that ran twice is one replicate (the
+    first read), the other said to repeat it; its interval is that of the distinct seeds, not of a doubled sample."""
+    accs = {0: 0.50, 1: 0.60, 2: 0.70}
+    for sweep_, seeds in (("first", (0, 1)), ("again", (1, 2)), ("twice", (2,))):
+        for seed in seeds:
+            write_run(tmp_path / sweep_ / str(seed), 4, "dot", seed, accs[seed])
+    write_run(tmp_path / "other_arm" / "1", 2, "dot", 1, 0.9)  # the same seed in another arm: its own replicate
+    main([str(tmp_path / d) for d in ("first", "again", "twice", "other_arm")] + ["--no-plots"])
+    err = capsys.readouterr().err
+    same = "the same run (configuration and seed) as"
+    assert f"skipped {tmp_path / 'again' / '1'}: {same} {tmp_path / 'first' / '1'}: counted once" in err
+    assert f"skipped {tmp_path / 'twice' / '2'}: {same} {tmp_path / 'again' / '2'}: counted once" in err
+    rows = {r["model.attention.n_heads"]: r for r in csv.DictReader((tmp_path / "first" / "compare.csv").open())}
+    assert int(rows["4"]["runs"]) == 3 and int(rows["2"]["runs"]) == 1
+    values = list(accs.values())
+    mean, sd = sum(values) / 3, statistics.stdev(values)
+    assert float(rows["4"]["test/acc_mean"]) == pytest.approx(mean) and float(
+        rows["4"]["test/acc_std"]
+    ) == pytest.approx(sd)
+
+
 def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):
     root, _ = sweep
     (root / "0" / "results.json").write_text("{not json")

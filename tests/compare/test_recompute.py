@@ -142,9 +142,9 @@ def test_check_takes_no_analysis_options(capsys):
 
 
 def test_an_archive_of_two_roots_of_one_name_keeps_both(tmp_path):
-    for root in ("a/sweep", "b/sweep"):
+    for heads, root in enumerate(("a/sweep", "b/sweep"), start=1):  # two arms (one run of each seed is one run)
         for seed in range(2):
-            write_run(tmp_path / root / str(seed), 1, "dot", seed, 0.5 + seed / 10)
+            write_run(tmp_path / root / str(seed), heads, "dot", seed, 0.5 + seed / 10)
     assert archive.write(tmp_path / "new.tar.xz", [tmp_path / "a/sweep", tmp_path / "b/sweep"]) == 4
     with tarfile.open(tmp_path / "new.tar.xz") as tar:
         assert {n for n in tar.getnames() if n.endswith("results.json")} == {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.errors import fail
+from headlab.errors import ConfigError, fail
 from headlab.files import write_text_atomic
 from headlab.launch.planning import arms_of, same_written
 from headlab.stats.comparison import group_runs, select_best, varying_keys
@@ -63,6 +63,22 @@ def check_subdir(subdir, jobs: int) -> None:
             f"a name that differs between the sweep's {jobs} jobs: one with an "
             "interpolation such as ${hydra.job.num} (headlab's default) or ${hydra.job.override_dirname}",
         )
+
+
+def check_distinct(jobs: list[list[str]]) -> None:
+    """Every job of a sweep a run of its own: a value given twice (seed=0,0; optim.lr=1e-3,0.001) would train the
+    same run twice, at twice the cost, and read it as two replicates (headlab.stats.runs counts it once)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, seen = OverridesParser.create(), {}
+    for index, job in enumerate(jobs):
+        run = frozenset((o.key_or_group, json.dumps(o.value(), sort_keys=True)) for o in parser.parse_overrides(job))
+        if run in seen:
+            said = " ".join(job) or "the configuration as given"
+            raise ConfigError(
+                f"the sweep's jobs {seen[run]} and {index} are the same run ({said}): give each value once"
+            )
+        seen[run] = index
 
 
 def beyond(value: float, grid: list[float], factor: float) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from headlab.conventions import as_now
 from headlab.files import read_received
-from headlab.record import is_finite_number
+from headlab.record import defining_keys, is_finite_number
 from headlab.stats import archive
 
 LN2 = math.log(2)  # the largest Jensen-Shannon divergence, in nats
@@ -56,6 +56,28 @@ def load_dirs(dirs: list[Path]) -> Runs:
             runs.unreadable.append((str(root), "no results.json below it" if root.exists() else "it does not exist"))
         for where, read in found.items():
             _add_run(runs, where, read)
+    return _one_per_run(runs)
+
+
+def _one_per_run(runs: Runs) -> Runs:
+    """Records of the same run (its configuration and seed: headlab.record.same_run), such as a sweep given seed=0,0
+    or two sweeps of one arm read together, are one replicate: the first read counts, the others are left out saying
+    which it repeats (counted twice, one seed would pass for two: an interval too narrow, a test too strong)."""
+    first: dict[frozenset, str] = {}
+    kept = []
+    for record in runs.completed:
+        config = record["config"]
+        run = frozenset(
+            (k, json.dumps(v, sort_keys=True)) for k in defining_keys(config, config) if (v := config[k]) is not None
+        )
+        if run in first:
+            runs.unreadable.append(
+                (record["where"], f"the same run (configuration and seed) as {first[run]}: counted once")
+            )
+        else:
+            first[run] = record["where"]
+            kept.append(record)
+    runs.completed = kept
     return runs
 
 

@@ -32,7 +32,14 @@ class GridSweeper(Sweeper):
             self.grid.validate_batch_is_legal = self.composed_first
 
     def sweep(self, arguments: list[str]):
-        from headlab.launch.grid import check_extension, check_subdir, extension_jobs, fold_sweep, sequential_sweep
+        from headlab.launch.grid import (
+            check_distinct,
+            check_extension,
+            check_subdir,
+            extension_jobs,
+            fold_sweep,
+            sequential_sweep,
+        )
         from headlab.launch.job import check_sweep
 
         check_sweep(self.config)
@@ -42,8 +49,9 @@ class GridSweeper(Sweeper):
             check_extension(extend.key, arguments, OmegaConf.to_container(params) if params else None)
         arguments = fold_sweep(self.config, arguments)
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+        check_distinct(jobs := self.jobs(arguments))  # a value given twice: the same run twice, refused
         if "${" not in str(subdir):  # one name for every job: refused before the first one trains
-            check_subdir(subdir, len(self.jobs(arguments)))
+            check_subdir(subdir, len(jobs))
         if OmegaConf.select(self.config, "sweep.dry_run"):
             return self.dry_run(self.jobs(arguments))
         if OmegaConf.select(self.config, "sweep.sequential.looks"):
