@@ -217,11 +217,6 @@ CASES = [
         "own",
     ),
     Case(
-        "a sweep's value given twice",
-        ["hydra.mode=MULTIRUN", "seed=0,1,0"],
-        "invalid config: the sweep's jobs 0 and 2 are the same run (",
-    ),
-    Case(
         "max_pack=0",
         ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=0", "seed=0,1"],
         "invalid config: hydra.launcher.max_pack=0 is invalid: expected an int >= 1",

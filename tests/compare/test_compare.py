@@ -298,6 +298,19 @@ def test_a_run_read_twice_under_other_directories_is_one_replicate(tmp_path, cap
     ) == pytest.approx(sd)
 
 
+def test_a_sweep_given_a_value_twice_says_so_first_and_compare_counts_the_run_once(run_cli, tmp_path):
+    done = run_cli("-m", "seed=0,0", *TINY, "logger=csv", "hydra.sweep.dir=sweep")
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = done.stdout + done.stderr
+    assert "the sweep's jobs 0 and 1 are the same run (seed=0 " in said  # before the first job: with its overrides
+    assert said.index("the sweep's jobs 0 and 1") < said.index("#0 : seed=0")
+    compared = cli_here("compare", "sweep", "--no-plots", cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    same = "the same run (configuration and seed) as"
+    assert f"skipped sweep/1: {same} sweep/0: counted once" in compared.stderr
+    assert [int(r["runs"]) for r in csv.DictReader((tmp_path / "sweep" / "compare.csv").open())] == [1]
+
+
 def test_corrupt_missing_and_failed_runs_are_reported_and_the_rest_compared(sweep, capsys):
     root, _ = sweep
     (root / "0" / "results.json").write_text("{not json")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from headlab.errors import ConfigError, fail
+from headlab.errors import fail
 from headlab.files import write_text_atomic
 from headlab.launch.planning import arms_of, same_written
 from headlab.stats.comparison import group_runs, select_best, varying_keys
@@ -65,9 +65,9 @@ def check_subdir(subdir, jobs: int) -> None:
         )
 
 
-def check_distinct(jobs: list[list[str]]) -> None:
-    """Every job of a sweep a run of its own: a value given twice (seed=0,0; optim.lr=1e-3,0.001) would train the
-    same run twice, at twice the cost, and read it as two replicates (headlab.stats.runs counts it once)."""
+def say_repeats(jobs: list[list[str]]) -> None:
+    """A job that repeats an earlier one (a value given twice: seed=0,0; optim.lr=1e-3,0.001) trains the same run
+    again, which headlab-compare counts once (headlab.stats.runs): said before the first job, with the cost."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, seen = OverridesParser.create(), {}
@@ -75,10 +75,14 @@ def check_distinct(jobs: list[list[str]]) -> None:
         run = frozenset((o.key_or_group, json.dumps(o.value(), sort_keys=True)) for o in parser.parse_overrides(job))
         if run in seen:
             said = " ".join(job) or "the configuration as given"
-            raise ConfigError(
-                f"the sweep's jobs {seen[run]} and {index} are the same run ({said}): give each value once"
+            log.warning(
+                "the sweep's jobs %d and %d are the same run (%s): it trains twice and headlab-compare counts it once;"
+                " give each value once unless that is meant",
+                seen[run],
+                index,
+                said,
             )
-        seen[run] = index
+        seen.setdefault(run, index)
 
 
 def beyond(value: float, grid: list[float], factor: float) -> float:

@@ -33,11 +33,11 @@ class GridSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]):
         from headlab.launch.grid import (
-            check_distinct,
             check_extension,
             check_subdir,
             extension_jobs,
             fold_sweep,
+            say_repeats,
             sequential_sweep,
         )
         from headlab.launch.job import check_sweep
@@ -49,7 +49,7 @@ class GridSweeper(Sweeper):
             check_extension(extend.key, arguments, OmegaConf.to_container(params) if params else None)
         arguments = fold_sweep(self.config, arguments)
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
-        check_distinct(jobs := self.jobs(arguments))  # a value given twice: the same run twice, refused
+        say_repeats(jobs := self.jobs(arguments))  # a value given twice: the same run twice
         if "${" not in str(subdir):  # one name for every job: refused before the first one trains
             check_subdir(subdir, len(jobs))
         if OmegaConf.select(self.config, "sweep.dry_run"):
