@@ -704,6 +704,13 @@ def test_every_true_false_or_number_key_shipped_given_a_word_is_refused_by_its_n
         assert str(refused.value).startswith(f"{key}="), (choice, key, refused.value)
 
 
+def test_group_values_hydra_expands_itself_pass_the_command_line_check():
+    """glob(...) names a group's configs by pattern, choice(...) lists them: refused_override leaves them to Hydra."""
+    for given in ("data=glob(s*)", "+design=glob(*)", "trainer=choice(cpu,ddp_cpu)", "seed=range(3)", "logger=[]"):
+        assert refused_override(["-m", given]) is None, given
+    assert refused_override(["-m", "trainer=choice(cpu,5)"]).startswith("invalid config: trainer=5 is unknown")
+
+
 def test_a_section_given_one_value_for_a_whole_sweep_is_refused_before_any_job(run_cli, tmp_path):
     done = run_cli("-m", "sweep=3", "seed=0,1", "hydra.sweep.dir=sweep")
     assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout

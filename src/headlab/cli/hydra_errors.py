@@ -7,7 +7,7 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigTypeError, OmegaConfBaseException
 
@@ -85,7 +85,10 @@ def refused_override(argv: list[str]) -> str | None:
             return f"invalid config: {given} is invalid: expected {RUN_DIRECTORY}"
         if "/" not in group and group not in groups:  # a key, not a group
             continue
-        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        try:
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except HydraException:  # glob(...) and interval(...): Hydra expands (or refuses) them as it composes
+            continue
         names = [name for v in values for name in (v if isinstance(v, list) else [v])]
         bad = [n for n in names if not isinstance(n, str | dict) and not (override.is_delete() and n is None)]  # a
         # dict sets keys of the group's config (model={attention: {n_heads: 4}})
