@@ -57,6 +57,7 @@ NAME = (lambda v: v is None or isinstance(v, str), "a name, or null (quote one t
 
 
 def names(v) -> bool:
+    """A list of names (strings)."""
     return isinstance(v, list | tuple | ListConfig) and all(isinstance(x, str) for x in v)
 
 
@@ -208,8 +209,8 @@ SECTIONS = {
 
 def section_rule(key: str) -> str:
     """What a section (SECTIONS) or an entry of ENTRIES takes, said where it is given one value instead."""
-    group, entry, _ = key.partition(".")
-    if group in ENTRIES and entry:
+    group, dot, _ = key.partition(".")
+    if group in ENTRIES and dot:  # callbacks.attention, logger.wandb
         return f"{ENTRIES[group]} config (its _target_ and arguments), or null"
     return f"keys of its own{' or null' if SECTIONS.get(key) else ''}: set one of them as {key}.<key>=..."
 
