@@ -564,7 +564,8 @@ CASES = [
 ]
 DATA_CONFIGS = sorted(p.stem for p in (ROOT / "conf" / "data").glob("[!_]*.yaml"))
 DESIGNS = sorted(p.stem for p in (ROOT / "conf" / "design").glob("*.yaml"))
-SUBPROCESS = {"model.attention.n_heads=0", "data=nope", "missing data file"}  # one of each way to be refused early
+SUBPROCESS = {"model.attention.n_heads=0", "data=nope", "trainer=5", "missing data file"}  # one of each way to be
+# refused early: headlab's checks, Hydra's, the command line's before Hydra composes, the data's
 
 
 def _write(tmp: Path, name: str, content: str) -> None:
