@@ -64,6 +64,11 @@ def _unknown_key(error: ConfigCompositionException) -> str:
     return f"invalid config: {key} is not a key of the config: {meant}{expected}{added}"
 
 
+def config_groups() -> set[str]:
+    """The names of headlab's config groups (model, data, ...; Hydra's own are hydra/...)."""
+    return {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
+
+
 NEEDED_GROUPS = ("model", "trainer", "data")  # a run has a config of each (logger=[] or ~logger: no logger)
 
 
@@ -74,7 +79,7 @@ def refused_override(argv: list[str]) -> str | None:
     group: Hydra's error, _unknown_option)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parser, groups = OverridesParser.create(), {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
+    parser, groups = OverridesParser.create(), config_groups()
     for given in [a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")]:
         try:
             (override,) = parser.parse_overrides([given])

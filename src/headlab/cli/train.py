@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import signal
 import sys
-from importlib.resources import files
 from pathlib import Path
 
 import hydra
@@ -19,7 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from headlab.cli import neighbours
-from headlab.cli.hydra_errors import one_line, refused_override
+from headlab.cli.hydra_errors import config_groups, one_line, refused_override
 from headlab.launch import job as job_
 from headlab.launch import runtime
 from headlab.launch.job import Job
@@ -57,9 +56,8 @@ def resume_argv(argv: list[str]) -> list[str]:
         return argv
     argv = ["hydra.output_subdir=null", *argv]  # composed from the run's config, not headlab's hydra defaults
     saved = Path(run_dir) / ".hydra" / "config.yaml"
-    group_names = {p.name for p in files("headlab.conf").iterdir() if p.is_dir()}
-    keys = [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a]
-    if not saved.is_file() or any("/" in k or k in group_names for k in keys) or any(a.startswith("-") for a in argv):
+    keys, groups = [a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a], config_groups()
+    if not saved.is_file() or any("/" in k or k in groups for k in keys) or any(a.startswith("-") for a in argv):
         return argv
     return ["--config-dir", str(saved.parent), "--config-name", "config", f"hydra.run.dir={run_dir}", *argv]
 
