@@ -78,6 +78,16 @@ TINY = [  # a run of a second: small data, two short epochs, no figures, a small
     NO_FIGURES,
     *SMALL_ANALYSIS,
 ]
+# the packed launcher one pack at a time (n_jobs auto splits a pack to fill the cores): a pack of several members,
+# whatever the machine's cores, in the launcher's own process (test_packed.py tests the split)
+PACKED = ("hydra/launcher=packed", "hydra.launcher.n_jobs=1")
+
+
+def launcher_overrides(name: str) -> tuple[str, ...]:
+    """hydra/launcher=NAME as the tests give it: packed as PACKED."""
+    return PACKED if name == "packed" else (f"hydra/launcher={name}",)
+
+
 DRAWN = [o for o in TINY if o != NO_FIGURES]  # TINY with its figures drawn as shipped (W&B, TensorBoard)
 
 

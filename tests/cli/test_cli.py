@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from conftest import TINY, cli_env, headlab_train
+from conftest import PACKED, TINY, cli_env, headlab_train
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +137,7 @@ def test_a_compiled_mixed_precision_pack_compiles_once_per_loop_for_all_members_
     weights returned, heads masked) runs eagerly and adds none. (A run alone is a pack of one: the same code.)"""
     env = {**cli_env(), "TORCH_LOGS": "recompiles"}
     overrides = [*TINY, "model.compile=true", "+trainer.precision=bf16-mixed", "logger=csv", "seed=0,1"]
-    result = headlab_train("-m", "hydra/launcher=packed", *overrides, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
+    result = headlab_train("-m", *PACKED, *overrides, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     # the launcher's estimate times the compiled step of a pack of one first (cost.measure), in the run's precision:
     # the training graph, which the pack's members then run; validation's and test's are compiled again, once each

@@ -224,7 +224,7 @@ CASES = [
     Case(
         "packed n_jobs=0",
         ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=0", "seed=0,1"],
-        "invalid config: hydra.launcher.n_jobs=0 is invalid: expected an int >= 1",
+        "invalid config: hydra.launcher.n_jobs=0 is invalid: expected an int >= 1 or auto",
     ),
     Case(
         "max_pack of another type",
@@ -234,7 +234,7 @@ CASES = [
     Case(
         "packed n_jobs of another type",
         ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=1.5", "seed=0,1"],
-        "invalid config: hydra.launcher.n_jobs=1.5 is invalid: expected an int >= 1",
+        "invalid config: hydra.launcher.n_jobs=1.5 is invalid: expected an int >= 1 or auto",
     ),
     Case(
         "a model too large for memory",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import ROOT, SMALL_ANALYSIS, cli_env, cli_here, train_here
+from conftest import PACKED, ROOT, SMALL_ANALYSIS, cli_env, cli_here, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.data import folds, text_files
 from headlab.errors import DataError
@@ -129,7 +129,7 @@ def test_a_cross_validated_sweep_runs_one_packed_job_per_fold_and_compare_pools_
 ):
     data = tmp_path / "train.all"
     data.write_text("".join(f"{y} {t}\n" for y, t in labelled_lines(90, classes=3)))
-    done = run_cli("-m", "hydra/launcher=packed", "data=files", f"data.files.train={data}", "data.cv.folds=3",
+    done = run_cli("-m", *PACKED, "data=files", f"data.files.train={data}", "data.cv.folds=3",
                    "seed=0,1", *QUICK, "hydra.sweep.dir=sweep")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     runs = load_dirs([tmp_path / "sweep"]).completed
@@ -293,7 +293,7 @@ def test_auto_epochs_train_a_single_run_and_a_pack_for_the_budget_of_their_data(
     assert twice.returncode == 0, twice.stderr[-2000:]  # 28 steps within 2-8 epochs: 8 epochs of 2 steps, not 4
     assert "trainer.max_epochs=auto: 8 epochs of 2 steps (auto_epochs: 28 steps, within 2-8 epochs)" in twice.stdout
     assert json.loads((tmp_path / "twice" / "results.json").read_text())["epochs"] == 8
-    packed = run_cli("-m", "hydra/launcher=packed", *base, "seed=0,1", "+trainer.limit_train_batches=2",
+    packed = run_cli("-m", *PACKED, *base, "seed=0,1", "+trainer.limit_train_batches=2",
                      "hydra.sweep.dir=sweep")  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-2000:]
     members = load_dirs([tmp_path / "sweep"]).completed

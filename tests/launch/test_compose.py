@@ -9,7 +9,7 @@ from hydra._internal.utils import create_config_search_path
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from conftest import TINY, train_here
+from conftest import PACKED, TINY, train_here
 from headlab.cli import train
 from headlab.launch.compose import compose_jobs
 
@@ -26,7 +26,7 @@ class CountingLoader(ConfigLoaderImpl):
 
 def sweep(*overrides: str):
     loader = CountingLoader(config_search_path=create_config_search_path("pkg://headlab.conf"))
-    master = ["hydra/launcher=packed", "hydra.sweep.dir=sweep", "data.n_train=500", *overrides]
+    master = [*PACKED, "hydra.sweep.dir=sweep", "data.n_train=500", *overrides]
     return loader, loader.load_configuration("train", master, run_mode=RunMode.MULTIRUN)
 
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import TESTS, TINY, as_interrupted, cli_env, cli_here, headlab_train, train_here
+from conftest import PACKED, TESTS, TINY, as_interrupted, cli_env, cli_here, headlab_train, train_here
 from headlab.model.attention import MultiHeadAttention
 
 
@@ -211,7 +211,7 @@ def test_a_non_finite_loss_stops_the_run_with_one_true_line_naming_its_cause(run
     "launch",
     [
         ["model.attention.normalizer=sigmoid", "hydra.run.dir=run"],
-        ["model.attention.differential=true", "seed=0,1", "hydra/launcher=packed", "hydra.sweep.dir=sweep"],
+        ["model.attention.differential=true", "seed=0,1", *PACKED, "hydra.sweep.dir=sweep"],
     ],
 )
 def test_a_run_whose_last_update_makes_its_model_not_finite_never_ends_completed(run_cli, tmp_path, launch):

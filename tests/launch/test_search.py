@@ -8,7 +8,7 @@ import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from conftest import TINY
+from conftest import PACKED, TINY
 
 optuna = pytest.importorskip("optuna")
 
@@ -154,7 +154,7 @@ def test_a_trial_behind_the_median_is_pruned_and_its_run_stops_there(run_cli, tm
          "hydra.sweeper.pruner='hyper' is invalid: expected one of none, median"),
         (["hydra.sweeper.direction=up"], "hydra.sweeper.direction='up' is invalid: expected maximize or minimize"),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 is invalid: expected an int >= 1"),
-        (["hydra/launcher=packed", "hydra.sweeper.pruner=median", "hydra.sweeper.storage=sqlite:///s.db"],
+        ([*PACKED, "hydra.sweeper.pruner=median", "hydra.sweeper.storage=sqlite:///s.db"],
          "hydra.sweeper.pruner='median' is invalid: expected none with a packed launcher"),
         (["optim.lr=tag(log, interval(0, 1e-2))"], "hydra.sweeper.params.optim.lr: "),
     ],

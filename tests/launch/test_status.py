@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import TINY, cli_env, cli_here, session_processes, train_here
+from conftest import PACKED, TINY, cli_env, cli_here, session_processes, train_here
 from headlab.launch.rundir import earlier_attempts
 from headlab.launch.summary import job_ranges, table
 from headlab.printing import duration
@@ -65,9 +65,7 @@ def test_a_finished_run_and_pack_leave_progress_that_agrees_with_their_records(t
     """progress.json's last word is the run's end: its step, its steps, its last validation (the curve's last point)
     and best val/acc, for a single run and for each member of a pack."""
     single = train_here(*TINY, "logger=csv", "hydra.run.dir=single", cwd=tmp_path)
-    packed = train_here(
-        "-m", "hydra/launcher=packed", *TINY, "logger=csv", "seed=0,1", "hydra.sweep.dir=packed", cwd=tmp_path
-    )
+    packed = train_here("-m", *PACKED, *TINY, "logger=csv", "seed=0,1", "hydra.sweep.dir=packed", cwd=tmp_path)
     assert single.returncode == 0 and packed.returncode == 0, single.stderr + packed.stderr
     runs = [tmp_path / "single", tmp_path / "packed" / "0", tmp_path / "packed" / "1"]
     for run_dir in runs:

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from scipy import stats
 
-from conftest import ROOT, TINY, cli_env, headlab_train, train_here
+from conftest import PACKED, ROOT, TINY, cli_env, headlab_train, launcher_overrides, train_here
 from headlab.cli.compare import main as compare_main
 from headlab.config.check import check_config
 from headlab.launch import runtime
@@ -86,7 +86,7 @@ def test_failed_job_is_recorded_others_complete_and_resume_reruns_only_it(run_cl
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_a_setting_every_job_shares_is_reported_once_not_once_per_job(run_cli, tmp_path, launcher):
-    args = ["-m", *QUICK, "model.attention.n_heads=3", "seed=range(12)", f"hydra/launcher={launcher}"]
+    args = ["-m", *QUICK, "model.attention.n_heads=3", "seed=range(12)", *launcher_overrides(launcher)]
     result = run_cli(*args, "hydra.sweep.dir=sweep")
     lines = [line for line in result.stderr.splitlines() if line.startswith("headlab-train")]
     reason = "model.attention.n_heads=3 is invalid: expected a divisor of model.d_model=16"
@@ -103,7 +103,7 @@ def test_a_setting_every_job_shares_is_reported_once_not_once_per_job(run_cli, t
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_a_dry_run_says_the_jobs_packs_steps_and_time_and_starts_nothing(run_cli, tmp_path, launcher):
-    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1,2", f"hydra/launcher={launcher}"]
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1,2", *launcher_overrides(launcher)]
     result = run_cli(*args, "trainer.max_epochs=3", "hydra.sweep.dir=sweep", "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     said = result.stdout
@@ -174,7 +174,7 @@ def test_a_packed_sweep_after_its_dry_run_starts_with_the_dry_runs_estimate_of_i
     """The packed launcher says when it starts how long its packs will take: measured again where no dry run of the
     same command was made, else the dry run's (its packs' seconds, the process's start-up aside), not measured
     twice."""
-    sweep = ["-m", *QUICK, "seed=0,1", "hydra/launcher=packed"]
+    sweep = ["-m", *QUICK, "seed=0,1", *PACKED]
     unpriced = run_cli(*sweep, "hydra.sweep.dir=first")
     assert unpriced.returncode == 0, unpriced.stderr[-2000:]
     said = unpriced.stdout + unpriced.stderr
@@ -255,7 +255,7 @@ def test_a_dry_run_in_json_is_one_object_with_each_jobs_steps_and_seconds(run_cl
     takes it (its members stacked, computing the faster way: pack.compute=auto), and the sweep's seconds. The way
     it timed is kept: the sweep's packs compute that way, timing nothing again."""
     monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))  # no choice kept by another test
-    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1", "hydra/launcher=packed", "trainer.max_epochs=3"]
+    args = ["-m", *QUICK, "model.attention.n_heads=1,2", "seed=0,1", *PACKED, "trainer.max_epochs=3"]
     result = run_cli(*args, "hydra.sweep.dir=sweep", "--dry-run", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout)
@@ -442,7 +442,7 @@ def test_a_dry_run_prices_the_attention_maps_a_run_draws_for_its_logger(run_cli,
 def test_a_dry_run_says_its_own_lines_not_the_notes_of_what_it_times(tmp_path):
     """Timing a run's figures loads matplotlib's fonts, whose notes (a math font missing here, replaced; once a
     process) go where a run's notes go, its log file: a packed dry run in a process of its own says its lines alone."""
-    sweep = ["-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=tensorboard", "hydra.sweep.dir=s"]
+    sweep = ["-m", *PACKED, "seed=0,1", *TINY, "logger=tensorboard", "hydra.sweep.dir=s"]
     result = headlab_train(*sweep, "--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -464,7 +464,7 @@ def test_a_dry_runs_validations_are_the_runs(run_cli, tmp_path):
 
 @pytest.mark.parametrize("launcher", ["basic", "packed"])
 def test_jobs_given_one_run_directory_are_refused_before_any_trains(run_cli, tmp_path, launcher):
-    args = ["-m", *QUICK, "seed=0,1", f"hydra/launcher={launcher}", "hydra.sweep.subdir=same"]
+    args = ["-m", *QUICK, "seed=0,1", *launcher_overrides(launcher), "hydra.sweep.subdir=same"]
     result = run_cli(*args, "hydra.sweep.dir=sweep")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
@@ -632,7 +632,7 @@ def test_a_sequential_sweep_stops_a_broken_arm_at_the_first_look_and_runs_an_arm
     """sweep.sequential.looks=2 over 8 seeds: at 4 seeds a learning rate of 1e-6 is decided (its test loss far above
     the baseline's beyond the first look's O'Brien-Fleming boundary) and stops; 1.01e-2, no real difference from
     1e-2 and no margin stated, goes on to 8. sequential.json says each arm's look, reading and runs."""
-    args = [*QUICK, "trainer.max_epochs=2", "hydra/launcher=packed", "optim.lr=1e-2,1e-6,1.01e-2", "seed=range(8)"]
+    args = [*QUICK, "trainer.max_epochs=2", *PACKED, "optim.lr=1e-2,1e-6,1.01e-2", "seed=range(8)"]
     sequential = [
         "sweep.sequential.looks=2",
         "sweep.sequential.baseline='optim.lr=1e-2'",
@@ -673,7 +673,7 @@ def test_a_cross_validated_sequential_sweep_adds_folds_in_rounds_and_reads_the_c
         "sweep.sequential.baseline='optim.lr=1e-2'",
         "sweep.sequential.metric=test/loss",
     ]
-    result = run_cli("-m", "hydra/launcher=packed", *args, "optim.lr=1e-2,1e-6", *sequential, "hydra.sweep.dir=sweep")
+    result = run_cli("-m", *PACKED, *args, "optim.lr=1e-2,1e-6", *sequential, "hydra.sweep.dir=sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     said = json.loads((tmp_path / "sweep" / "sequential.json").read_text())
     broken = next(a for a in said["arms"] if a["arm"] == "optim.lr=1e-06")

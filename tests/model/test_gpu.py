@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY, cli_env
+from conftest import PACKED, TINY, cli_env
 from headlab.model import Encoder, MultiHeadAttention
 from headlab.training.vectorized import Stacked
 
@@ -77,7 +77,7 @@ def test_a_pack_under_vmap_computes_what_each_model_computes_alone(E):
 
 def test_a_packed_sweep_trains_on_the_gpu(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", "trainer=gpu",
+        [sys.executable, "-m", "headlab.cli.train", "-m", *PACKED, "seed=0,1,2", "trainer=gpu",
          *TINY, "logger=csv", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
         env=cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
     )  # fmt: skip

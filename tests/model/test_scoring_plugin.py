@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY, cli_env, headlab_train
+from conftest import PACKED, TINY, cli_env, headlab_train
 
 PLUGIN = '''
 import torch
@@ -60,9 +60,7 @@ def test_a_scoring_function_from_a_package_trains_alone_and_in_a_pack(tmp_path, 
     state = torch.load(record["checkpoints"]["best"], weights_only=True)["state_dict"]
     assert state["model.blocks.0.attn.temperature"].shape == (4,)  # its parameter, trained and checkpointed
 
-    packed = headlab_train(
-        "-m", "hydra/launcher=packed", "seed=0,1", *common, "hydra.sweep.dir=sweep", cwd=tmp_path, env=plugin_env
-    )
+    packed = headlab_train("-m", *PACKED, "seed=0,1", *common, "hydra.sweep.dir=sweep", cwd=tmp_path, env=plugin_env)
     assert packed.returncode == 0, packed.stderr[-3000:]
     members = [json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text()) for i in (0, 1)]
     assert [m["status"] for m in members] == ["completed"] * 2 and members[0]["pack"]["size"] == 2
@@ -105,9 +103,7 @@ def test_a_normalizer_from_a_package_is_a_stage_like_a_scoring_function(tmp_path
     assert alone.returncode == 0, alone.stderr[-3000:]
     record = json.loads((tmp_path / "alone" / "results.json").read_text())
     assert record["status"] == "completed" and record["config"]["model.attention.normalizer"] == "relu"
-    packed = headlab_train(
-        "-m", "hydra/launcher=packed", "seed=0,1", *common, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env
-    )
+    packed = headlab_train("-m", *PACKED, "seed=0,1", *common, "hydra.sweep.dir=sweep", cwd=tmp_path, env=env)
     assert packed.returncode == 0, packed.stderr[-3000:]
     member = json.loads((tmp_path / "sweep" / "0" / "results.json").read_text())
     assert member["metrics"]["test/loss"] == pytest.approx(record["metrics"]["test/loss"], abs=1e-4)

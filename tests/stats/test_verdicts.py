@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import TINY
+from conftest import PACKED, TINY
 from headlab.cli.compare import main
 from headlab.compare.tables import table_rows
 from headlab.launch.grid import job_number
@@ -349,7 +349,7 @@ def test_the_test_over_examples_has_a_difference_interval_and_power_so_a_small_t
 @pytest.mark.e2e
 def test_runs_and_pack_members_keep_their_test_predictions_and_compare_tests_over_examples(run_cli, tmp_path):
     sweep = tmp_path / "sweep"
-    done = run_cli("-m", "hydra/launcher=packed", *TINY, "model.attention.n_heads=1,2", "seed=0,1", "logger=csv",
+    done = run_cli("-m", *PACKED, *TINY, "model.attention.n_heads=1,2", "seed=0,1", "logger=csv",
                    "callbacks.attention=null", f"hydra.sweep.dir={sweep}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     single = run_cli(*TINY, "logger=csv", "callbacks.attention=null", "hydra.run.dir=single")
@@ -473,7 +473,7 @@ def test_training_flops_are_flops_a_token_times_the_tokens_counted_and_passes_an
 
 @pytest.mark.e2e
 def test_sweep_extend_adds_a_value_beyond_an_arms_edge_as_jobs_of_the_same_sweep_and_resumes_them(run_cli, tmp_path):
-    command = ["-m", "hydra/launcher=packed", *TINY, "logger=csv", "callbacks.attention=null", "optim.lr=1e-5,1e-4",
+    command = ["-m", *PACKED, *TINY, "logger=csv", "callbacks.attention=null", "optim.lr=1e-5,1e-4",
                "seed=0,1", "sweep.extend.key=optim.lr", "sweep.extend.limit=1", "hydra.sweep.dir=sweep"]  # fmt: skip
     done = run_cli(*command)
     assert done.returncode == 0, done.stderr[-3000:]

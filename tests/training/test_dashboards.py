@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DRAWN, TINY, train_here
+from conftest import DRAWN, TINY, launcher_overrides, train_here
 from headlab.heads import statistics
 from headlab.launch.wandb_offline import read_run
 
@@ -183,7 +183,7 @@ def test_head_statistics_reach_the_dashboards_at_every_validation_and_figures_at
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     done = run_cli(
-        "-m", *TINY, "trainer.max_epochs=3", "seed=0,1", "logger=tensorboard", f"hydra/launcher={launcher}",
+        "-m", *TINY, "trainer.max_epochs=3", "seed=0,1", "logger=tensorboard", *launcher_overrides(launcher),
         "callbacks.attention.importance=false", "callbacks.attention.figures_every_n_val_epochs=2",
         "hydra.sweep.dir=sweep",
     )  # fmt: skip
@@ -205,7 +205,7 @@ def test_no_figures_leaves_the_dashboards_every_number_and_draws_nothing(run_cli
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     done = run_cli(
-        "-m", *TINY, "seed=0", "logger=[tensorboard,wandb]", f"hydra/launcher={launcher}",
+        "-m", *TINY, "seed=0", "logger=[tensorboard,wandb]", *launcher_overrides(launcher),
         "callbacks.attention.figures_every_n_val_epochs=0", "hydra.sweep.dir=sweep",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

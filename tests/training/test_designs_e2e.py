@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, as_interrupted, cli_here, headlab_train
+from conftest import PACKED, ROOT, TINY, as_interrupted, cli_here, headlab_train
 
 DESIGNS = sorted(p.stem for p in (ROOT / "conf" / "design").glob("*.yaml"))
 COMMON = [*TINY, "logger=csv", "model.d_model=32", "model.n_layers=2"]  # 32: the latent's rank 16 is below the width;
@@ -30,14 +30,14 @@ def test_every_design_trains_alone_and_in_a_pack_and_compares(run_cli, tmp_path)
     designs = f"+design={','.join(DESIGNS)}"
     common = [*COMMON, "trainer.max_epochs=1"]  # eight steps: a member's every step is its single run's
     packed = run_cli(  # batched, not auto: the way each design computes is not left to a timing
-        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, "pack.compute=batched",
+        "-m", *PACKED, designs, "seed=0,1", *common, "pack.compute=batched",
         "hydra.sweep.dir=packed",
     )  # fmt: skip
     assert packed.returncode == 0, packed.stderr[-3000:]
     numbers_only = ["callbacks.attention=null"]  # the head logging draws from no random stream training uses (the
     # members' analysis: below)
     each = run_cli(
-        "-m", "hydra/launcher=packed", designs, "seed=0,1", *common, *numbers_only, "pack.compute=each",
+        "-m", *PACKED, designs, "seed=0,1", *common, *numbers_only, "pack.compute=each",
         "hydra.sweep.dir=each",
     )  # fmt: skip
     assert each.returncode == 0, each.stderr[-3000:]

@@ -14,8 +14,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
 
-from conftest import TESTS, TINY, as_interrupted, cli_env, cli_here, headlab_train, session_processes, train_here
+from conftest import (
+    PACKED,
+    TESTS,
+    TINY,
+    as_interrupted,
+    cli_env,
+    cli_here,
+    headlab_train,
+    session_processes,
+    train_here,
+)
+from headlab.errors import ConfigError
+from headlab.launch import plan
 from headlab.launch.plan import pack_key
 from headlab.launch.workers import gpu_for_slot
 from headlab.training import signals_held
@@ -49,9 +62,7 @@ def test_a_packed_member_trains_step_for_step_like_its_single_run(run_cli, tmp_p
     step; AdamW's different order of rounding grows to ~1e-9 over 16 steps of this size). Then the member is its
     run of headlab-train: the same record, curve, head analysis and checkpoints."""
     sweep = tmp_path / "sweep"
-    packed = run_cli(
-        "-m", "hydra/launcher=packed", "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, *DROPOUT, f"hydra.sweep.dir={sweep}"
-    )
+    packed = run_cli("-m", *PACKED, "seed=0,1", "optim.lr=3e-3,1e-2", *FLOAT64, *DROPOUT, f"hydra.sweep.dir={sweep}")
     assert packed.returncode == 0, packed.stderr[-3000:]
     reference = lightning_run(["seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT], tmp_path / "alone")
     one = run_cli("seed=1", "optim.lr=1e-2", *FLOAT64, *DROPOUT, "hydra.run.dir=one")
@@ -137,7 +148,7 @@ def test_a_two_pass_member_trains_step_for_step_like_its_single_run(run_cli, tmp
     against that job alone, and a pack never mixes values."""
     sweep = tmp_path / "sweep"
     two_pass = [option, *FLOAT64, *DROPOUT]
-    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *two_pass, f"hydra.sweep.dir={sweep}")
+    packed = run_cli("-m", *PACKED, "seed=0,1", *two_pass, f"hydra.sweep.dir={sweep}")
     assert packed.returncode == 0, packed.stderr[-3000:]
     alone = run_cli("seed=1", *two_pass, "hydra.run.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
@@ -159,7 +170,7 @@ def test_early_stopping_stops_each_member_where_its_single_run_stops(run_cli, tm
     stopping = [o for o in FLOAT64 if o != "callbacks.progress_bar=null"]  # plain lines: output is not a terminal
     stopping += ["callbacks=early_stopping", "callbacks.early_stopping.patience=1", "trainer.max_epochs=30"]
     stopping.append("callbacks.attention=null")  # the head analysis, measured otherwise in a pack: test_pack_analysis
-    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1,2", *stopping, "hydra.sweep.dir=sweep")
+    packed = run_cli("-m", *PACKED, "seed=0,1,2", *stopping, "hydra.sweep.dir=sweep")
     assert packed.returncode == 0, packed.stderr[-3000:]
     members = records(tmp_path / "sweep")
     assert [m["pack"]["size"] for m in members] == [3] * 3
@@ -207,7 +218,7 @@ def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_th
     keeps the faster and says so, as each member's record shows; the same sweep again computes the same way (kept
     for this machine and these shapes), to the same numbers."""
     monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))  # no choice kept by another test
-    batched = run_cli("-m", "hydra/launcher=packed", "seed=0,1", "pack.compute=batched", *FLOAT64, "hydra.sweep.dir=b")
+    batched = run_cli("-m", *PACKED, "seed=0,1", "pack.compute=batched", *FLOAT64, "hydra.sweep.dir=b")
     assert batched.returncode == 0, batched.stderr[-3000:]
     one = run_cli("seed=1", *FLOAT64, "hydra.run.dir=one")
     assert one.returncode == 0, one.stderr[-3000:]
@@ -218,7 +229,7 @@ def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_th
     for key in ("val/acc_best", "test/acc", "test/loss", "train/loss_epoch"):
         assert runs[1]["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-9), key
 
-    auto = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "hydra.sweep.dir=a")
+    auto = run_cli("-m", *PACKED, "seed=0,1", *FLOAT64, "hydra.sweep.dir=a")
     assert auto.returncode == 0, auto.stderr[-3000:]
     packs = [r["pack"] for r in records(tmp_path / "a")]
     seconds = packs[0]["compute_step_s"]
@@ -230,7 +241,7 @@ def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_th
     said = f"pack a-pack0: its 2 members compute {packs[0]['compute']} (as timed here before ({kept}): "
     assert said in auto.stdout + auto.stderr and packs[0]["compute_kept"] is True
 
-    again = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "hydra.sweep.dir=again")
+    again = run_cli("-m", *PACKED, "seed=0,1", *FLOAT64, "hydra.sweep.dir=again")
     assert again.returncode == 0, again.stderr[-3000:]
     repeated = records(tmp_path / "again")
     assert [r["pack"] for r in repeated] == [{**p, "id": "again-pack0"} for p in packs]
@@ -241,7 +252,7 @@ def test_members_computed_batched_train_like_their_single_runs_and_auto_keeps_th
 
     # sigmoid attention: the same parameters, another computation (the explicit path, not the fused kernel), timed
     # for itself, not given the plain model's choice (which would then depend on which of the two ran here first)
-    other = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *FLOAT64, "+design=sigmoid", "hydra.sweep.dir=other")
+    other = run_cli("-m", *PACKED, "seed=0,1", *FLOAT64, "+design=sigmoid", "hydra.sweep.dir=other")
     assert other.returncode == 0, other.stderr[-3000:]
     assert len(list((tmp_path / "cache" / "pack_compute").glob("*.json"))) == 2
     assert records(tmp_path / "other")[0]["pack"]["compute_step_s"] != seconds
@@ -252,7 +263,7 @@ def test_a_debug_run_trains_in_a_pack_as_alone(run_cli, tmp_path, debug):
     """Lightning's debug runs in a pack, each member as its run alone: debug=fast one batch of each split and no
     checkpoint; debug=overfit the first batch of its stored order, again and again (2 epochs here)."""
     quick = [*TINY, *(["trainer.max_epochs=2", "trainer.check_val_every_n_epoch=1"] * (debug != "fast"))]
-    packed = run_cli("-m", "hydra/launcher=packed", "seed=0,1", f"debug={debug}", *quick, "hydra.sweep.dir=sweep")
+    packed = run_cli("-m", *PACKED, "seed=0,1", f"debug={debug}", *quick, "hydra.sweep.dir=sweep")
     assert packed.returncode == 0, packed.stderr[-3000:]
     alone = run_cli("seed=1", f"debug={debug}", *quick, "hydra.run.dir=alone")
     assert alone.returncode == 0, alone.stderr[-3000:]
@@ -269,7 +280,7 @@ def test_architectures_go_to_separate_packs_and_a_diverging_member_fails_alone(r
     sweep = tmp_path / "sweep"
     plain = [o for o in TINY if not o.startswith("callbacks.progress_bar")]  # output to a file: a pack's lines
     done = run_cli(
-        "-m", "hydra/launcher=packed", "model.attention.n_heads=1,2", "optim.lr=1e-3,1e30", *plain, "logger=csv",
+        "-m", *PACKED, "model.attention.n_heads=1,2", "optim.lr=1e-3,1e30", *plain, "logger=csv",
         "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
     assert done.returncode == 1  # some jobs failed: the sweep says so
@@ -298,10 +309,10 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     same pack left alone ends (dropout on: each member's stream continues too)."""
     slow = [*TINY, "data.n_train=4000", "trainer.max_epochs=2", "logger=csv", "trainer.deterministic=true"]
     slow += ["model.dropout=0.1", "callbacks.attention.analysis_batches=2"]
-    alone = train_here("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, "hydra.sweep.dir=alone", cwd=tmp_path)
+    alone = train_here("-m", *PACKED, "seed=0,1,2", *slow, "hydra.sweep.dir=alone", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
     sweep = tmp_path / "sweep"
-    command = [sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1,2", *slow]
+    command = [sys.executable, "-m", "headlab.cli.train", "-m", *PACKED, "seed=0,1,2", *slow]
     command.append(f"hydra.sweep.dir={sweep}")
     process = subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
@@ -318,7 +329,7 @@ def test_a_pack_stopped_by_sigterm_records_every_member_and_continues_like_the_p
     assert len(steps) == 1 and 125 < steps.pop() < 250  # all where training stopped, inside the second epoch
 
     resume = ["sweep.resume=true", f"hydra.sweep.dir={sweep}"]
-    again = train_here("-m", "hydra/launcher=packed", "seed=0,1,2", *slow, *resume, cwd=tmp_path)
+    again = train_here("-m", *PACKED, "seed=0,1,2", *slow, *resume, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing" in again.stdout + again.stderr
     for ours, theirs in zip(records(sweep), records(tmp_path / "alone"), strict=True):
@@ -361,7 +372,7 @@ def test_packs_refuse_what_they_cannot_do(run_cli):
         (["trainer=ddp_cpu"], "trainer.devices=2 is invalid: expected 1 with hydra/launcher=packed"),
         (["resume=somewhere"], "resume='somewhere' is invalid"),
     ):
-        done = run_cli("-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=none", *overrides)
+        done = run_cli("-m", *PACKED, "seed=0,1", *TINY, "logger=none", *overrides)
         assert message in done.stderr and "Traceback" not in done.stderr
         assert done.returncode != 0
 
@@ -377,7 +388,7 @@ def test_a_packed_sweep_on_text_files_prepares_the_data_once(run_cli, tmp_path):
     data = ["data=files", *(f"data.files.{s}={tmp_path / s}.csv" for s in ("train", "val", "test")), "data.n_classes=2"]
     sweep = tmp_path / "sweep"
     done = run_cli(
-        "-m", "hydra/launcher=packed", "seed=0,1,2", *data, "data.batch_size=16", "model.d_model=16",
+        "-m", *PACKED, "seed=0,1,2", *data, "data.batch_size=16", "model.d_model=16",
         "trainer.max_epochs=2", "logger=csv", "callbacks.progress_bar=null", f"data.cache_dir={tmp_path / 'cache'}",
         f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
@@ -424,6 +435,56 @@ def test_packs_side_by_side_train_as_one_at_a_time_each_in_its_own_process(run_c
         assert alone["pack"]["id"][-6:] == side_by_side["pack"]["id"][-6:] and alone["seed"] == side_by_side["seed"]
         for key in ("val/acc_best", "test/acc", "test/loss", "train/loss_epoch"):
             assert side_by_side["metrics"][key] == pytest.approx(alone["metrics"][key], abs=1e-9)
+
+
+def test_jobs_are_split_into_packs_of_at_most_max_pack_and_further_to_fill_the_packs_at_once():
+    """plan.split: each group of jobs in as few packs of at most max_pack as it takes, of sizes as equal as they can
+    be; with fewer packs than train at once, the group of the largest packs split again, down to packs of one."""
+    sizes = lambda groups, max_pack, at_least=1: [len(p) for p in plan.split(groups, max_pack, at_least)]  # noqa: E731
+    assert sizes([list(range(16))], 64, 2) == [8, 8]
+    assert sizes([list(range(65))], 64) == [33, 32]  # not 64 and 1
+    assert sizes([list(range(5))], 2) == [2, 2, 1]
+    assert sizes([list(range(4)), list(range(12))], 64, 4) == [4, 4, 4, 4]  # the largest packs split first
+    assert sizes([list(range(2)), list(range(3))], 64, 8) == [1, 1, 1, 1, 1]  # no pack of none
+    assert sizes([list(range(16))], 64, 1) == [16]
+    groups = [list(range(7)), list(range(7, 10))]
+    assert [job for pack in plan.split(groups, 2, 6) for job in pack] == list(range(10))  # every job once, in order
+
+
+def test_packs_at_once_are_one_a_usable_core_on_a_cpu_as_many_as_given_and_one_where_packs_train_elsewhere():
+    with initialize_config_module("headlab.conf", version_base="1.3"):
+
+        def at(*overrides: str) -> int:
+            return plan.at_once(compose("train", ["hydra/launcher=packed", *overrides], return_hydra_config=True))
+
+        assert at() == usable_cores()  # n_jobs=auto, trainer=cpu
+        assert at("hydra.launcher.n_jobs=3") == 3
+        assert at("trainer=gpu") == 1
+        assert at("hydra/launcher=packed_slurm") == 1  # each pack a SLURM job
+        with pytest.raises(
+            ConfigError, match=r"^hydra.launcher.n_jobs='all' is invalid: expected an int >= 1 or auto$"
+        ):
+            at("hydra.launcher.n_jobs=all")
+
+
+def test_a_packed_sweep_trains_a_pack_on_each_core_and_its_dry_run_prices_the_same_packs(run_cli, tmp_path):
+    """hydra.launcher.n_jobs=auto (the default) on a CPU: four seeds of one arm train as one pack a usable core, each
+    with one core's threads, as the dry run says before."""
+    cores = usable_cores()
+    k = min(cores, 4)
+    expected = sorted(4 // k + (i < 4 % k) for i in range(k))
+    sweep = ["-m", "hydra/launcher=packed", "seed=0,1,2,3", *TINY, "logger=csv"]
+    dry = run_cli(*sweep, "hydra.sweep.dir=dry", "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert f"4 jobs in {k} pack(s) of at most 64; nothing is started" in dry.stdout
+    done = run_cli(*sweep, "hydra.sweep.dir=sweep")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"4 jobs to train in {k} pack(s) of at most 64, {k} at a time" in done.stdout
+    members = records(tmp_path / "sweep")
+    assert [m["status"] for m in members] == ["completed"] * 4
+    packs = {m["pack"]["id"]: m["pack"]["size"] for m in members}
+    assert sorted(packs.values()) == expected and len(packs) == k
+    assert {m["resources"]["threads"] for m in members} == {max(1, cores // k)}
 
 
 def test_packs_side_by_side_survive_a_dead_worker_and_stop_together_on_sigterm(tmp_path):
@@ -514,14 +575,12 @@ def test_a_pack_worker_gets_its_gpu_by_slot():
 def test_a_packed_sweep_composes_every_job_before_it_touches_one_and_a_finished_one_resumes_without_torch(tmp_path):
     """Each job's config is composed once (not also by the sweeper): one that cannot compose refuses the sweep
     before any job directory exists; a sweep whose jobs all completed resumes without importing torch."""
-    refused = headlab_train(
-        "-m", "hydra/launcher=packed", "model=encoder,nope", *TINY, "hydra.sweep.dir=bad", cwd=tmp_path
-    )
+    refused = headlab_train("-m", *PACKED, "model=encoder,nope", *TINY, "hydra.sweep.dir=bad", cwd=tmp_path)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip() == "headlab-train: invalid config: model=nope is unknown: expected one of encoder"
     assert not [p for p in (tmp_path / "bad").iterdir() if p.is_dir()]
 
-    sweep = ["-m", "hydra/launcher=packed", "seed=0,1", *TINY, "logger=csv", "hydra.sweep.dir=sweep"]
+    sweep = ["-m", *PACKED, "seed=0,1", *TINY, "logger=csv", "hydra.sweep.dir=sweep"]
     assert train_here(*sweep, cwd=tmp_path).returncode == 0  # trained here: the resume's process is the point
     again = headlab_train(*sweep, "sweep.resume=true", cwd=tmp_path, env={**cli_env(), "PYTHONPROFILEIMPORTTIME": "1"})
     imported = {
@@ -547,7 +606,7 @@ def stopped_pack(moment: str) -> list[str]:
     after = ["callbacks.attention.analysis_batches=64", "callbacks.attention.causal_batches=32"]
     analysis = after if moment == "after_training" else ["callbacks.attention=null"]
     slow = [*FLOAT64, "data.n_train=2048", "trainer.max_epochs=3", *analysis, "seed=0,1"]
-    return ["-m", "hydra/launcher=packed", *slow]
+    return ["-m", *PACKED, *slow]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_ANALYSIS, TESTS, as_interrupted, cli_env, cli_here, train_here
+from conftest import PACKED, SMALL_ANALYSIS, TESTS, as_interrupted, cli_env, cli_here, train_here
 from headlab.data import subwords
 from headlab.heads import head_view
 from headlab.launch.plan import pack_key
@@ -389,7 +389,7 @@ def test_a_packed_sweep_signalled_while_preparing_its_data_records_every_member_
     begins; a pack's own comes next. Signalled in either, every member says so and resumes."""
     marker = tmp_path / "preparing"
     command = [
-        sys.executable, "-m", "headlab.cli.train", "-m", "hydra/launcher=packed", "seed=0,1",
+        sys.executable, "-m", "headlab.cli.train", "-m", *PACKED, "seed=0,1",
         "data.task._target_=faults.WaitingTask", f"+data.task.marker={marker}", "logger=csv", "hydra.sweep.dir=sweep",
     ]  # fmt: skip
     process = subprocess.Popen(command, cwd=tmp_path, env=FAULTS_ENV, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 from headlab.launch import console, estimates, runtime
 from headlab.launch.compose import compose_jobs
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
-from headlab.launch.plan import plan
+from headlab.launch.plan import at_once, on_cpu, plan
 from headlab.printing import duration
 from headlab.record import read_record
 from headlab.training.loggers import run_identity
@@ -114,11 +114,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     from headlab.errors import fail
 
     hydra_context, config = launcher.hydra_context, launcher.config
-    max_pack, n_jobs, submit, slurm = launcher.max_pack, launcher.n_jobs, launcher.submit, launcher.slurm
+    max_pack, submit, slurm = launcher.max_pack, launcher.submit, launcher.slurm
 
-    for key, value in (("max_pack", max_pack), ("n_jobs", n_jobs)):
-        if not POSITIVE[0](value):
-            fail(f"hydra.launcher.{key}", value, POSITIVE[1])
+    if not POSITIVE[0](max_pack):
+        fail("hydra.launcher.max_pack", max_pack, POSITIVE[1])
+    n_jobs = at_once(config)  # n_jobs checked
     if submit not in ("local", "slurm"):
         fail("hydra.launcher.submit", submit, "one of local, slurm")
     setup_globals()
@@ -130,7 +130,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     returns = open_jobs(hydra_context, config, job_overrides, initial_job_idx)
     ready = [(ret, ret.return_value) for ret in returns if ret.status is JobStatus.COMPLETED]
     ready = [(ret, job) for ret, job in ready if isinstance(job, Job)]  # not those skipped or refused
-    packs = plan(ready, max_pack, sweep_dir.name)
+    packs = plan(ready, max_pack, sweep_dir.name, at_least=n_jobs)
     n_jobs = min(n_jobs, len(packs)) or 1
     said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {max_pack}"
     said += f", {n_jobs} at a time"
@@ -185,12 +185,6 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def _on_cpu(cfg) -> bool:
-    """Whether the packs train on this machine's CPU (the only device a few timed steps before training tell)."""
-    accelerator = str(cfg.trainer.get("accelerator"))
-    return accelerator == "cpu" or (accelerator == "auto" and not _gpu_count())
-
-
 def _estimated(config, packs: list, n_jobs: int, ledger: PackLedger) -> str:
     """What the launcher says its packs will take, kept in the ledger: its dry run's estimate where the same command
     had one (not measured twice), else timed here (_estimate); "" where neither can be said."""
@@ -215,7 +209,7 @@ def _estimate(packs: list, n_jobs: int) -> tuple[float, int, int] | None:
     built (it says why when it trains, as without an estimate)."""
     from headlab.launch.dry_run import estimate
 
-    if not _on_cpu(packs[0].jobs[0].cfg):
+    if not on_cpu(packs[0].jobs[0].cfg):  # the only device a few timed steps before training tell
         return None
     try:
         return estimate([len(pack.jobs) for pack in packs], [pack.jobs[0].cfg for pack in packs], n_jobs)

@@ -1,7 +1,9 @@
-"""Which jobs of a sweep train together, decided once for every launcher (local packs, packs as SLURM jobs): jobs
-whose configurations differ only in PER_MEMBER keys (and in where they write) share a pack, at most max_pack a
-pack, and a pack knows the memory it takes."""
+"""Which jobs of a sweep train together, decided once for every launcher (local packs, packs as SLURM jobs) and for
+the dry run that prices them: jobs whose configurations differ only in PER_MEMBER keys (and in where they write)
+share a pack, at most max_pack a pack, split further where fewer packs than train at once would leave cores idle
+(at_once), and a pack knows the memory it takes."""
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -10,6 +12,7 @@ from hydra.core.utils import JobReturn
 from headlab.conventions import PATH_SUFFIXES, is_launch_key
 from headlab.launch.job import Job
 from headlab.training import optim
+from headlab.training.cores import usable_cores
 
 # what a pack's members may differ in: their seeds, and the AdamW settings the vectorized optimizer takes per member
 PER_MEMBER = ("seed", "data.seed", "callbacks.attention.seed", *(f"optim.{key}" for key in optim.PER_MEMBER))
@@ -50,14 +53,61 @@ class Pack:
         return math.ceil(len(self.jobs) * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
 
 
-def plan(ready: list[tuple[JobReturn, Job]], max_pack: int, name: str) -> list[Pack]:
-    """The packs of a sweep, for every launcher: its jobs grouped by pack_key, at most max_pack a pack, named
-    NAME-pack<k>. Where a pack trains, members that differ in shape or in the step they continue from train as
-    parts of it (headlab.training.pack.train), and a part larger than the device's memory is split."""
+def at_once(config) -> int:
+    """The packs a packed sweep trains at once here (its config's hydra.launcher.n_jobs): `auto` is one a usable core
+    on a CPU, each pack in a process of its own with one torch thread (a small model's step gains more from a core
+    of its own than from a second thread: BENCHMARKS.md), and one on a GPU; packs submitted to SLURM train where
+    SLURM puts them (1: none split for the cores here)."""
+    from headlab.config.check import POSITIVE
+    from headlab.errors import fail
+
+    n_jobs = config.hydra.launcher.n_jobs
+    if n_jobs != "auto" and not POSITIVE[0](n_jobs):
+        fail("hydra.launcher.n_jobs", n_jobs, f"{POSITIVE[1]} or auto")
+    if config.hydra.launcher.submit != "local":
+        return 1
+    if n_jobs != "auto":
+        return n_jobs
+    return usable_cores() if on_cpu(config) else 1
+
+
+def on_cpu(cfg) -> bool:
+    """Whether runs of this config train on this machine's CPU (trainer.accelerator cpu, or auto without a GPU)."""
+    accelerator = str(cfg.trainer.get("accelerator"))
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import torch
+
+    return not torch.cuda.device_count()
+
+
+def split(groups: list[list], max_pack: int, at_least: int = 1) -> list[list]:
+    """Groups of jobs (each sharing a pack_key) as packs: each group in as few packs of at most max_pack as it takes,
+    of sizes as equal as they can be (the first the larger), and, while there are fewer packs than at_least (the packs
+    trained at once), the group whose packs are the largest split into one more, down to packs of one."""
+    parts = [math.ceil(len(group) / max_pack) for group in groups]
+    while sum(parts) < at_least:
+        largest = max(range(len(groups)), key=lambda i: len(groups[i]) / parts[i], default=None)
+        if largest is None or len(groups[largest]) <= parts[largest]:
+            break
+        parts[largest] += 1
+    packs = []
+    for group, k in zip(groups, parts, strict=True):
+        size, more = divmod(len(group), k)
+        starts = [i * size + min(i, more) for i in range(k + 1)]
+        packs += [group[a:b] for a, b in itertools.pairwise(starts)]
+    return packs
+
+
+def plan(ready: list[tuple[JobReturn, Job]], max_pack: int, name: str, at_least: int = 1) -> list[Pack]:
+    """The packs of a sweep, for every launcher: its jobs grouped by pack_key and split (split: at most max_pack a
+    pack, at least at_least packs where the jobs allow), named NAME-pack<k>. Where a pack trains, members that differ
+    in shape or in the step they continue from train as parts of it (headlab.training.pack.train), and a part larger
+    than the device's memory is split."""
     groups: dict[tuple, list] = {}
     for ret, job in ready:
         groups.setdefault(pack_key(job.record["config"]), []).append((ret, job))
-    chunks = [group[i : i + max_pack] for group in groups.values() for i in range(0, len(group), max_pack)]
+    chunks = split(list(groups.values()), max_pack, at_least)
     return [
         Pack(f"{name}-pack{k}", [job for _, job in chunk], [ret for ret, _ in chunk]) for k, chunk in enumerate(chunks)
     ]

@@ -22,12 +22,13 @@ def usable_cores() -> int:
 
 
 def parallel_jobs() -> int:
-    """How many jobs of this sweep run at once on this machine (the joblib launcher's n_jobs, else 1)."""
+    """How many jobs of this sweep run at once on this machine (the joblib launcher's n_jobs, else 1: the packed
+    launcher's packs are given their threads)."""
     hydra = HydraConfig.get()
     n_jobs = hydra.launcher.get("n_jobs") if "launcher" in hydra else None
-    if n_jobs is None or n_jobs < 1:
-        return 1 if n_jobs is None else max(1, usable_cores() + 1 + n_jobs)  # joblib: -1 = all cores
-    return int(n_jobs)
+    if not isinstance(n_jobs, int):
+        return 1
+    return n_jobs if n_jobs >= 1 else max(1, usable_cores() + 1 + n_jobs)  # joblib: -1 = all cores
 
 
 def cpu_threads() -> int:
