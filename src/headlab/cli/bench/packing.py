@@ -205,8 +205,9 @@ def _wall(command: list[str], env: dict, log: Path) -> float:
 
 
 def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
-    """A seed sweep of the default run: one run, the packed sweep, and (solo) the same sweep on Hydra's default
-    launcher (its jobs one after another in this one process, no start-up between them), start to end."""
+    """A seed sweep of the default run: one run, the packed sweep (its packs as the launcher makes them by default:
+    on a CPU one a usable core), and (solo) the same sweep on Hydra's default launcher (its jobs one after another
+    in this one process, no start-up between them), start to end."""
     env = os.environ | {"WANDB_MODE": "offline"}
     common = [f"trainer={trainer}", "callbacks.progress_bar=null"]
     one = _wall([*TRAIN, *common, f"hydra.run.dir={tmp}/one"], env, tmp / "one.log")
@@ -219,7 +220,9 @@ def sweep_wall(tmp: Path, n_jobs: int, trainer: str, solo: bool) -> dict:
     )
     records = [read_record(p.parent) or {} for p in packed_dir.glob(f"*/{RESULTS}")]
     completed = sum(r.get("status") == "completed" for r in records)
-    row = {"jobs": n_jobs, "trainer": trainer, "one_run_s": one, "packed_s": packed, "completed": completed}
+    packs = len({r["pack"]["id"] for r in records if r.get("pack")})
+    row = {"jobs": n_jobs, "trainer": trainer, "one_run_s": one, "packed_s": packed, "packs": packs}
+    row["completed"] = completed
     if solo:
         row["solo_s"] = _wall(
             [*TRAIN, "-m", seeds, *common, f"hydra.sweep.dir={tmp}/solo-{n_jobs}"], env, tmp / f"solo-{n_jobs}.log"

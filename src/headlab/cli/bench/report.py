@@ -250,12 +250,14 @@ def report(r: dict, args) -> str:
         lines += ["", *cpu_packs(r["packs"])]
     if r.get("sweep"):
         s = r["sweep"]
+        each = s["jobs"] * s["one_run_s"]  # one process per job, one after another
         lines += [
             "",
             f"A {s['jobs']}-seed sweep of the default run, start to end: packed (`-m hydra/launcher=packed "
-            f"seed='range({s['jobs']})'`) {s['packed_s']:.0f} s, the default launcher's jobs one after another in one "
-            f"process (`-m seed='range({s['jobs']})'`) "
-            f"{s['solo_s']:.0f} s ({s['solo_s'] / s['packed_s']:.2f}x); one run alone {s['one_run_s']:.0f} s.",
+            f"seed='range({s['jobs']})'`: {s['packs']} pack(s), as `n_jobs=auto` makes them) {s['packed_s']:.0f} s; "
+            f"one process per job, one after another ({s['jobs']} x one run alone, {s['one_run_s']:.0f} s) "
+            f"{each:.0f} s ({each / s['packed_s']:.2f}x); the default launcher's jobs one after another in one "
+            f"process (`-m seed='range({s['jobs']})'`) {s['solo_s']:.0f} s ({s['solo_s'] / s['packed_s']:.2f}x).",
         ]
     if r.get("parallel_packs"):
         s, k = r["parallel_packs"], r["parallel_packs"]["at_once"]
