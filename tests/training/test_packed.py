@@ -3,6 +3,7 @@
 import contextlib
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 from conftest import (
     PACKED,
@@ -27,6 +29,7 @@ from conftest import (
     session_processes,
     train_here,
 )
+from headlab.config import memory
 from headlab.errors import ConfigError
 from headlab.launch import plan
 from headlab.launch.plan import pack_key
@@ -465,6 +468,22 @@ def test_packs_at_once_are_one_a_usable_core_on_a_cpu_as_many_as_given_and_one_w
             ConfigError, match=r"^hydra.launcher.n_jobs='all' is invalid: expected an int >= 1 or auto$"
         ):
             at("hydra.launcher.n_jobs=all")
+
+
+def test_packs_train_at_once_only_as_many_as_the_hosts_free_memory_holds():
+    """plan.trained_at_once on a CPU: n_jobs packs at once where the largest n_jobs of them fit together in
+    memory.SHARE of the free memory (pack_gb each), fewer where they do not, never none."""
+    free_gb = memory.free_bytes("cpu") / 2**30
+    cpu = OmegaConf.create({"trainer": {"accelerator": "cpu"}})
+    assert plan.trained_at_once(cpu, [1, 1, 1], 2) == 2
+    assert plan.trained_at_once(cpu, [1], 2) == 1  # no more than there are packs
+    half = math.ceil(memory.SHARE * free_gb / 2) + 1  # two of them do not fit
+    assert plan.trained_at_once(cpu, [1, half, half], 3) == 1
+    assert plan.trained_at_once(cpu, [1, half], 2) == 2  # one of them fits beside a small one
+    assert plan.trained_at_once(cpu, [half, half], 2) == 1
+    assert plan.trained_at_once(cpu, [1, 1, math.ceil(memory.SHARE * free_gb) + 1], 3) == 1
+    gpu = OmegaConf.create({"trainer": {"accelerator": "gpu"}})
+    assert plan.trained_at_once(gpu, [half, half], 2) == 2  # each on a GPU of its own: not the host's memory
 
 
 def test_a_packed_sweep_trains_a_pack_on_each_core_and_its_dry_run_prices_the_same_packs(run_cli, tmp_path):

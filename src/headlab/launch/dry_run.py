@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from headlab.launch import estimates, planning
 from headlab.launch.compose import compose_jobs
 from headlab.launch.cost import Cost, costs, shape
-from headlab.launch.plan import PER_MEMBER, at_once, split
+from headlab.launch.plan import PER_MEMBER, at_once, pack_gb, split, trained_at_once
 from headlab.printing import duration
 
 
@@ -126,7 +126,9 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
             configs = compose_jobs(loader, config, [group[0] for group in groups])
             for cfg in configs:  # what each job would refuse, before any data is prepared to time it
                 check_config(cfg)
-            n_jobs = min(n_jobs, len(groups)) if packed else n_jobs  # the packed launcher's packs at once
+            if packed:  # the packed launcher's packs at once
+                needs = [pack_gb(cfg, len(group)) for cfg, group in zip(configs, groups, strict=True)]
+                n_jobs = trained_at_once(config, needs, n_jobs)
             measured = costs(configs, _threads(n_jobs), [len(g) for g in groups])
             packs_seconds = _total([len(g) for g in groups], measured, n_jobs)
             total = startup + packs_seconds

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 from headlab.launch import console, estimates, runtime
 from headlab.launch.compose import compose_jobs
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
-from headlab.launch.plan import at_once, on_cpu, plan
+from headlab.launch.plan import at_once, on_cpu, plan, trained_at_once
 from headlab.printing import duration
 from headlab.record import read_record
 from headlab.training.loggers import run_identity
@@ -131,7 +131,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     ready = [(ret, ret.return_value) for ret in returns if ret.status is JobStatus.COMPLETED]
     ready = [(ret, job) for ret, job in ready if isinstance(job, Job)]  # not those skipped or refused
     packs = plan(ready, max_pack, sweep_dir.name, at_least=n_jobs)
-    n_jobs = min(n_jobs, len(packs)) or 1
+    n_jobs = trained_at_once(config, [pack.mem_gb() for pack in packs], n_jobs)
     said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {max_pack}"
     said += f", {n_jobs} at a time"
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for

@@ -46,11 +46,14 @@ class Pack:
         return [job.member() for job in self.jobs]
 
     def mem_gb(self) -> int:
-        """The memory the pack's process needs: its members' estimate (headlab.config.memory), plus a process."""
-        from headlab.config import memory
+        return pack_gb(self.jobs[0].cfg, len(self.jobs))
 
-        cfg = self.jobs[0].cfg
-        return math.ceil(len(self.jobs) * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
+
+def pack_gb(cfg, members: int) -> int:
+    """The memory (GB) a pack's process needs: its members' estimate (headlab.config.memory), plus a process."""
+    from headlab.config import memory
+
+    return math.ceil(members * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
 
 
 def at_once(config) -> int:
@@ -69,6 +72,21 @@ def at_once(config) -> int:
     if n_jobs != "auto":
         return n_jobs
     return usable_cores() if on_cpu(config) else 1
+
+
+def trained_at_once(config, packs_gb: list[int], n_jobs: int) -> int:
+    """How many of a sweep's packs (pack_gb each) train at once: n_jobs (at_once's, the packs made for it), no more
+    than there are packs and, on a CPU, than the largest of them fit together in memory.SHARE of the host's free
+    memory (at least one: a pack too large alone is split where it trains)."""
+    k = max(1, min(n_jobs, len(packs_gb)))
+    if k == 1 or not on_cpu(config):
+        return k
+    from headlab.config.memory import SHARE, free_bytes
+
+    largest = sorted(packs_gb, reverse=True)
+    while k > 1 and sum(largest[:k]) * 2**30 > SHARE * free_bytes("cpu"):
+        k -= 1
+    return k
 
 
 def on_cpu(cfg) -> bool:
