@@ -237,6 +237,21 @@ CASES = [
         "invalid config: hydra.launcher.n_jobs=1.5 is invalid: expected an int >= 1 or auto",
     ),
     Case(
+        "a dry run's max_pack=0",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=0", "seed=0,1", "--dry-run"],
+        "invalid config: hydra.launcher.max_pack=0 is invalid: expected an int >= 1",
+    ),
+    Case(
+        "a dry run's max_pack of another type",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.max_pack=abc", "seed=0,1", "--dry-run"],
+        "invalid config: hydra.launcher.max_pack='abc' is invalid: expected an int >= 1",
+    ),
+    Case(
+        "a dry run's n_jobs of another type",
+        ["hydra.mode=MULTIRUN", "hydra/launcher=packed", "hydra.launcher.n_jobs=abc", "seed=0,1", "--dry-run"],
+        "invalid config: hydra.launcher.n_jobs='abc' is invalid: expected an int >= 1 or auto",
+    ),
+    Case(
         "a model too large for memory",
         ["model.attention.d_k=1000000"],
         "invalid config: this model needs about ",

@@ -15,24 +15,23 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from headlab.launch import estimates, planning
+from headlab.launch import estimates, plan, planning
 from headlab.launch.compose import compose_jobs
 from headlab.launch.cost import Cost, costs, shape
-from headlab.launch.plan import PER_MEMBER, at_once, pack_gb, split, trained_at_once
 from headlab.printing import duration
 
 
 def pack_groups(jobs: list[list[str]], packed: bool, max_pack: int, at_least: int = 1) -> list[list[list[str]]]:
-    """The jobs as the packed launcher groups them (by their overrides other than PER_MEMBER keys, then split as
+    """The jobs as the packed launcher groups them (by their overrides other than plan.PER_MEMBER keys, then split as
     plan.split splits them: at most max_pack a pack, at least at_least packs where the jobs allow), or one job a
     group for the other launchers."""
     if not packed:
         return [[job] for job in jobs]
     groups: dict[tuple, list] = {}
     for job in jobs:
-        shared = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") not in PER_MEMBER)
+        shared = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") not in plan.PER_MEMBER)
         groups.setdefault(shared, []).append(job)
-    return split(list(groups.values()), max_pack, at_least)
+    return plan.split(list(groups.values()), max_pack, at_least)
 
 
 @contextlib.contextmanager
@@ -120,15 +119,15 @@ def say(jobs: list[list[str]], config: DictConfig, loader, packed: bool, what: s
         done = len(jobs) - len(jobs := not_done(jobs, config, loader))
         if jobs:
             launcher = config.hydra.launcher
-            max_pack = max_pack or int(launcher.get("max_pack") or 1)
-            n_jobs = at_once(config) if packed else int(launcher.get("n_jobs") or 1)
+            max_pack = max_pack or (plan.max_pack(config) if packed else 1)  # each checked as the launcher checks it
+            n_jobs = plan.at_once(config) if packed else int(launcher.get("n_jobs") or 1)
             groups = pack_groups(jobs, packed, max_pack, n_jobs)
             configs = compose_jobs(loader, config, [group[0] for group in groups])
             for cfg in configs:  # what each job would refuse, before any data is prepared to time it
                 check_config(cfg)
             if packed:  # the packed launcher's packs at once
-                needs = [pack_gb(cfg, len(group)) for cfg, group in zip(configs, groups, strict=True)]
-                n_jobs = trained_at_once(config, needs, n_jobs)
+                needs = [plan.pack_gb(cfg, len(group)) for cfg, group in zip(configs, groups, strict=True)]
+                n_jobs = plan.trained_at_once(config, needs, n_jobs)
             measured = costs(configs, _threads(n_jobs), [len(g) for g in groups])
             packs_seconds = _total([len(g) for g in groups], measured, n_jobs)
             total = startup + packs_seconds

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 from headlab.launch import console, estimates, runtime
 from headlab.launch.compose import compose_jobs
 from headlab.launch.job import Job, objective, stop_on_ctrl_c, stop_on_sigterm
-from headlab.launch.plan import at_once, on_cpu, plan, trained_at_once
+from headlab.launch.plan import at_once, max_pack, on_cpu, plan, trained_at_once
 from headlab.printing import duration
 from headlab.record import read_record
 from headlab.training.loggers import run_identity
@@ -110,15 +110,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     """Hydra's Launcher.launch for the packed launcher (its hydra_context and config, and its settings: max_pack,
     n_jobs, submit, slurm): every job gets its run directory and .hydra files as with any launcher; the packs train
     here (submit=local) or as SLURM jobs (submit=slurm: headlab.launch.pack_slurm)."""
-    from headlab.config.check import POSITIVE
     from headlab.errors import fail
 
     hydra_context, config = launcher.hydra_context, launcher.config
-    max_pack, submit, slurm = launcher.max_pack, launcher.submit, launcher.slurm
-
-    if not POSITIVE[0](max_pack):
-        fail("hydra.launcher.max_pack", max_pack, POSITIVE[1])
-    n_jobs = at_once(config)  # n_jobs checked
+    submit, slurm = launcher.submit, launcher.slurm
+    most, n_jobs = max_pack(config), at_once(config)  # each checked
     if submit not in ("local", "slurm"):
         fail("hydra.launcher.submit", submit, "one of local, slurm")
     setup_globals()
@@ -130,9 +126,9 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     returns = open_jobs(hydra_context, config, job_overrides, initial_job_idx)
     ready = [(ret, ret.return_value) for ret in returns if ret.status is JobStatus.COMPLETED]
     ready = [(ret, job) for ret, job in ready if isinstance(job, Job)]  # not those skipped or refused
-    packs = plan(ready, max_pack, sweep_dir.name, at_least=n_jobs)
+    packs = plan(ready, most, sweep_dir.name, at_least=n_jobs)
     n_jobs = trained_at_once(config, [pack.mem_gb() for pack in packs], n_jobs)
-    said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {max_pack}"
+    said = f"packed launcher: {len(ready)} jobs to train in {len(packs)} pack(s) of at most {most}"
     said += f", {n_jobs} at a time"
     if not packs:  # every job skipped (completed before) or refused: nothing to import torch for
         log.info(said)

@@ -56,6 +56,16 @@ def pack_gb(cfg, members: int) -> int:
     return math.ceil(members * memory.model_bytes(cfg, memory.ConfigSizes(cfg.data)) / 2**30 + PROCESS_GB)
 
 
+def max_pack(config) -> int:
+    """A packed sweep's hydra.launcher.max_pack, checked: members a pack at most."""
+    from headlab.config.check import POSITIVE
+    from headlab.errors import fail
+
+    if not POSITIVE[0](most := config.hydra.launcher.max_pack):
+        fail("hydra.launcher.max_pack", most, POSITIVE[1])
+    return most
+
+
 def at_once(config) -> int:
     """The packs a packed sweep trains at once here (its config's hydra.launcher.n_jobs): `auto` is one a usable core
     on a CPU, each pack in a process of its own with one torch thread (a small model's step gains more from a core
